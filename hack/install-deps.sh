@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the OS packages the build, the tests and the demo need (Debian/Ubuntu, as root).
+# Installs only what is missing, so it is cheap to call every time.
+set -euo pipefail
+
+packages=(
+  iptables ipset conntrack iproute2 kmod procps   # the kernel tools kube-proxy drives
+  etcd-server                                     # the local cluster's store
+  curl ca-certificates make git gcc               # build and test plumbing
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing packages (${missing[*]}); run as root to install them" >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,41 @@
+// Package testutil holds small helpers shared by the project's tests.
+package testutil
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+)
+
+// StrictEnv names the variable that turns a skipped privileged test into a
+// failure. CI sets it so that a test needing root or a kernel feature can
+// never pass by silently not running.
+const StrictEnv = "RAPIDPROXY_NO_SKIP"
+
+// Skip skips the test with the reason, or fails it when StrictEnv is set.
+func Skip(t testing.TB, reason string) {
+	t.Helper()
+	if os.Getenv(StrictEnv) != "" {
+		t.Fatalf("%s (and %s is set, so this cannot be skipped)", reason, StrictEnv)
+	}
+	t.Skip(reason)
+}
+
+// RequireRoot skips (or, under StrictEnv, fails) a test that is not run as root.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Skip(t, "needs root")
+	}
+}
+
+// RequireCommands skips (or, under StrictEnv, fails) a test when any of the
+// named programs is not on PATH.
+func RequireCommands(t testing.TB, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, err := exec.LookPath(n); err != nil {
+			Skip(t, "needs "+n+" on PATH")
+		}
+	}
+}

@@ -1,0 +1,96 @@
+// Package state holds the node's desired service state: for one IP family,
+// which service ports exist and which endpoints each of them may send
+// traffic to. It is built from API objects by the change trackers and read
+// by the proxiers (iptables, IPVS), which turn it into kernel rules.
+package state
+
+import (
+	"net/netip"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ServicePortName names one port of one Service. Its String form,
+// "namespace/name:port" (":port" omitted for an unnamed port), is the key
+// upstream hashes into chain names, so it must not change.
+type ServicePortName struct {
+	types.NamespacedName
+	Port     string
+	Protocol v1.Protocol
+}
+
+func (n ServicePortName) String() string {
+	if n.Port == "" {
+		return n.NamespacedName.String()
+	}
+	return n.NamespacedName.String() + ":" + n.Port
+}
+
+// ServicePort is what the node must program for one service port in one IP
+// family. Addresses of the other family are not in it.
+type ServicePort struct {
+	Name      ServicePortName
+	ClusterIP netip.Addr
+	Port      int32
+	Protocol  v1.Protocol
+	// NodePort is 0 when the service has none.
+	NodePort    int32
+	ExternalIPs []netip.Addr
+	// LoadBalancerIPs are the status ingress IPs of this family; ingress
+	// with ipMode Proxy is left out, as upstream does.
+	LoadBalancerIPs          []netip.Addr
+	LoadBalancerSourceRanges []netip.Prefix
+	// AffinityTimeoutSeconds is above 0 exactly when sessionAffinity is ClientIP.
+	AffinityTimeoutSeconds int32
+	// ExternalPolicyLocal is true for externalTrafficPolicy Local on a
+	// service that has external entry points (NodePort, externalIPs, LB).
+	ExternalPolicyLocal bool
+	InternalPolicyLocal bool
+	// HealthCheckNodePort is the eTP=Local health-check port, 0 when none.
+	HealthCheckNodePort int32
+	// TrafficDistribution is spec.trafficDistribution, "" when unset.
+	TrafficDistribution string
+}
+
+// HasExternal tells whether the service port can be reached from outside
+// the cluster network (NodePort, external IPs or load-balancer IPs).
+func (s *ServicePort) HasExternal() bool {
+	return s.NodePort != 0 || len(s.ExternalIPs) > 0 || len(s.LoadBalancerIPs) > 0
+}
+
+// Endpoint is one backend of a service port, as seen from this node.
+type Endpoint struct {
+	IP   netip.Addr
+	Port int32
+	// NodeName and Zone come from the EndpointSlice; IsLocal is NodeName
+	// equal to this node's name.
+	NodeName    string
+	Zone        string
+	IsLocal     bool
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	// ZoneHints and NodeHints are the slice's topology hints; nil when the
+	// endpoint carries none.
+	ZoneHints []string
+	NodeHints []string
+}
+
+// String is "ip:port" ("[ip]:port" for IPv6), the form upstream hashes
+// into KUBE-SEP chain names.
+func (e *Endpoint) String() string {
+	return netip.AddrPortFrom(e.IP, uint16(e.Port)).String()
+}
+
+// AddrPort is the endpoint's address and port.
+func (e *Endpoint) AddrPort() netip.AddrPort {
+	return netip.AddrPortFrom(e.IP, uint16(e.Port))
+}
+
+// ServiceMap is every service port of one IP family.
+type ServiceMap map[ServicePortName]*ServicePort
+
+// EndpointsMap is the endpoints of each service port of one IP family,
+// each list sorted by Endpoint.String so output built from it is stable.
+type EndpointsMap map[ServicePortName][]*Endpoint
