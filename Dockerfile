@@ -1,0 +1,21 @@
+# syntax=docker/dockerfile:1
+# The kube-proxy image: our binary plus the tools it drives (iptables in both backends, ipset,
+# conntrack, kmod). The binary picks the iptables backend (legacy or nft) the host already uses,
+# so no wrapper script is needed.
+
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=v0.0.0-dev
+RUN CGO_ENABLED=0 go build -trimpath \
+      -ldflags "-s -w -X github.com/rapidproxy/rapidproxy/pkg/version.gitVersion=${VERSION}" \
+      -o /out/kube-proxy ./cmd/kube-proxy
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iptables ipset conntrack kmod \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/kube-proxy /usr/local/bin/kube-proxy
+ENTRYPOINT ["/usr/local/bin/kube-proxy"]
