@@ -6,11 +6,13 @@ package config
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -86,16 +88,56 @@ func Decode(data []byte) (*Config, error) {
 	if meta.APIVersion != APIVersion || meta.Kind != Kind {
 		return nil, fmt.Errorf("apiVersion %q and kind %q: want apiVersion %q and kind %q", meta.APIVersion, meta.Kind, APIVersion, Kind)
 	}
+	// Durations are checked first: the decoder's own error for a bad one
+	// does not say which field holds it.
+	errs := checkDurations(jsonData)
 	cfg := &Config{}
 	strictErrs, err := kjson.UnmarshalStrict(jsonData, cfg)
-	if err != nil {
-		return nil, err
+	if err != nil && len(errs) == 0 {
+		errs = append(errs, err)
 	}
-	if len(strictErrs) > 0 {
-		return nil, errors.Join(strictErrs...)
+	errs = append(errs, strictErrs...)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	Default(cfg)
 	return cfg, nil
+}
+
+// durationFields are the paths of every duration in the file.
+var durationFields = [][]string{
+	{"configSyncPeriod"},
+	{"iptables", "syncPeriod"}, {"iptables", "minSyncPeriod"},
+	{"ipvs", "syncPeriod"}, {"ipvs", "minSyncPeriod"},
+	{"ipvs", "tcpTimeout"}, {"ipvs", "tcpFinTimeout"}, {"ipvs", "udpTimeout"},
+	{"nftables", "syncPeriod"}, {"nftables", "minSyncPeriod"},
+	{"conntrack", "tcpEstablishedTimeout"}, {"conntrack", "tcpCloseWaitTimeout"},
+	{"conntrack", "udpTimeout"}, {"conntrack", "udpStreamTimeout"},
+	{"logging", "flushFrequency"},
+}
+
+// checkDurations names each duration field whose text does not parse.
+func checkDurations(jsonData []byte) []error {
+	var doc map[string]any
+	if json.Unmarshal(jsonData, &doc) != nil {
+		return nil // the struct decoder reports what is wrong
+	}
+	var errs []error
+	for _, path := range durationFields {
+		var value any = doc
+		for _, key := range path {
+			m, _ := value.(map[string]any)
+			value = m[key]
+		}
+		text, ok := value.(string)
+		if !ok {
+			continue
+		}
+		if _, err := time.ParseDuration(text); err != nil {
+			errs = append(errs, fmt.Errorf("%s: invalid duration %q (use a number and a unit, e.g. 30s, 5m, 1h)", strings.Join(path, "."), text))
+		}
+	}
+	return errs
 }
 
 // Default fills every unset field with upstream's default. Only the active

@@ -1,0 +1,54 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+)
+
+// fileIdentity is what changes when a file is rewritten or replaced; a
+// ConfigMap update swaps a symlink, which changes the inode seen by Stat.
+type fileIdentity struct {
+	inode   uint64
+	size    int64
+	modTime time.Time
+}
+
+func identify(path string) (fileIdentity, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return fileIdentity{}, err
+	}
+	id := fileIdentity{size: info.Size(), modTime: info.ModTime()}
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		id.inode = st.Ino
+	}
+	return id, nil
+}
+
+// watchFile returns an error once the file changes or disappears, and nil
+// when the context ends.
+func watchFile(ctx context.Context, path string, every time.Duration) error {
+	initial, err := identify(path)
+	if err != nil {
+		return fmt.Errorf("watching config file: %w", err)
+	}
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+		now, err := identify(path)
+		if err != nil || now != initial {
+			klog.InfoS("The configuration file changed; exiting so it is reloaded", "file", path)
+			return fmt.Errorf("content of the configuration file %s was updated", path)
+		}
+	}
+}
