@@ -139,7 +139,11 @@ func (o *options) serve(ctx context.Context) error {
 	defer cancel()
 	errCh := make(chan error, 2)
 	if o.configFile != "" {
-		go func() { errCh <- watchFile(ctx, o.configFile, configPollInterval) }()
+		watch, err := watchFile(o.configFile)
+		if err != nil {
+			return err
+		}
+		go func() { errCh <- watch.wait(ctx, configPollInterval) }()
 	}
 	go func() { errCh <- server.Run(ctx, o.cfg, server.Options{Master: o.master}) }()
 	err := <-errCh

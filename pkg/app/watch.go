@@ -30,13 +30,24 @@ func identify(path string) (fileIdentity, error) {
 	return id, nil
 }
 
-// watchFile returns an error once the file changes or disappears, and nil
-// when the context ends.
-func watchFile(ctx context.Context, path string, every time.Duration) error {
+// fileWatch notices when a file changes or disappears.
+type fileWatch struct {
+	path    string
+	initial fileIdentity
+}
+
+// watchFile records the file as it is now.
+func watchFile(path string) (*fileWatch, error) {
 	initial, err := identify(path)
 	if err != nil {
-		return fmt.Errorf("watching config file: %w", err)
+		return nil, fmt.Errorf("watching config file: %w", err)
 	}
+	return &fileWatch{path: path, initial: initial}, nil
+}
+
+// wait returns an error once the file differs from when the watch began,
+// and nil when the context ends.
+func (w *fileWatch) wait(ctx context.Context, every time.Duration) error {
 	ticker := time.NewTicker(every)
 	defer ticker.Stop()
 	for {
@@ -45,10 +56,10 @@ func watchFile(ctx context.Context, path string, every time.Duration) error {
 			return nil
 		case <-ticker.C:
 		}
-		now, err := identify(path)
-		if err != nil || now != initial {
-			klog.InfoS("The configuration file changed; exiting so it is reloaded", "file", path)
-			return fmt.Errorf("content of the configuration file %s was updated", path)
+		now, err := identify(w.path)
+		if err != nil || now != w.initial {
+			klog.InfoS("The configuration file changed; exiting so it is reloaded", "file", w.path)
+			return fmt.Errorf("content of the configuration file %s was updated", w.path)
 		}
 	}
 }

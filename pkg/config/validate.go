@@ -83,7 +83,8 @@ func validateSyncPeriods(cfg *Config) field.ErrorList {
 	syncPeriod, minSyncPeriod := SyncPeriods(cfg)
 	errs := nonNegative(metav1.Duration{Duration: syncPeriod}, syncPath, true)
 	errs = append(errs, nonNegative(metav1.Duration{Duration: minSyncPeriod}, minPath, false)...)
-	if minSyncPeriod > syncPeriod {
+	// Against a period that is itself invalid the comparison says nothing new.
+	if syncPeriod > 0 && minSyncPeriod > syncPeriod {
 		errs = append(errs, field.Invalid(minPath, minSyncPeriod.String(), fmt.Sprintf("must be less than or equal to %s (%s)", syncPath, syncPeriod)))
 	}
 	return errs

@@ -1,0 +1,275 @@
+package app
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rapidproxy/rapidproxy/pkg/config"
+)
+
+// kubeProxy runs the command in-process and returns its exit code and output.
+func kubeProxy(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// sampleValues are values each flag type of upstream-flags.txt must accept.
+var sampleValues = map[string]string{
+	"":               "true",
+	"ip":             "10.0.0.1",
+	"ipport":         "0.0.0.0:1234",
+	"string":         "x",
+	"duration":       "5s",
+	"int32":          "3",
+	"float32":        "2.5",
+	"strings":        "10.0.0.0/8,192.168.0.0/16",
+	"mapStringBool":  "AllAlpha=true",
+	"quantity":       "1Ki",
+	"pattern=N,...":  "foo=2",
+	"version[=true]": "raw",
+}
+
+// untypedValues are for the flags whose type --help does not print.
+var untypedValues = map[string]string{"--proxy-mode": "ipvs", "--detect-local-mode": "NodeCIDR", "--v": "2"}
+
+func TestEveryUpstreamFlagIsAcceptedAndParses(t *testing.T) {
+	f, err := os.Open("testdata/upstream-flags.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	code, help, _ := kubeProxy(t, "--help")
+	if code != 0 {
+		t.Fatalf("--help exit code %d", code)
+	}
+	scanner := bufio.NewScanner(f)
+	count := 0
+	for scanner.Scan() {
+		name, typ, _ := strings.Cut(strings.TrimSpace(scanner.Text()), " ")
+		if name == "" {
+			continue
+		}
+		count++
+		t.Run(name, func(t *testing.T) {
+			line := regexp.MustCompile(`(?m)^\s+(-\w, )?` + regexp.QuoteMeta(name) + `( \S+)?\s`).FindString(help)
+			if line == "" {
+				t.Fatalf("%s is not in --help", name)
+			}
+			if typ != "" && !strings.Contains(line, name+" "+typ) {
+				t.Errorf("--help shows %q, want type %q", strings.TrimSpace(line), typ)
+			}
+			value, ok := untypedValues[name]
+			if !ok {
+				value, ok = sampleValues[typ]
+			}
+			if !ok {
+				t.Fatalf("no sample value for type %q", typ)
+			}
+			cmd := newCommand()
+			if err := cmd.Flags().Parse([]string{name + "=" + value}); err != nil {
+				t.Errorf("%s=%s does not parse: %v", name, value, err)
+			}
+		})
+	}
+	if count != 56 {
+		t.Errorf("read %d upstream flags, want 56", count)
+	}
+}
+
+func TestWriteConfigToGivesUpstreamDefaults(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "defaults.yaml")
+	if code, _, stderr := kubeProxy(t, "--write-config-to", out); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	got, _ := os.ReadFile(out)
+	want, err := os.ReadFile("../config/testdata/upstream-defaults-v1alpha1.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) != string(want) {
+		t.Errorf("--write-config-to differs from upstream:\n%s", got)
+	}
+}
+
+func TestFlagsFillTheConfig(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "flags.yaml")
+	code, _, stderr := kubeProxy(t, "--proxy-mode=ipvs", "--ipvs-sync-period=10s", "--ipvs-min-sync-period=2s",
+		"--iptables-sync-period=7s", "--cluster-cidr=10.244.0.0/16", "--masquerade-all", "--nodeport-addresses=10.0.0.0/8",
+		"--hostname-override=Node-A", "--feature-gates=AllAlpha=false", "--write-config-to", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	cfg, err := config.Load(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sync, minSync := config.SyncPeriods(cfg)
+	checks := map[string][2]any{
+		"mode":              {cfg.Mode, config.ModeIPVS},
+		"sync":              {sync, 10 * time.Second},
+		"minSync":           {minSync, 2 * time.Second},
+		"iptables periods":  {cfg.IPTables.SyncPeriod.Duration, time.Duration(0)},
+		"clusterCIDR":       {cfg.ClusterCIDR, "10.244.0.0/16"},
+		"masqueradeAll":     {config.MasqueradeAll(cfg), true},
+		"nodePortAddresses": {strings.Join(cfg.NodePortAddresses, ","), "10.0.0.0/8"},
+		"hostnameOverride":  {cfg.HostnameOverride, "node-a"},
+		"featureGates":      {cfg.FeatureGates["AllAlpha"], false},
+	}
+	for name, c := range checks {
+		if c[0] != c[1] {
+			t.Errorf("%s: got %v, want %v", name, c[0], c[1])
+		}
+	}
+	// The written file is a valid config that reproduces itself.
+	again := filepath.Join(dir, "again.yaml")
+	if code, _, stderr := kubeProxy(t, "--config", out, "--write-config-to", again); code != 0 {
+		t.Fatalf("feeding the written config back: exit %d: %s", code, stderr)
+	}
+	a, _ := os.ReadFile(out)
+	b, _ := os.ReadFile(again)
+	if !bytes.Equal(a, b) {
+		t.Errorf("round trip changed the config:\n%s\n---\n%s", a, b)
+	}
+}
+
+func TestConfigFileWinsOverFlags(t *testing.T) {
+	dir := t.TempDir()
+	in := filepath.Join(dir, "in.yaml")
+	out := filepath.Join(dir, "out.yaml")
+	writeFile(t, in, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables:\n  masqueradeBit: 9\n")
+	code, _, stderr := kubeProxy(t, "--config", in, "--iptables-masquerade-bit=5", "--proxy-mode=ipvs",
+		"--hostname-override=NODE1", "--v=3", "--logging-format=json", "--write-config-to", out)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	cfg, err := config.Load(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *cfg.IPTables.MasqueradeBit != 9 || cfg.Mode != config.ModeIPTables {
+		t.Errorf("config-mapped flags must be ignored with --config: masqueradeBit %d, mode %s", *cfg.IPTables.MasqueradeBit, cfg.Mode)
+	}
+	if cfg.HostnameOverride != "node1" {
+		t.Errorf("--hostname-override must apply over the file: got %q", cfg.HostnameOverride)
+	}
+	if cfg.Logging.Verbosity != 3 || cfg.Logging.Format != "json" {
+		t.Errorf("logging flags must apply over the file: got v=%d format=%s", cfg.Logging.Verbosity, cfg.Logging.Format)
+	}
+}
+
+func TestBadInputExitsOneWithOneClearError(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		writeFile(t, p, content)
+		return p
+	}
+	const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	cases := []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{"unknown field", []string{"--config", file("unknown.yaml", header+"iptables:\n  masqueradeBitt: 1\n")}, `unknown field "iptables.masqueradeBitt"`},
+		{"bad duration", []string{"--config", file("duration.yaml", header+"configSyncPeriod: 15 minutes\n")}, `configSyncPeriod: invalid duration "15 minutes"`},
+		{"bad CIDR", []string{"--config", file("cidr.yaml", header+"clusterCIDR: 10.244.0.0/40\n")}, `clusterCIDR: Invalid value: "10.244.0.0/40"`},
+		{"masqueradeBit 40", []string{"--config", file("bit.yaml", header+"iptables:\n  masqueradeBit: 40\n")}, "iptables.masqueradeBit: Invalid value: 40: must be within the range [0, 31]"},
+		{"minSyncPeriod > syncPeriod", []string{"--config", file("sync.yaml", header+"iptables:\n  syncPeriod: 5s\n  minSyncPeriod: 10s\n")}, "iptables.minSyncPeriod: Invalid value: \"10s\""},
+		{"a directory", []string{"--config", dir}, "is a directory"},
+		{"an empty file", []string{"--config", file("empty.yaml", "")}, "the file is empty"},
+		{"binary garbage", []string{"--config", file("garbage.yaml", "\x00\x01\x02\xff\xfe garbage \x7fELF")}, "not valid YAML or JSON"},
+		{"missing file", []string{"--config", filepath.Join(dir, "nope.yaml")}, "no such file or directory"},
+		{"wrong kind", []string{"--config", file("kind.yaml", "apiVersion: v1\nkind: ConfigMap\n")}, `want apiVersion "kubeproxy.config.k8s.io/v1alpha1" and kind "KubeProxyConfiguration"`},
+		{"positional argument", []string{"extra"}, "takes no positional arguments"},
+		{"unknown flag", []string{"--no-such-flag"}, "unknown flag: --no-such-flag"},
+		{"bad flag value", []string{"--bind-address=not-an-ip"}, `"not-an-ip" is not a valid IP address`},
+		{"unknown feature gate", []string{"--feature-gates=NoSuchGate=true"}, "unrecognized feature gate: NoSuchGate"},
+		{"bad flag-built config", []string{"--iptables-masquerade-bit=32"}, "iptables.masqueradeBit: Invalid value: 32"},
+		{"empty hostname override", []string{"--hostname-override= ", "--write-config-to", filepath.Join(dir, "x.yaml")}, "empty hostname is invalid"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := kubeProxy(t, tc.args...)
+			if code != 1 {
+				t.Errorf("exit code %d, want 1", code)
+			}
+			if !strings.Contains(stderr, tc.wantErr) {
+				t.Errorf("stderr does not say %q:\n%s", tc.wantErr, stderr)
+			}
+			if strings.Count(stderr, "kube-proxy: ") != 1 || strings.Contains(stderr, "goroutine ") {
+				t.Errorf("want one error message and no stack trace:\n%s", stderr)
+			}
+		})
+	}
+}
+
+func TestVersion(t *testing.T) {
+	code, out, _ := kubeProxy(t, "--version")
+	if code != 0 || !strings.Contains(out, "rapidproxy") || !strings.Contains(out, "v1.36") {
+		t.Errorf("--version: exit %d, output %q", code, out)
+	}
+	code, out, _ = kubeProxy(t, "--version=raw")
+	if code != 0 || !strings.Contains(out, `"kubernetesCompatible"`) {
+		t.Errorf("--version=raw: exit %d, output %q", code, out)
+	}
+}
+
+func TestCleanupAndInitOnlyReportWhatTheyDid(t *testing.T) {
+	for _, flag := range []string{"--cleanup", "--init-only"} {
+		code, _, stderr := kubeProxy(t, flag)
+		if code == 0 && stderr == "" {
+			t.Errorf("%s: exited 0 without saying what it did", flag)
+		}
+	}
+}
+
+func TestConfigFileChangeEndsTheWatch(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	writeFile(t, path, "a")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	watch, err := watchFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- watch.wait(ctx, 10*time.Millisecond) }()
+	writeFile(t, path, "changed")
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "was updated") {
+			t.Errorf("want a file-updated error, got %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the change was never noticed")
+	}
+
+	// Unchanged: the watch ends quietly with its context.
+	writeFile(t, path, "steady")
+	quiet, stop := context.WithCancel(context.Background())
+	if watch, err = watchFile(path); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- watch.wait(quiet, 10*time.Millisecond) }()
+	stop()
+	if err := <-done; err != nil {
+		t.Errorf("an unchanged file gave %v", err)
+	}
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
