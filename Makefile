@@ -6,23 +6,33 @@ OUT     := $(CURDIR)/_output
 BIN     := $(OUT)/bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo v0.0.0-dev)
 LDFLAGS := -X github.com/rapidproxy/rapidproxy/pkg/version.gitVersion=$(VERSION)
+MODE    ?= iptables
 
-# Tests find the binaries they drive through these.
+# Tests and the demo find the binaries they drive through these.
 export RAPIDPROXY_KUBE_PROXY := $(BIN)/kube-proxy
+export RAPIDPROXY_PODSERVER  := $(BIN)/podserver
+export CGO_ENABLED           := 0
+# The upstream tools' directory, known once `tools` has run (it prints it last).
+TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 
-.PHONY: all build deps test unit lint demo clean
+.PHONY: all build deps tools test unit lint demo demo-shell clean
 
 all: build
 
 build:
-	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/kube-proxy ./cmd/kube-proxy
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/kube-proxy ./cmd/kube-proxy
+	$(GO) build -o $(BIN)/podserver ./test/podserver
 
 deps:
 	hack/install-deps.sh
 
+# kube-apiserver, kube-controller-manager and upstream kube-proxy, built once and cached.
+tools:
+	hack/build-tools.sh
+
 # Every test: unit tests and the end-to-end tests against a real API server and kernel.
-test: deps build
-	$(GO) test -count=1 -timeout 40m ./...
+test: deps build tools
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(GO) test -count=1 -timeout 40m ./...
 
 # Unit tests only: no root, no cluster.
 unit:
@@ -31,6 +41,15 @@ unit:
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
+
+# The local cluster with our kube-proxy serving real traffic; Ctrl-C ends it.
+demo: deps build tools
+	$(GO) build -o $(BIN)/demo ./test/demo
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/demo -mode $(MODE)
+
+# A shell in the demo's client pod (run while `make demo` is up).
+demo-shell:
+	ip netns exec rpx-pod-client bash
 
 clean:
 	rm -rf $(OUT)

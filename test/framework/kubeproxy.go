@@ -1,0 +1,76 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// KubeProxy is a kube-proxy process (ours or upstream's) in the node namespace.
+type KubeProxy struct {
+	*Process
+	ConfigPath string
+}
+
+// KubeProxyConfig returns a config file for this cluster's node; extra is
+// appended as YAML (top-level fields, e.g. "mode: ipvs\n").
+func (c *Cluster) KubeProxyConfig(extra string) string {
+	return "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n" +
+		"clientConnection:\n  kubeconfig: " + c.KubeProxyKubeconfig + "\n" +
+		"hostnameOverride: " + NodeName + "\n" +
+		"clusterCIDR: " + ClusterCIDRs + "\n" + extra
+}
+
+// StartKubeProxy runs binary in the node namespace with the given config
+// file content and extra flags, logging to name.log.
+func (c *Cluster) StartKubeProxy(name, binary, config string, flags ...string) (*KubeProxy, error) {
+	path := filepath.Join(c.Dir, name+".yaml")
+	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
+		return nil, err
+	}
+	args := append([]string{binary, "--config=" + path}, flags...)
+	p, err := c.start(name, c.Node.Command(args...))
+	if err != nil {
+		return nil, err
+	}
+	return &KubeProxy{Process: p, ConfigPath: path}, nil
+}
+
+// Healthz fetches kube-proxy's /healthz from the node namespace's
+// healthz port, as the node's primary IP serves it.
+func (k *KubeProxy) Healthz() (int, string, error) {
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + NodeIPv4 + ":10256/healthz")
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(body)), nil
+}
+
+// WaitHealthy waits until /healthz answers 200, the process exits, or the
+// timeout passes.
+func (k *KubeProxy) WaitHealthy(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if code, _, err := k.Healthz(); err == nil && code == http.StatusOK {
+			return nil
+		}
+		select {
+		case <-k.Exited():
+			return fmt.Errorf("%s exited: %v\n%s", k.Name, k.Err(), k.LogTail(20))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not healthy after %s; log:\n%s", k.Name, timeout, k.LogTail(20))
+		}
+	}
+}
+

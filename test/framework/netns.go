@@ -1,0 +1,136 @@
+package framework
+
+import (
+	"os"
+	"strconv"
+	"sync/atomic"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+)
+
+// namePrefix marks every namespace and host link the framework creates.
+const namePrefix = "rpx-"
+
+// Netns is a network namespace the framework created: the node, a pod, or
+// the external client.
+type Netns struct {
+	Name string
+}
+
+func newNetns(name string) (*Netns, error) {
+	full := namePrefix + name
+	if err := runAll(
+		[]string{"ip", "netns", "add", full},
+		[]string{"ip", "-n", full, "link", "set", "lo", "up"},
+	); err != nil {
+		return nil, err
+	}
+	return &Netns{Name: full}, nil
+}
+
+// Exec runs a command inside the namespace and returns its output.
+func (n *Netns) Exec(args ...string) (string, error) {
+	return run("ip", append([]string{"netns", "exec", n.Name}, args...)...)
+}
+
+// Command returns a command that runs inside the namespace.
+func (n *Netns) Command(args ...string) *exec.Cmd {
+	return exec.Command("ip", append([]string{"netns", "exec", n.Name}, args...)...)
+}
+
+// Sysctl sets a sysctl inside the namespace.
+func (n *Netns) Sysctl(key, value string) error {
+	_, err := n.Exec("sysctl", "-qw", key+"="+value)
+	return err
+}
+
+// Reply is what a pod server answered: its name and the client address it saw.
+type Reply struct {
+	Pod    string
+	Source string
+}
+
+// Request sends one request from the namespace to proto ("tcp" or "udp")
+// at host:port and returns who answered.
+func (n *Netns) Request(proto, hostPort string, timeout time.Duration) (Reply, error) {
+	out, err := n.Exec(podserverPath(), "-client", proto+"://"+hostPort, "-timeout", timeout.String())
+	if err != nil {
+		return Reply{}, err
+	}
+	pod, source, _ := strings.Cut(out, " ")
+	return Reply{Pod: pod, Source: source}, nil
+}
+
+func (n *Netns) delete() error {
+	// Processes still inside would keep the namespace's sockets alive.
+	if pids, err := run("ip", "netns", "pids", n.Name); err == nil {
+		for _, pid := range strings.Fields(pids) {
+			_, _ = run("kill", "-9", pid)
+		}
+	}
+	_, err := run("ip", "netns", "delete", n.Name)
+	return err
+}
+
+var linkCounter atomic.Int64
+
+// randomSuffix makes a temporary link name unique within this process.
+func randomSuffix() string {
+	return strconv.Itoa(os.Getpid()%10000) + "x" + strconv.FormatInt(linkCounter.Add(1), 10)
+}
+
+// link connects two namespaces (or the host, when a is nil) with a veth pair.
+func link(a *Netns, aName string, b *Netns, bName string) error {
+	tmpA, tmpB := namePrefix+"t"+randomSuffix(), namePrefix+"t"+randomSuffix()
+	cmds := [][]string{{"ip", "link", "add", tmpA, "type", "veth", "peer", "name", tmpB}}
+	cmds = append(cmds, moveLink(a, tmpA, aName)...)
+	cmds = append(cmds, moveLink(b, tmpB, bName)...)
+	return runAll(cmds...)
+}
+
+func moveLink(ns *Netns, tmp, name string) [][]string {
+	if ns == nil {
+		return [][]string{{"ip", "link", "set", tmp, "name", name}, {"ip", "link", "set", name, "up"}}
+	}
+	return [][]string{
+		{"ip", "link", "set", tmp, "netns", ns.Name},
+		{"ip", "-n", ns.Name, "link", "set", tmp, "name", name},
+		{"ip", "-n", ns.Name, "link", "set", name, "up"},
+	}
+}
+
+// ip runs `ip` inside the namespace (or the host when ns is nil).
+func ipCmd(ns *Netns, args ...string) []string {
+	if ns == nil {
+		return append([]string{"ip"}, args...)
+	}
+	return append([]string{"ip", "-n", ns.Name}, args...)
+}
+
+// cleanupLeftovers removes namespaces and host links a killed run left.
+func cleanupLeftovers() error {
+	out, err := run("ip", "netns", "list")
+	if err != nil {
+		return err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if name := strings.Fields(line + " ")[0]; strings.HasPrefix(name, namePrefix) {
+			if err := (&Netns{Name: name}).delete(); err != nil {
+				return fmt.Errorf("removing leftover namespace: %w", err)
+			}
+		}
+	}
+	links, _ := run("ip", "-o", "link", "show")
+	for _, line := range strings.Split(links, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 1 {
+			name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+			if strings.HasPrefix(name, namePrefix) {
+				_, _ = run("ip", "link", "delete", name)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,127 @@
+package framework
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Process is a program the framework started; its output goes to a log
+// file in the cluster's directory.
+type Process struct {
+	Name    string
+	LogPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+	err     error
+}
+
+// startProcess starts cmd, logging to dir/name.log, and records its PID in
+// the state file so a later run can kill it if this one dies.
+func startProcess(dir, name string, cmd *exec.Cmd) (*Process, error) {
+	logPath := filepath.Join(dir, name+".log")
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	// Its own process group, so a Ctrl-C to the test does not reach it
+	// before the framework stops it in order.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	recordPID(dir, cmd.Process.Pid)
+	go func() {
+		p.err = cmd.Wait()
+		log.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Exited is closed when the process has ended.
+func (p *Process) Exited() <-chan struct{} { return p.done }
+
+// Err is how the process ended; only meaningful once Exited is closed.
+func (p *Process) Err() error { return p.err }
+
+// Pid is the process ID.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Stop ends the process: SIGTERM, then SIGKILL after a grace period.
+func (p *Process) Stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// LogTail returns the last lines of the process's log.
+func (p *Process) LogTail(lines int) string {
+	data, _ := os.ReadFile(p.LogPath)
+	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+	return strings.Join(all, "\n")
+}
+
+const pidFile = "pids"
+
+// recordPID appends "pid starttime" so that only that very process is
+// killed later, never one that reused its PID.
+func recordPID(dir string, pid int) {
+	f, err := os.OpenFile(filepath.Join(dir, pidFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "%d %s\n", pid, startTime(pid))
+}
+
+// killRecorded kills every process a previous run recorded that still runs.
+func killRecorded(dir string) {
+	data, _ := os.ReadFile(filepath.Join(dir, pidFile))
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		pid, _ := strconv.Atoi(f[0])
+		if pid > 1 && startTime(pid) == f[1] {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	_ = os.Remove(filepath.Join(dir, pidFile))
+}
+
+// startTime is field 22 of /proc/PID/stat, unique per process over a boot.
+func startTime(pid int) string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	// The command name (field 2) may hold spaces; count from its end.
+	rest := string(data[strings.LastIndexByte(string(data), ')')+1:])
+	f := strings.Fields(rest)
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19]
+}
