@@ -1,0 +1,152 @@
+package state
+
+import (
+	"net/netip"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+const (
+	// defaultAffinityTimeout is the ClientIP affinity timeout when the
+	// service does not set one (3 hours, the API's default).
+	defaultAffinityTimeout = 10800
+	// sourceRangesAnnotation is the older way to set loadBalancerSourceRanges.
+	sourceRangesAnnotation = "service.beta.kubernetes.io/load-balancer-source-ranges"
+)
+
+// UsesClusterEndpoints tells whether some traffic to the service port is
+// spread over the whole cluster's endpoints (a Cluster traffic policy).
+func (s *ServicePort) UsesClusterEndpoints() bool {
+	return !s.InternalPolicyLocal || (s.HasExternal() && !s.ExternalPolicyLocal)
+}
+
+// UsesLocalEndpoints tells whether some traffic to the service port goes
+// only to this node's endpoints (a Local traffic policy).
+func (s *ServicePort) UsesLocalEndpoints() bool {
+	return s.InternalPolicyLocal || (s.HasExternal() && s.ExternalPolicyLocal)
+}
+
+// servicePorts turns a Service into the service ports of one IP family.
+// Services kube-proxy does not handle (headless, ExternalName, or without
+// a cluster IP of the family) give none.
+func servicePorts(svc *v1.Service, family v1.IPFamily) map[ServicePortName]*ServicePort {
+	if svc == nil || svc.Spec.Type == v1.ServiceTypeExternalName {
+		return nil
+	}
+	clusterIP := firstOfFamily(clusterIPs(svc), family)
+	if !clusterIP.IsValid() {
+		return nil
+	}
+	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	externalIPs := addrsOfFamily(svc.Spec.ExternalIPs, family)
+	lbIPs := loadBalancerIPs(svc, family)
+	sourceRanges := sourceRanges(svc, family)
+	var affinity int32
+	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
+		affinity = defaultAffinityTimeout
+		if cfg := svc.Spec.SessionAffinityConfig; cfg != nil && cfg.ClientIP != nil && cfg.ClientIP.TimeoutSeconds != nil {
+			affinity = *cfg.ClientIP.TimeoutSeconds
+		}
+	}
+	externallyReachable := svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer || len(svc.Spec.ExternalIPs) > 0
+	externalLocal := externallyReachable && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+	var healthCheckPort int32
+	if svc.Spec.Type == v1.ServiceTypeLoadBalancer && externalLocal {
+		healthCheckPort = svc.Spec.HealthCheckNodePort
+	}
+	var distribution string
+	if svc.Spec.TrafficDistribution != nil {
+		distribution = *svc.Spec.TrafficDistribution
+	}
+
+	ports := make(map[ServicePortName]*ServicePort, len(svc.Spec.Ports))
+	for _, p := range svc.Spec.Ports {
+		spn := ServicePortName{NamespacedName: name, Port: p.Name, Protocol: p.Protocol}
+		ports[spn] = &ServicePort{
+			Name:                     spn,
+			ClusterIP:                clusterIP,
+			Port:                     p.Port,
+			Protocol:                 p.Protocol,
+			NodePort:                 p.NodePort,
+			ExternalIPs:              externalIPs,
+			LoadBalancerIPs:          lbIPs,
+			LoadBalancerSourceRanges: sourceRanges,
+			AffinityTimeoutSeconds:   affinity,
+			ExternalPolicyLocal:      externalLocal,
+			InternalPolicyLocal:      svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
+			HealthCheckNodePort:      healthCheckPort,
+			TrafficDistribution:      distribution,
+		}
+	}
+	return ports
+}
+
+func clusterIPs(svc *v1.Service) []string {
+	if len(svc.Spec.ClusterIPs) > 0 {
+		return svc.Spec.ClusterIPs
+	}
+	return []string{svc.Spec.ClusterIP}
+}
+
+// loadBalancerIPs are the status ingress IPs of the family; an ingress in
+// ipMode Proxy is handled by the load balancer itself, not the node.
+func loadBalancerIPs(svc *v1.Service, family v1.IPFamily) []netip.Addr {
+	var ips []string
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		if ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy {
+			continue
+		}
+		ips = append(ips, ing.IP)
+	}
+	return addrsOfFamily(ips, family)
+}
+
+// sourceRanges are loadBalancerSourceRanges of the family, from the spec or
+// else the annotation; entries that do not parse are ignored, as upstream.
+func sourceRanges(svc *v1.Service, family v1.IPFamily) []netip.Prefix {
+	ranges := svc.Spec.LoadBalancerSourceRanges
+	if len(ranges) == 0 {
+		if a := svc.Annotations[sourceRangesAnnotation]; a != "" {
+			ranges = strings.Split(a, ",")
+		}
+	}
+	var out []netip.Prefix
+	for _, r := range ranges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(r))
+		if err != nil || familyOf(p.Addr()) != family {
+			continue
+		}
+		out = append(out, p.Masked())
+	}
+	return out
+}
+
+func firstOfFamily(ips []string, family v1.IPFamily) netip.Addr {
+	for _, a := range addrsOfFamily(ips, family) {
+		return a
+	}
+	return netip.Addr{}
+}
+
+// addrsOfFamily parses the addresses of the family, skipping the others and
+// anything that is not an address.
+func addrsOfFamily(ips []string, family v1.IPFamily) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ips {
+		a, err := netip.ParseAddr(strings.TrimSpace(s))
+		if err != nil || familyOf(a) != family {
+			continue
+		}
+		out = append(out, a.Unmap())
+	}
+	return out
+}
+
+func familyOf(a netip.Addr) v1.IPFamily {
+	if a.Unmap().Is4() {
+		return v1.IPv4Protocol
+	}
+	return v1.IPv6Protocol
+}

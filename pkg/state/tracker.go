@@ -1,0 +1,331 @@
+package state
+
+import (
+	"net/netip"
+	"reflect"
+	"sort"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Tracker records Service and EndpointSlice changes for one IP family as
+// the informers report them, and folds them into a State when the proxier
+// syncs, telling exactly which service ports changed. Recording is O(1)
+// per event and folding is proportional to what changed, never to the
+// number of services, so a sync at 30k services costs what the change costs.
+//
+// The event methods may be called from any goroutine.
+type Tracker struct {
+	family   v1.IPFamily
+	nodeName string
+
+	mu sync.Mutex
+	// pendingServices holds the latest object of each changed service (nil
+	// once deleted) since the last Apply.
+	pendingServices map[types.NamespacedName]*v1.Service
+	// slices are the current EndpointSlices of each service, by slice name.
+	slices           map[types.NamespacedName]map[string]*discovery.EndpointSlice
+	pendingEndpoints map[types.NamespacedName]bool
+	triggerTimes     []time.Time
+}
+
+// NewTracker returns a tracker for one IP family on the named node.
+func NewTracker(family v1.IPFamily, nodeName string) *Tracker {
+	return &Tracker{
+		family:           family,
+		nodeName:         nodeName,
+		pendingServices:  map[types.NamespacedName]*v1.Service{},
+		slices:           map[types.NamespacedName]map[string]*discovery.EndpointSlice{},
+		pendingEndpoints: map[types.NamespacedName]bool{},
+	}
+}
+
+// OnService records a service's new state; nil means deleted.
+func (t *Tracker) OnService(name types.NamespacedName, svc *v1.Service) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.pendingServices[name] = svc
+}
+
+// OnEndpointSlice records a slice added or updated, or deleted when
+// deleted is true. Slices of the other IP family and slices not owned by a
+// service are ignored.
+func (t *Tracker) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) {
+	service := slice.Labels[discovery.LabelServiceName]
+	if service == "" || !t.sliceFamilyMatches(slice.AddressType) {
+		return
+	}
+	name := types.NamespacedName{Namespace: slice.Namespace, Name: service}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	bySlice := t.slices[name]
+	if deleted {
+		delete(bySlice, slice.Name)
+		if len(bySlice) == 0 {
+			delete(t.slices, name)
+		}
+	} else {
+		if bySlice == nil {
+			bySlice = map[string]*discovery.EndpointSlice{}
+			t.slices[name] = bySlice
+		}
+		bySlice[slice.Name] = slice
+		if at, err := time.Parse(time.RFC3339, slice.Annotations[v1.EndpointsLastChangeTriggerTime]); err == nil {
+			t.triggerTimes = append(t.triggerTimes, at)
+		}
+	}
+	t.pendingEndpoints[name] = true
+}
+
+func (t *Tracker) sliceFamilyMatches(at discovery.AddressType) bool {
+	return (at == discovery.AddressTypeIPv4 && t.family == v1.IPv4Protocol) ||
+		(at == discovery.AddressTypeIPv6 && t.family == v1.IPv6Protocol)
+}
+
+// Pending counts the services and the endpoint sets changed since the last Apply.
+func (t *Tracker) Pending() (services, endpoints int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.pendingServices), len(t.pendingEndpoints)
+}
+
+// State is the node's desired service state for one IP family.
+type State struct {
+	Services  ServiceMap
+	Endpoints EndpointsMap
+	// Which keys each service owns, so one service is replaced without a
+	// scan of the maps.
+	servicePorts  map[types.NamespacedName][]ServicePortName
+	endpointPorts map[types.NamespacedName][]ServicePortName
+}
+
+// NewState returns an empty state.
+func NewState() *State {
+	return &State{
+		Services:      ServiceMap{},
+		Endpoints:     EndpointsMap{},
+		servicePorts:  map[types.NamespacedName][]ServicePortName{},
+		endpointPorts: map[types.NamespacedName][]ServicePortName{},
+	}
+}
+
+// StaleEndpoint is a UDP endpoint that no longer serves a service port:
+// conntrack entries towards it must go, or clients keep sending there.
+type StaleEndpoint struct {
+	Service  ServicePortName
+	Endpoint netip.AddrPort
+}
+
+// Changes is what one Apply changed.
+type Changes struct {
+	// ServicePorts are the service ports whose definition or endpoints
+	// changed, including those added and deleted.
+	ServicePorts map[ServicePortName]bool
+	// StaleEndpoints are UDP endpoints that stopped serving.
+	StaleEndpoints []StaleEndpoint
+	// NewlyActiveUDP are UDP service ports that went from no serving
+	// endpoint to some: flows that were rejected before must be forgotten.
+	NewlyActiveUDP []ServicePortName
+	// ServiceUpdates and EndpointUpdates count the services and endpoint
+	// sets folded in.
+	ServiceUpdates, EndpointUpdates int
+	// TriggerTimes are the API-side times of the endpoint changes folded in,
+	// for the network-programming latency metric.
+	TriggerTimes []time.Time
+}
+
+// Apply folds every change recorded since the last call into st.
+func (t *Tracker) Apply(st *State) Changes {
+	t.mu.Lock()
+	services := t.pendingServices
+	t.pendingServices = map[types.NamespacedName]*v1.Service{}
+	endpoints := make(map[types.NamespacedName]EndpointsMap, len(t.pendingEndpoints))
+	for name := range t.pendingEndpoints {
+		endpoints[name] = t.mergeSlices(name)
+	}
+	t.pendingEndpoints = map[types.NamespacedName]bool{}
+	ch := Changes{
+		ServicePorts:    map[ServicePortName]bool{},
+		ServiceUpdates:  len(services),
+		EndpointUpdates: len(endpoints),
+		TriggerTimes:    t.triggerTimes,
+	}
+	t.triggerTimes = nil
+	t.mu.Unlock()
+
+	for name, svc := range services {
+		st.replaceService(name, servicePorts(svc, t.family), &ch)
+	}
+	for name, eps := range endpoints {
+		st.replaceEndpoints(name, eps, &ch)
+	}
+	return ch
+}
+
+func (st *State) replaceService(name types.NamespacedName, ports map[ServicePortName]*ServicePort, ch *Changes) {
+	for _, old := range st.servicePorts[name] {
+		if _, kept := ports[old]; !kept {
+			delete(st.Services, old)
+			ch.ServicePorts[old] = true
+		}
+	}
+	keys := make([]ServicePortName, 0, len(ports))
+	for spn, sp := range ports {
+		keys = append(keys, spn)
+		if old, ok := st.Services[spn]; !ok || !reflect.DeepEqual(old, sp) {
+			st.Services[spn] = sp
+			ch.ServicePorts[spn] = true
+		}
+	}
+	if len(keys) == 0 {
+		delete(st.servicePorts, name)
+	} else {
+		st.servicePorts[name] = keys
+	}
+}
+
+func (st *State) replaceEndpoints(name types.NamespacedName, eps EndpointsMap, ch *Changes) {
+	for _, spn := range st.endpointPorts[name] {
+		if _, kept := eps[spn]; !kept {
+			ch.noteEndpointChange(spn, st.Endpoints[spn], nil)
+			delete(st.Endpoints, spn)
+		}
+	}
+	keys := make([]ServicePortName, 0, len(eps))
+	for spn, list := range eps {
+		keys = append(keys, spn)
+		if old := st.Endpoints[spn]; !reflect.DeepEqual(old, list) {
+			ch.noteEndpointChange(spn, old, list)
+			st.Endpoints[spn] = list
+		}
+	}
+	if len(keys) == 0 {
+		delete(st.endpointPorts, name)
+	} else {
+		st.endpointPorts[name] = keys
+	}
+}
+
+// noteEndpointChange records a changed endpoint list and, for UDP, what
+// conntrack must forget.
+func (ch *Changes) noteEndpointChange(spn ServicePortName, old, updated []*Endpoint) {
+	ch.ServicePorts[spn] = true
+	if spn.Protocol != v1.ProtocolUDP {
+		return
+	}
+	stillServing := make(map[netip.AddrPort]bool, len(updated))
+	for _, ep := range updated {
+		if ep.Serving {
+			stillServing[ep.AddrPort()] = true
+		}
+	}
+	wasServing := false
+	for _, ep := range old {
+		if !ep.Serving {
+			continue
+		}
+		wasServing = true
+		if !stillServing[ep.AddrPort()] {
+			ch.StaleEndpoints = append(ch.StaleEndpoints, StaleEndpoint{Service: spn, Endpoint: ep.AddrPort()})
+		}
+	}
+	if !wasServing && len(stillServing) > 0 {
+		ch.NewlyActiveUDP = append(ch.NewlyActiveUDP, spn)
+	}
+}
+
+// mergeSlices builds a service's endpoints per port from all its slices.
+// An address listed by several slices counts once, preferring a ready copy.
+// Called with t.mu held.
+func (t *Tracker) mergeSlices(name types.NamespacedName) EndpointsMap {
+	bySlice := t.slices[name]
+	sliceNames := make([]string, 0, len(bySlice))
+	for n := range bySlice {
+		sliceNames = append(sliceNames, n)
+	}
+	sort.Strings(sliceNames) // a stable choice among duplicates
+	byPort := map[ServicePortName]map[netip.AddrPort]*Endpoint{}
+	for _, sliceName := range sliceNames {
+		slice := bySlice[sliceName]
+		for _, port := range slice.Ports {
+			if port.Port == nil {
+				continue
+			}
+			spn := ServicePortName{NamespacedName: name, Protocol: v1.ProtocolTCP}
+			if port.Name != nil {
+				spn.Port = *port.Name
+			}
+			if port.Protocol != nil {
+				spn.Protocol = *port.Protocol
+			}
+			set := byPort[spn]
+			if set == nil {
+				set = map[netip.AddrPort]*Endpoint{}
+				byPort[spn] = set
+			}
+			for i := range slice.Endpoints {
+				ep := t.endpoint(&slice.Endpoints[i], *port.Port)
+				if ep == nil {
+					continue
+				}
+				if existing := set[ep.AddrPort()]; existing == nil || (ep.Ready && !existing.Ready) {
+					set[ep.AddrPort()] = ep
+				}
+			}
+		}
+	}
+	out := make(EndpointsMap, len(byPort))
+	for spn, set := range byPort {
+		list := make([]*Endpoint, 0, len(set))
+		for _, ep := range set {
+			list = append(list, ep)
+		}
+		sort.Slice(list, func(i, j int) bool { return list[i].AddrPort().Compare(list[j].AddrPort()) < 0 })
+		out[spn] = list
+	}
+	return out
+}
+
+// endpoint converts one slice endpoint for one port; nil when it has no
+// usable address of the family.
+func (t *Tracker) endpoint(e *discovery.Endpoint, port int32) *Endpoint {
+	if len(e.Addresses) == 0 {
+		return nil
+	}
+	ip, err := netip.ParseAddr(e.Addresses[0])
+	if err != nil || familyOf(ip) != t.family {
+		return nil
+	}
+	ready := e.Conditions.Ready == nil || *e.Conditions.Ready
+	serving := ready
+	if e.Conditions.Serving != nil {
+		serving = *e.Conditions.Serving
+	}
+	ep := &Endpoint{
+		IP:          ip.Unmap(),
+		Port:        port,
+		Ready:       ready,
+		Serving:     serving,
+		Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+	}
+	if e.NodeName != nil {
+		ep.NodeName = *e.NodeName
+		ep.IsLocal = ep.NodeName == t.nodeName
+	}
+	if e.Zone != nil {
+		ep.Zone = *e.Zone
+	}
+	if e.Hints != nil {
+		for _, z := range e.Hints.ForZones {
+			ep.ZoneHints = append(ep.ZoneHints, z.Name)
+		}
+		for _, n := range e.Hints.ForNodes {
+			ep.NodeHints = append(ep.NodeHints, n.Name)
+		}
+	}
+	return ep
+}
