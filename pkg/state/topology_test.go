@@ -56,12 +56,12 @@ func TestSelect(t *testing.T) {
 	node := Node{Name: "this-node", Zone: "a"}
 
 	cases := []struct {
-		name               string
-		svc                *ServicePort
-		node               Node
-		eps                []*Endpoint
+		name                string
+		svc                 *ServicePort
+		node                Node
+		eps                 []*Endpoint
 		cluster, local, all string
-		hasAny             bool
+		hasAny              bool
 	}{
 		{"no endpoints", clusterSvc, node, nil, "nil", "nil", "nil", false},
 		{"ready endpoints are used", clusterSvc, node,

@@ -84,10 +84,14 @@ func TestServicesBecomeServicePortsOfTheFamily(t *testing.T) {
 		}), func(sp *ServicePort) string { return eq(fmt.Sprint(sp.LoadBalancerIPs), "[5.6.7.8 5.6.7.10]") }, false},
 		{"source ranges from the spec", v1.IPv4Protocol, service("a", func(s *v1.Service) {
 			s.Spec.LoadBalancerSourceRanges = []string{"192.168.0.0/16", " 10.0.0.1/8", "2001:db8::/32", "junk"}
-		}), func(sp *ServicePort) string { return eq(fmt.Sprint(sp.LoadBalancerSourceRanges), "[192.168.0.0/16 10.0.0.0/8]") }, false},
+		}), func(sp *ServicePort) string {
+			return eq(fmt.Sprint(sp.LoadBalancerSourceRanges), "[192.168.0.0/16 10.0.0.0/8]")
+		}, false},
 		{"source ranges from the annotation", v1.IPv4Protocol, service("a", func(s *v1.Service) {
 			s.Annotations = map[string]string{sourceRangesAnnotation: "192.168.0.0/16, 172.16.0.0/12"}
-		}), func(sp *ServicePort) string { return eq(fmt.Sprint(sp.LoadBalancerSourceRanges), "[192.168.0.0/16 172.16.0.0/12]") }, false},
+		}), func(sp *ServicePort) string {
+			return eq(fmt.Sprint(sp.LoadBalancerSourceRanges), "[192.168.0.0/16 172.16.0.0/12]")
+		}, false},
 		{"ClientIP affinity defaults to 10800s", v1.IPv4Protocol, service("a", func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }),
 			func(sp *ServicePort) string { return eq(sp.AffinityTimeoutSeconds, int32(10800)) }, false},
 		{"ClientIP affinity timeout", v1.IPv4Protocol, service("a", func(s *v1.Service) {
@@ -98,7 +102,9 @@ func TestServicesBecomeServicePortsOfTheFamily(t *testing.T) {
 			s.Spec.Type = v1.ServiceTypeLoadBalancer
 			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 			s.Spec.HealthCheckNodePort = 31000
-		}), func(sp *ServicePort) string { return eq(fmt.Sprint(sp.ExternalPolicyLocal, sp.HealthCheckNodePort), "true 31000") }, false},
+		}), func(sp *ServicePort) string {
+			return eq(fmt.Sprint(sp.ExternalPolicyLocal, sp.HealthCheckNodePort), "true 31000")
+		}, false},
 		{"eTP=Local on a ClusterIP service means nothing", v1.IPv4Protocol, service("a", func(s *v1.Service) {
 			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 		}), func(sp *ServicePort) string { return eq(sp.ExternalPolicyLocal, false) }, false},

@@ -100,7 +100,9 @@ func repoRoot() (string, error) {
 func podserverPath() string { return binariesCached.podserver }
 
 // UpstreamKubeProxy is the path of upstream's kube-proxy, built from the tools module.
-func (c *Cluster) UpstreamKubeProxy() string { return filepath.Join(c.bins.tools, "kube-proxy-upstream") }
+func (c *Cluster) UpstreamKubeProxy() string {
+	return filepath.Join(c.bins.tools, "kube-proxy-upstream")
+}
 
 // KubeProxy is the path of our kube-proxy binary.
 func (c *Cluster) KubeProxy() string { return c.bins.kubeProxy }

@@ -73,4 +73,3 @@ func (k *KubeProxy) WaitHealthy(ctx context.Context, timeout time.Duration) erro
 		}
 	}
 }
-

@@ -1,12 +1,12 @@
 package framework
 
 import (
-	"os"
-	"strconv"
-	"sync/atomic"
 	"fmt"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
