@@ -6,20 +6,22 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	netutils "k8s.io/utils/net"
 )
 
 const (
 	// defaultAffinityTimeout is the ClientIP affinity timeout when the
 	// service does not set one (3 hours, the API's default).
 	defaultAffinityTimeout = 10800
-	// sourceRangesAnnotation is the older way to set loadBalancerSourceRanges.
-	sourceRangesAnnotation = "service.beta.kubernetes.io/load-balancer-source-ranges"
 )
 
 // UsesClusterEndpoints tells whether some traffic to the service port is
-// spread over the whole cluster's endpoints (a Cluster traffic policy).
+// spread over the whole cluster's endpoints: with a Cluster policy, and for
+// any externally reachable service, since pod- and node-originated traffic
+// to its external addresses short-circuits to the cluster endpoints even
+// under externalTrafficPolicy Local.
 func (s *ServicePort) UsesClusterEndpoints() bool {
-	return !s.InternalPolicyLocal || (s.HasExternal() && !s.ExternalPolicyLocal)
+	return !s.InternalPolicyLocal || s.HasExternal()
 }
 
 // UsesLocalEndpoints tells whether some traffic to the service port goes
@@ -103,22 +105,26 @@ func loadBalancerIPs(svc *v1.Service, family v1.IPFamily) []netip.Addr {
 	return addrsOfFamily(ips, family)
 }
 
-// sourceRanges are loadBalancerSourceRanges of the family, from the spec or
-// else the annotation; entries that do not parse are ignored, as upstream.
+// sourceRanges are loadBalancerSourceRanges of the family. Entries that do
+// not parse are ignored, and a /0 range means no restriction at all, as
+// upstream (which also ignores the legacy annotation).
 func sourceRanges(svc *v1.Service, family v1.IPFamily) []netip.Prefix {
-	ranges := svc.Spec.LoadBalancerSourceRanges
-	if len(ranges) == 0 {
-		if a := svc.Annotations[sourceRangesAnnotation]; a != "" {
-			ranges = strings.Split(a, ",")
-		}
-	}
 	var out []netip.Prefix
-	for _, r := range ranges {
-		p, err := netip.ParsePrefix(strings.TrimSpace(r))
-		if err != nil || familyOf(p.Addr()) != family {
+	for _, r := range svc.Spec.LoadBalancerSourceRanges {
+		_, ipnet, err := netutils.ParseCIDRSloppy(strings.TrimSpace(r))
+		if err != nil {
 			continue
 		}
-		out = append(out, p.Masked())
+		addr, _ := netip.AddrFromSlice(ipnet.IP)
+		bits, _ := ipnet.Mask.Size()
+		p := netip.PrefixFrom(addr.Unmap(), bits)
+		if familyOf(p.Addr()) != family {
+			continue
+		}
+		if bits == 0 {
+			return nil
+		}
+		out = append(out, p)
 	}
 	return out
 }
@@ -135,13 +141,24 @@ func firstOfFamily(ips []string, family v1.IPFamily) netip.Addr {
 func addrsOfFamily(ips []string, family v1.IPFamily) []netip.Addr {
 	var out []netip.Addr
 	for _, s := range ips {
-		a, err := netip.ParseAddr(strings.TrimSpace(s))
-		if err != nil || familyOf(a) != family {
+		a := parseAddr(s)
+		if !a.IsValid() || familyOf(a) != family {
 			continue
 		}
-		out = append(out, a.Unmap())
+		out = append(out, a)
 	}
 	return out
+}
+
+// parseAddr parses an address the way the API server validated it, which
+// accepts IPv4 with leading zeros; the zero Addr means not an address.
+func parseAddr(s string) netip.Addr {
+	ip := netutils.ParseIPSloppy(strings.TrimSpace(s))
+	if ip == nil {
+		return netip.Addr{}
+	}
+	a, _ := netip.AddrFromSlice(ip)
+	return a.Unmap()
 }
 
 func familyOf(a netip.Addr) v1.IPFamily {

@@ -239,7 +239,7 @@ func (ch *Changes) noteEndpointChange(spn ServicePortName, old, updated []*Endpo
 }
 
 // mergeSlices builds a service's endpoints per port from all its slices.
-// An address listed by several slices counts once, preferring a ready copy.
+// An address listed by several slices counts once.
 // Called with t.mu held.
 func (t *Tracker) mergeSlices(name types.NamespacedName) EndpointsMap {
 	bySlice := t.slices[name]
@@ -252,16 +252,11 @@ func (t *Tracker) mergeSlices(name types.NamespacedName) EndpointsMap {
 	for _, sliceName := range sliceNames {
 		slice := bySlice[sliceName]
 		for _, port := range slice.Ports {
-			if port.Port == nil {
+			// Upstream ignores ports it cannot name or number.
+			if port.Name == nil || port.Protocol == nil || port.Port == nil || *port.Port == 0 {
 				continue
 			}
-			spn := ServicePortName{NamespacedName: name, Protocol: v1.ProtocolTCP}
-			if port.Name != nil {
-				spn.Port = *port.Name
-			}
-			if port.Protocol != nil {
-				spn.Protocol = *port.Protocol
-			}
+			spn := ServicePortName{NamespacedName: name, Port: *port.Name, Protocol: *port.Protocol}
 			set := byPort[spn]
 			if set == nil {
 				set = map[netip.AddrPort]*Endpoint{}
@@ -272,7 +267,8 @@ func (t *Tracker) mergeSlices(name types.NamespacedName) EndpointsMap {
 				if ep == nil {
 					continue
 				}
-				if existing := set[ep.AddrPort()]; existing == nil || (ep.Ready && !existing.Ready) {
+				// A duplicate replaces the earlier copy unless it is terminating.
+				if existing := set[ep.AddrPort()]; existing == nil || !ep.Terminating {
 					set[ep.AddrPort()] = ep
 				}
 			}
@@ -284,7 +280,9 @@ func (t *Tracker) mergeSlices(name types.NamespacedName) EndpointsMap {
 		for _, ep := range set {
 			list = append(list, ep)
 		}
-		sort.Slice(list, func(i, j int) bool { return list[i].AddrPort().Compare(list[j].AddrPort()) < 0 })
+		// Sorted as text, as upstream does: the order decides the load
+		// spreading rules, which should read the same as upstream's.
+		sort.Slice(list, func(i, j int) bool { return list[i].String() < list[j].String() })
 		out[spn] = list
 	}
 	return out
@@ -296,20 +294,15 @@ func (t *Tracker) endpoint(e *discovery.Endpoint, port int32) *Endpoint {
 	if len(e.Addresses) == 0 {
 		return nil
 	}
-	ip, err := netip.ParseAddr(e.Addresses[0])
-	if err != nil || familyOf(ip) != t.family {
+	ip := parseAddr(e.Addresses[0])
+	if !ip.IsValid() || familyOf(ip) != t.family {
 		return nil
 	}
-	ready := e.Conditions.Ready == nil || *e.Conditions.Ready
-	serving := ready
-	if e.Conditions.Serving != nil {
-		serving = *e.Conditions.Serving
-	}
 	ep := &Endpoint{
-		IP:          ip.Unmap(),
+		IP:          ip,
 		Port:        port,
-		Ready:       ready,
-		Serving:     serving,
+		Ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
+		Serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
 		Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
 	}
 	if e.NodeName != nil {

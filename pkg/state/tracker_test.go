@@ -41,7 +41,7 @@ func slice(service, name string, family discovery.AddressType, port int32, proto
 }
 
 func endpoint(ip string, ready bool, node string) discovery.Endpoint {
-	return discovery.Endpoint{Addresses: []string{ip}, Conditions: discovery.EndpointConditions{Ready: ptr.To(ready)}, NodeName: ptr.To(node)}
+	return discovery.Endpoint{Addresses: []string{ip}, Conditions: discovery.EndpointConditions{Ready: ptr.To(ready), Serving: ptr.To(ready)}, NodeName: ptr.To(node)}
 }
 
 func nn(name string) types.NamespacedName { return types.NamespacedName{Namespace: "ns", Name: name} }
@@ -87,11 +87,15 @@ func TestServicesBecomeServicePortsOfTheFamily(t *testing.T) {
 		}), func(sp *ServicePort) string {
 			return eq(fmt.Sprint(sp.LoadBalancerSourceRanges), "[192.168.0.0/16 10.0.0.0/8]")
 		}, false},
-		{"source ranges from the annotation", v1.IPv4Protocol, service("a", func(s *v1.Service) {
-			s.Annotations = map[string]string{sourceRangesAnnotation: "192.168.0.0/16, 172.16.0.0/12"}
-		}), func(sp *ServicePort) string {
-			return eq(fmt.Sprint(sp.LoadBalancerSourceRanges), "[192.168.0.0/16 172.16.0.0/12]")
-		}, false},
+		{"the legacy source-ranges annotation is ignored, as upstream", v1.IPv4Protocol, service("a", func(s *v1.Service) {
+			s.Annotations = map[string]string{"service.beta.kubernetes.io/load-balancer-source-ranges": "192.168.0.0/16"}
+		}), func(sp *ServicePort) string { return eq(len(sp.LoadBalancerSourceRanges), 0) }, false},
+		{"a /0 source range allows everything", v1.IPv4Protocol, service("a", func(s *v1.Service) {
+			s.Spec.LoadBalancerSourceRanges = []string{"192.168.0.0/16", "0.0.0.0/0"}
+		}), func(sp *ServicePort) string { return eq(len(sp.LoadBalancerSourceRanges), 0) }, false},
+		{"addresses with leading zeros parse as the API server accepted them", v1.IPv4Protocol, service("a", func(s *v1.Service) {
+			s.Spec.ExternalIPs = []string{"010.000.000.001"}
+		}), func(sp *ServicePort) string { return eq(fmt.Sprint(sp.ExternalIPs), "[10.0.0.1]") }, false},
 		{"ClientIP affinity defaults to 10800s", v1.IPv4Protocol, service("a", func(s *v1.Service) { s.Spec.SessionAffinity = v1.ServiceAffinityClientIP }),
 			func(sp *ServicePort) string { return eq(sp.AffinityTimeoutSeconds, int32(10800)) }, false},
 		{"ClientIP affinity timeout", v1.IPv4Protocol, service("a", func(s *v1.Service) {
@@ -228,7 +232,7 @@ func TestEndpointConditions(t *testing.T) {
 	tr := NewTracker(v1.IPv4Protocol, "node-1")
 	st := NewState()
 	tr.OnEndpointSlice(slice("a", "a-1", discovery.AddressTypeIPv4, 80, v1.ProtocolTCP,
-		discovery.Endpoint{Addresses: []string{"10.0.0.1"}}, // nil conditions: ready
+		discovery.Endpoint{Addresses: []string{"10.0.0.1"}}, // nil conditions: ready and serving
 		discovery.Endpoint{Addresses: []string{"10.0.0.2"}, Conditions: discovery.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}},
 		discovery.Endpoint{Addresses: []string{"10.0.0.3"}, Zone: ptr.To("z"), Hints: &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: "z"}}, ForNodes: []discovery.ForNode{{Name: "n"}}}},
 		discovery.Endpoint{}, // no address: ignored
