@@ -171,7 +171,9 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 			[]string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "localhost"}),
 		pki.issue("admin", "admin", []string{"system:masters"}, nil, nil),
 		pki.issue("kube-proxy", "system:kube-proxy", nil, nil, nil),
-		pki.issue("controller-manager", "system:kube-controller-manager", nil, nil, nil),
+		// The controller-manager runs without per-controller service accounts;
+		// it acts for the EndpointSlice controller, which needs more than its own role.
+		pki.issue("controller-manager", "system:kube-controller-manager", []string{"system:masters"}, nil, nil),
 		pki.serviceAccountKey(),
 	}
 	if err := errors.Join(steps...); err != nil {

@@ -90,13 +90,18 @@ func link(a *Netns, aName string, b *Netns, bName string) error {
 	return runAll(cmds...)
 }
 
+// moveLink names a link and brings it up, in ns or the host. Duplicate
+// address detection is off: until it ends, IPv6 neighbour discovery on the
+// link stalls, and the first packets of a test would be lost.
 func moveLink(ns *Netns, tmp, name string) [][]string {
+	noDAD := "net.ipv6.conf." + name + ".accept_dad=0"
 	if ns == nil {
-		return [][]string{{"ip", "link", "set", tmp, "name", name}, {"ip", "link", "set", name, "up"}}
+		return [][]string{{"ip", "link", "set", tmp, "name", name}, {"sysctl", "-qw", noDAD}, {"ip", "link", "set", name, "up"}}
 	}
 	return [][]string{
 		{"ip", "link", "set", tmp, "netns", ns.Name},
 		{"ip", "-n", ns.Name, "link", "set", tmp, "name", name},
+		{"ip", "netns", "exec", ns.Name, "sysctl", "-qw", noDAD},
 		{"ip", "-n", ns.Name, "link", "set", name, "up"},
 	}
 }
@@ -116,7 +121,8 @@ func cleanupLeftovers() error {
 		return err
 	}
 	for _, line := range strings.Split(out, "\n") {
-		if name := strings.Fields(line + " ")[0]; strings.HasPrefix(name, namePrefix) {
+		if f := strings.Fields(line); len(f) > 0 && strings.HasPrefix(f[0], namePrefix) {
+			name := f[0]
 			if err := (&Netns{Name: name}).delete(); err != nil {
 				return fmt.Errorf("removing leftover namespace: %w", err)
 			}

@@ -91,6 +91,9 @@ func (c *Cluster) AddPod(ctx context.Context, name string, opts PodOptions) (*Po
 	c.mu.Lock()
 	c.pods[name] = p
 	c.mu.Unlock()
+	if err := waitForLog(p.Server, "ready", 10*time.Second); err != nil {
+		return nil, err
+	}
 	if err := c.createPodObject(ctx, p, ports); err != nil {
 		return nil, err
 	}

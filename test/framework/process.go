@@ -82,6 +82,24 @@ func (p *Process) LogTail(lines int) string {
 	return strings.Join(all, "\n")
 }
 
+// waitForLog waits until the process's log contains text.
+func waitForLog(p *Process, text string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if data, _ := os.ReadFile(p.LogPath); strings.Contains(string(data), text) {
+			return nil
+		}
+		select {
+		case <-p.Exited():
+			return fmt.Errorf("%s exited: %v\n%s", p.Name, p.Err(), p.LogTail(10))
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not log %q within %s", p.Name, text, timeout)
+		}
+	}
+}
+
 const pidFile = "pids"
 
 // recordPID appends "pid starttime" so that only that very process is

@@ -1,0 +1,162 @@
+// Package iptables runs the iptables tools: iptables-restore to change rules
+// atomically, iptables-save to read them, and iptables for single checks.
+// It picks the backend (legacy or nft) the host already uses.
+package iptables
+
+import (
+	"bytes"
+	"fmt"
+	"os/exec"
+	"strings"
+	"sync"
+)
+
+// Backend is the kernel interface the iptables tools drive.
+type Backend string
+
+const (
+	Legacy Backend = "legacy"
+	NFT    Backend = "nft"
+)
+
+// Runner runs the tools of one backend and one IP family.
+type Runner struct {
+	ipv6    bool
+	backend Backend
+	// Restores and checks are serialized: -w already waits for the
+	// xtables lock, this just keeps our own calls from queueing on it.
+	mu sync.Mutex
+}
+
+// New returns a runner for the family and backend.
+func New(ipv6 bool, backend Backend) *Runner {
+	return &Runner{ipv6: ipv6, backend: backend}
+}
+
+// IPv6 tells the runner's family.
+func (r *Runner) IPv6() bool { return r.ipv6 }
+
+// Backend tells the runner's backend.
+func (r *Runner) Backend() Backend { return r.backend }
+
+func (r *Runner) tool(suffix string) string {
+	base := "iptables"
+	if r.ipv6 {
+		base = "ip6tables"
+	}
+	return base + "-" + string(r.backend) + suffix
+}
+
+// Restore feeds input to iptables-restore without flushing other
+// programs' rules. Each table in the input is applied atomically; when one
+// fails, the error names the line iptables complained about.
+func (r *Runner) Restore(input []byte) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	cmd := exec.Command(r.tool("-restore"), "-w", "--noflush", "--counters")
+	cmd.Stdin = bytes.NewReader(input)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s: %w: %s", r.tool("-restore"), err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
+// Save returns iptables-save output for one table.
+func (r *Runner) Save(table string) ([]byte, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out, err := exec.Command(r.tool("-save"), "-t", table).Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s -t %s: %w", r.tool("-save"), table, exitDetail(err))
+	}
+	return out, nil
+}
+
+// EnsureRule inserts a rule at the top of a chain unless it is already
+// there; used for the jumps from the built-in chains, which other programs
+// share and which therefore are never rewritten whole.
+func (r *Runner) EnsureRule(table, chain string, args []string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	check := append([]string{"-w", "-t", table, "-C", chain}, args...)
+	if exec.Command(r.tool(""), check...).Run() == nil {
+		return nil
+	}
+	insert := append([]string{"-w", "-t", table, "-I", chain, "1"}, args...)
+	if out, err := exec.Command(r.tool(""), insert...).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s %s: %w: %s", r.tool(""), strings.Join(insert, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// DeleteRule removes a rule from a chain if it is there.
+func (r *Runner) DeleteRule(table, chain string, args []string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	del := append([]string{"-w", "-t", table, "-D", chain}, args...)
+	for exec.Command(r.tool(""), del...).Run() == nil {
+		// Repeat: a rule inserted twice is deleted twice.
+	}
+	return nil
+}
+
+// HasRule tells whether a chain holds the rule; it fails, and so answers
+// false, when the chain or the table is gone.
+func (r *Runner) HasRule(table, chain string, args []string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return exec.Command(r.tool(""), append([]string{"-w", "-t", table, "-C", chain}, args...)...).Run() == nil
+}
+
+// Available tells whether this backend's tools are installed and work.
+func (r *Runner) Available() error {
+	if _, err := exec.LookPath(r.tool("-restore")); err != nil {
+		return fmt.Errorf("%s is not installed (Debian package iptables)", r.tool("-restore"))
+	}
+	if out, err := exec.Command(r.tool("-save"), "-t", "nat").CombinedOutput(); err != nil {
+		return fmt.Errorf("%s does not work here: %w: %s", r.tool("-save"), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// RandomFullySupported tells whether MASQUERADE --random-fully works here,
+// by asking the tools to check a rule that uses it.
+func (r *Runner) RandomFullySupported() bool {
+	out, _ := exec.Command(r.tool(""), "-w", "-t", "nat", "-C", "POSTROUTING", "-j", "MASQUERADE", "--random-fully").CombinedOutput()
+	// "Bad rule" means the option parsed and the rule is simply absent.
+	return strings.Contains(string(out), "Bad rule") || strings.Contains(string(out), "does a matching rule exist")
+}
+
+// DetectBackend picks the backend that already holds more rules, so
+// kube-proxy joins whichever the host's other programs use, as upstream's
+// images do; with no rules anywhere it picks nft.
+func DetectBackend() Backend {
+	count := func(b Backend) int {
+		n := 0
+		for _, tool := range []string{"iptables-" + string(b) + "-save", "ip6tables-" + string(b) + "-save"} {
+			out, err := exec.Command(tool).Output()
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(out), "\n") {
+				if strings.HasPrefix(line, "-A ") {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	if count(Legacy) > count(NFT) {
+		return Legacy
+	}
+	return NFT
+}
+
+func exitDetail(err error) error {
+	if ee, ok := err.(*exec.ExitError); ok && len(ee.Stderr) > 0 {
+		return fmt.Errorf("%w: %s", err, strings.TrimSpace(string(ee.Stderr)))
+	}
+	return err
+}
