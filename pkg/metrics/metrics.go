@@ -1,0 +1,87 @@
+// Package metrics holds kube-proxy's Prometheus metrics, with upstream's
+// names, labels and buckets, so existing dashboards and alerts keep working.
+package metrics
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+const subsystem = "kubeproxy"
+
+func histogram(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+	return prometheus.NewHistogramVec(prometheus.HistogramOpts{Subsystem: subsystem, Name: name, Help: help, Buckets: buckets}, labels)
+}
+
+func gauge(name, help string, labels ...string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Subsystem: subsystem, Name: name, Help: help}, labels)
+}
+
+func counter(name, help string, labels ...string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Subsystem: subsystem, Name: name, Help: help}, labels)
+}
+
+var syncBuckets = prometheus.ExponentialBuckets(0.001, 2, 15)
+
+// networkProgrammingBuckets: 0.25s, 0.5s, then every second to 59s, every
+// 5s to 115s, every 30s to 5 minutes, as upstream.
+func networkProgrammingBuckets() []float64 {
+	b := []float64{0.25, 0.5}
+	b = append(b, prometheus.LinearBuckets(1, 1, 59)...)
+	b = append(b, prometheus.LinearBuckets(60, 5, 12)...)
+	return append(b, prometheus.LinearBuckets(120, 30, 7)...)
+}
+
+// The metrics; per-family ones carry the ip_family label ("IPv4"/"IPv6").
+var (
+	SyncProxyRulesLatency        = histogram("sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds", syncBuckets, "ip_family")
+	SyncFullProxyRulesLatency    = histogram("sync_full_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for full resyncs", syncBuckets, "ip_family")
+	SyncPartialProxyRulesLatency = histogram("sync_partial_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds for partial resyncs", syncBuckets, "ip_family")
+	SyncProxyRulesLastTimestamp  = gauge("sync_proxy_rules_last_timestamp_seconds", "The last time proxy rules were successfully synced", "ip_family")
+	SyncProxyRulesLastQueued     = gauge("sync_proxy_rules_last_queued_timestamp_seconds", "The last time a sync of proxy rules was queued", "ip_family")
+	NetworkProgrammingLatency    = histogram("network_programming_duration_seconds", "In Cluster Network Programming Latency in seconds", networkProgrammingBuckets(), "ip_family")
+
+	EndpointChangesPending = prometheus.NewGauge(prometheus.GaugeOpts{Subsystem: subsystem, Name: "sync_proxy_rules_endpoint_changes_pending", Help: "Pending proxy rules Endpoint changes"})
+	EndpointChangesTotal   = prometheus.NewCounter(prometheus.CounterOpts{Subsystem: subsystem, Name: "sync_proxy_rules_endpoint_changes_total", Help: "Cumulative proxy rules Endpoint changes"})
+	ServiceChangesPending  = prometheus.NewGauge(prometheus.GaugeOpts{Subsystem: subsystem, Name: "sync_proxy_rules_service_changes_pending", Help: "Pending proxy rules Service changes"})
+	ServiceChangesTotal    = prometheus.NewCounter(prometheus.CounterOpts{Subsystem: subsystem, Name: "sync_proxy_rules_service_changes_total", Help: "Cumulative proxy rules Service changes"})
+
+	IPTablesRestoreFailuresTotal        = counter("sync_proxy_rules_iptables_restore_failures_total", "Cumulative proxy iptables restore failures", "ip_family")
+	IPTablesPartialRestoreFailuresTotal = counter("sync_proxy_rules_iptables_partial_restore_failures_total", "Cumulative proxy iptables partial restore failures", "ip_family")
+	IPTablesRulesTotal                  = gauge("sync_proxy_rules_iptables_total", "Total number of iptables rules owned by kube-proxy", "table", "ip_family")
+	IPTablesRulesLastSync               = gauge("sync_proxy_rules_iptables_last", "Number of iptables rules written by kube-proxy in last sync", "table", "ip_family")
+	NoLocalEndpointsTotal               = gauge("sync_proxy_rules_no_local_endpoints_total", "Number of services with a Local traffic policy and no endpoints", "traffic_policy", "ip_family")
+
+	ProxyHealthzTotal = counter("proxy_healthz_total", "Cumulative proxy healthz HTTP status", "code")
+	ProxyLivezTotal   = counter("proxy_livez_total", "Cumulative proxy livez HTTP status", "code")
+
+	ConntrackReconcilerSyncDuration = histogram("conntrack_reconciler_sync_duration_seconds", "ReconcileConntrackFlowsLatency latency in seconds", syncBuckets, "ip_family")
+	ConntrackReconcilerDeleted      = counter("conntrack_reconciler_deleted_entries_total", "Cumulative conntrack flows deleted by conntrack reconciler", "ip_family")
+)
+
+// Registry holds every metric above plus the process and Go collectors.
+var Registry = func() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(
+		SyncProxyRulesLatency, SyncFullProxyRulesLatency, SyncPartialProxyRulesLatency,
+		SyncProxyRulesLastTimestamp, SyncProxyRulesLastQueued, NetworkProgrammingLatency,
+		EndpointChangesPending, EndpointChangesTotal, ServiceChangesPending, ServiceChangesTotal,
+		IPTablesRestoreFailuresTotal, IPTablesPartialRestoreFailuresTotal, IPTablesRulesTotal, IPTablesRulesLastSync,
+		NoLocalEndpointsTotal, ProxyHealthzTotal, ProxyLivezTotal,
+		ConntrackReconcilerSyncDuration, ConntrackReconcilerDeleted,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return r
+}()
+
+// Handler serves the registry in the Prometheus text format.
+func Handler() http.Handler {
+	return promhttp.HandlerFor(Registry, promhttp.HandlerOpts{})
+}
+
+// SinceInSeconds is the time since start, in seconds.
+func SinceInSeconds(start time.Time) float64 { return time.Since(start).Seconds() }
