@@ -54,7 +54,10 @@ var (
 	IPTablesPartialRestoreFailuresTotal = counter("sync_proxy_rules_iptables_partial_restore_failures_total", "Cumulative proxy iptables partial restore failures", "ip_family")
 	IPTablesRulesTotal                  = gauge("sync_proxy_rules_iptables_total", "Total number of iptables rules owned by kube-proxy", "table", "ip_family")
 	IPTablesRulesLastSync               = gauge("sync_proxy_rules_iptables_last", "Number of iptables rules written by kube-proxy in last sync", "table", "ip_family")
-	NoLocalEndpointsTotal               = gauge("sync_proxy_rules_no_local_endpoints_total", "Number of services with a Local traffic policy and no endpoints", "traffic_policy", "ip_family")
+	// IPTablesFlushRecoveriesTotal is ours, not upstream's: how often another
+	// program flushed the rules and they were restored.
+	IPTablesFlushRecoveriesTotal = counter("sync_proxy_rules_iptables_flush_recoveries_total", "Times kube-proxy's iptables rules were found flushed by another program and restored", "ip_family")
+	NoLocalEndpointsTotal        = gauge("sync_proxy_rules_no_local_endpoints_total", "Number of services with a Local traffic policy and no endpoints", "traffic_policy", "ip_family")
 
 	ProxyHealthzTotal = counter("proxy_healthz_total", "Cumulative proxy healthz HTTP status", "code")
 	ProxyLivezTotal   = counter("proxy_livez_total", "Cumulative proxy livez HTTP status", "code")
@@ -70,7 +73,7 @@ var Registry = func() *prometheus.Registry {
 		SyncProxyRulesLatency, SyncFullProxyRulesLatency, SyncPartialProxyRulesLatency,
 		SyncProxyRulesLastTimestamp, SyncProxyRulesLastQueued, NetworkProgrammingLatency,
 		EndpointChangesPending, EndpointChangesTotal, ServiceChangesPending, ServiceChangesTotal,
-		IPTablesRestoreFailuresTotal, IPTablesPartialRestoreFailuresTotal, IPTablesRulesTotal, IPTablesRulesLastSync,
+		IPTablesRestoreFailuresTotal, IPTablesPartialRestoreFailuresTotal, IPTablesRulesTotal, IPTablesRulesLastSync, IPTablesFlushRecoveriesTotal,
 		NoLocalEndpointsTotal, ProxyHealthzTotal, ProxyLivezTotal,
 		ConntrackReconcilerSyncDuration, ConntrackReconcilerDeleted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -1,0 +1,168 @@
+package iptables
+
+import (
+	"bytes"
+	"slices"
+	"strings"
+)
+
+// restoreInput builds iptables-restore --noflush input, one section per
+// table, each applied atomically by the kernel. Within a table the order
+// is what keeps every intermediate step valid: chains are declared (which
+// creates or flushes them) first, then rules are deleted, written and
+// inserted, and unused chains are deleted last, once nothing jumps to them.
+type restoreInput struct {
+	tables map[Table]*tableInput
+}
+
+type tableInput struct {
+	declare, deleteRules, appendRules, insertRules, deleteChains []string
+}
+
+func newRestoreInput() *restoreInput { return &restoreInput{tables: map[Table]*tableInput{}} }
+
+func (in *restoreInput) table(t Table) *tableInput {
+	ti := in.tables[t]
+	if ti == nil {
+		ti = &tableInput{}
+		in.tables[t] = ti
+	}
+	return ti
+}
+
+// writeChain declares a chain and gives it exactly these rules.
+func (in *restoreInput) writeChain(t Table, c OwnChain) {
+	ti := in.table(t)
+	ti.declare = append(ti.declare, ":"+string(c.Name)+" - [0:0]")
+	for _, r := range c.Rules {
+		ti.appendRules = append(ti.appendRules, "-A "+string(c.Name)+" "+string(r))
+	}
+}
+
+// deleteChain flushes a chain and deletes it.
+func (in *restoreInput) deleteChain(t Table, c Chain) {
+	ti := in.table(t)
+	ti.declare = append(ti.declare, ":"+string(c)+" - [0:0]")
+	ti.deleteChains = append(ti.deleteChains, "-X "+string(c))
+}
+
+func (in *restoreInput) addShared(r SharedRule) {
+	ti := in.table(r.Table)
+	if r.Table == TableNAT && r.Chain == chainServices {
+		// Ahead of the NodePort jump that must stay last.
+		ti.insertRules = append(ti.insertRules, "-I "+string(r.Chain)+" 1 "+string(r.Rule))
+		return
+	}
+	ti.insertRules = append(ti.insertRules, "-A "+string(r.Chain)+" "+string(r.Rule))
+}
+
+func (in *restoreInput) removeShared(r SharedRule) {
+	ti := in.table(r.Table)
+	ti.deleteRules = append(ti.deleteRules, "-D "+string(r.Chain)+" "+string(r.Rule))
+}
+
+// empty tells whether there is nothing to restore.
+func (in *restoreInput) empty() bool {
+	for _, ti := range in.tables {
+		if ti.lines() > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (ti *tableInput) lines() int {
+	return len(ti.declare) + len(ti.deleteRules) + len(ti.appendRules) + len(ti.insertRules) + len(ti.deleteChains)
+}
+
+// bytes renders the input; filter goes first so that a service losing its
+// endpoints is rejected before its nat rules disappear.
+func (in *restoreInput) bytes() []byte {
+	var b bytes.Buffer
+	for _, t := range []Table{TableFilter, TableNAT} {
+		ti := in.tables[t]
+		if ti == nil || ti.lines() == 0 {
+			continue
+		}
+		b.WriteString("*" + string(t) + "\n")
+		for _, part := range [][]string{ti.declare, ti.deleteRules, ti.appendRules, ti.insertRules, ti.deleteChains} {
+			for _, line := range part {
+				b.WriteString(line)
+				b.WriteByte('\n')
+			}
+		}
+		b.WriteString("COMMIT\n")
+	}
+	return b.Bytes()
+}
+
+// counts returns the rules written per table, for the metrics.
+func (in *restoreInput) counts() map[Table]int {
+	out := map[Table]int{}
+	for t, ti := range in.tables {
+		out[t] = len(ti.appendRules) + len(ti.insertRules)
+	}
+	return out
+}
+
+// diffService adds to in what turns old into updated for one service port:
+// only its changed chains are rewritten, and only its changed shared rules
+// are deleted or inserted.
+func diffService(in *restoreInput, old, updated ServiceRules) {
+	oldChains := make(map[Chain][]Rule, len(old.Chains))
+	for _, c := range old.Chains {
+		oldChains[c.Name] = c.Rules
+	}
+	kept := make(map[Chain]bool, len(updated.Chains))
+	for _, c := range updated.Chains {
+		kept[c.Name] = true
+		if rules, ok := oldChains[c.Name]; !ok || !slices.Equal(rules, c.Rules) {
+			in.writeChain(TableNAT, c)
+		}
+	}
+	for _, c := range old.Chains {
+		if !kept[c.Name] {
+			in.deleteChain(TableNAT, c.Name)
+		}
+	}
+	oldShared := countRules(old.Shared)
+	newShared := countRules(updated.Shared)
+	for _, r := range old.Shared {
+		if newShared[r] > 0 {
+			newShared[r]--
+			continue
+		}
+		in.removeShared(r)
+	}
+	for _, r := range updated.Shared {
+		if oldShared[r] > 0 {
+			oldShared[r]--
+			continue
+		}
+		in.addShared(r)
+	}
+}
+
+func countRules(rules []SharedRule) map[SharedRule]int {
+	m := make(map[SharedRule]int, len(rules))
+	for _, r := range rules {
+		m[r]++
+	}
+	return m
+}
+
+// chainLevel orders chains for a full sync split over several inputs:
+// each level only jumps to chains of lower levels, so writing level by
+// level never leaves a jump to a chain that is not complete yet.
+func chainLevel(c Chain) int {
+	switch {
+	case strings.HasPrefix(string(c), prefixEndpoint):
+		return 0
+	case strings.HasPrefix(string(c), prefixClusterPolicy), strings.HasPrefix(string(c), prefixLocalPolicy):
+		return 1
+	case strings.HasPrefix(string(c), prefixExternal):
+		return 2
+	default: // KUBE-FW-
+		return 3
+	}
+}

@@ -1,0 +1,539 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
+	"github.com/rapidproxy/rapidproxy/pkg/runner"
+	"github.com/rapidproxy/rapidproxy/pkg/state"
+)
+
+// Kernel is what the proxier needs from the iptables tools of one family.
+type Kernel interface {
+	// Restore applies iptables-restore --noflush input, atomically per table.
+	Restore(input []byte) error
+	// Save returns iptables-save output for one table.
+	Save(table string) ([]byte, error)
+	// EnsureRule inserts a rule at the top of a chain unless present.
+	EnsureRule(table, chain string, args []string) error
+	// HasRule tells whether a chain holds a rule.
+	HasRule(table, chain string, args []string) bool
+}
+
+// Conntrack forgets flows that would keep going to a wrong place after a
+// UDP service's endpoints change.
+type Conntrack interface {
+	ClearStale(family v1.IPFamily, services state.ServiceMap, ch state.Changes) error
+}
+
+// Config are a proxier's inputs besides the API objects.
+type Config struct {
+	Family        v1.IPFamily
+	Kernel        Kernel
+	Params        Params
+	Node          state.Node
+	MinSyncPeriod time.Duration
+	SyncPeriod    time.Duration
+	Health        *healthcheck.ProxyHealth
+	// ServiceHealth and Conntrack are optional.
+	ServiceHealth *healthcheck.ServiceHealth
+	Conntrack     Conntrack
+}
+
+// maxChainsPerRestore bounds the chains one restore input declares: the
+// cost of an iptables-nft --noflush restore grows with the square of that
+// number, so a large first sync is split.
+const maxChainsPerRestore = 1500
+
+// Proxier programs iptables for one IP family.
+type Proxier struct {
+	cfg     Config
+	tracker *state.Tracker
+	runner  *runner.Runner
+
+	mu             sync.Mutex
+	state          *state.State
+	node           state.Node
+	servicesSynced bool
+	slicesSynced   bool
+	needFullSync   bool
+	// applied is what each service port has in the kernel now.
+	applied    map[state.ServicePortName]ServiceRules
+	ruleCounts map[Table]int
+}
+
+// New returns a proxier; nothing is written before SyncLoop runs and both
+// Services and EndpointSlices have synced.
+func New(cfg Config) *Proxier {
+	p := &Proxier{
+		cfg:          cfg,
+		tracker:      state.NewTracker(cfg.Family, cfg.Node.Name),
+		state:        state.NewState(),
+		node:         cfg.Node,
+		needFullSync: true,
+		applied:      map[state.ServicePortName]ServiceRules{},
+		ruleCounts:   map[Table]int{},
+	}
+	p.runner = runner.New(p.sync, cfg.MinSyncPeriod, cfg.SyncPeriod)
+	return p
+}
+
+// OnService records a Service change; deleted services are passed with deleted true.
+func (p *Proxier) OnService(svc *v1.Service, deleted bool) {
+	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	if deleted {
+		svc = nil
+	}
+	p.tracker.OnService(name, svc)
+	p.queue()
+}
+
+// OnEndpointSlice records an EndpointSlice change.
+func (p *Proxier) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) {
+	p.tracker.OnEndpointSlice(slice, deleted)
+	p.queue()
+}
+
+// OnServicesSynced records that the Service cache is complete.
+func (p *Proxier) OnServicesSynced() {
+	p.mu.Lock()
+	p.servicesSynced = true
+	p.mu.Unlock()
+	p.queue()
+}
+
+// OnEndpointSlicesSynced records that the EndpointSlice cache is complete.
+func (p *Proxier) OnEndpointSlicesSynced() {
+	p.mu.Lock()
+	p.slicesSynced = true
+	p.mu.Unlock()
+	p.queue()
+}
+
+// OnNode records the node's topology; a zone change re-selects every
+// service's endpoints.
+func (p *Proxier) OnNode(node *v1.Node) {
+	if node == nil {
+		return
+	}
+	zone := node.Labels[v1.LabelTopologyZone]
+	p.mu.Lock()
+	changed := zone != p.node.Zone
+	p.node.Zone = zone
+	if changed {
+		p.needFullSync = true
+	}
+	p.mu.Unlock()
+	if changed {
+		p.queue()
+	}
+}
+
+// SyncLoop syncs until the context ends, and watches for other programs
+// flushing our rules.
+func (p *Proxier) SyncLoop(ctx context.Context) {
+	go p.watchForFlush(ctx)
+	p.runner.Loop(ctx)
+}
+
+// Sync asks for a sync soon.
+func (p *Proxier) Sync() { p.queue() }
+
+func (p *Proxier) queue() {
+	if p.cfg.Health != nil {
+		p.cfg.Health.QueuedUpdate(p.cfg.Family)
+	}
+	p.runner.Run()
+}
+
+// sync brings the kernel in line with the desired state: the changed
+// services only, or everything after a start, a failure or a flush.
+func (p *Proxier) sync() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.servicesSynced || !p.slicesSynced {
+		return nil
+	}
+	family := string(p.cfg.Family)
+	start := time.Now()
+	pendingServices, pendingEndpoints := p.tracker.Pending()
+	changes := p.tracker.Apply(p.state)
+	metrics.ServiceChangesTotal.Add(float64(pendingServices))
+	metrics.EndpointChangesTotal.Add(float64(pendingEndpoints))
+
+	full := p.needFullSync
+	var err error
+	if !full {
+		if err = p.partialSync(changes); err != nil {
+			metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues(family).Inc()
+			klog.ErrorS(err, "Partial sync failed; doing a full sync", "ipFamily", family)
+			full = true
+		}
+	}
+	if full {
+		if err = p.fullSync(); err != nil {
+			metrics.IPTablesRestoreFailuresTotal.WithLabelValues(family).Inc()
+			p.needFullSync = true
+			return fmt.Errorf("iptables %s sync: %w", family, err)
+		}
+		p.needFullSync = false
+	}
+	elapsed := time.Since(start).Seconds()
+	metrics.SyncProxyRulesLatency.WithLabelValues(family).Observe(elapsed)
+	if full {
+		metrics.SyncFullProxyRulesLatency.WithLabelValues(family).Observe(elapsed)
+	} else {
+		metrics.SyncPartialProxyRulesLatency.WithLabelValues(family).Observe(elapsed)
+	}
+	metrics.SyncProxyRulesLastTimestamp.WithLabelValues(family).SetToCurrentTime()
+	for _, at := range changes.TriggerTimes {
+		metrics.NetworkProgrammingLatency.WithLabelValues(family).Observe(metrics.SinceInSeconds(at))
+	}
+	svcs, eps := p.tracker.Pending()
+	metrics.ServiceChangesPending.Set(float64(svcs))
+	metrics.EndpointChangesPending.Set(float64(eps))
+	if p.cfg.Health != nil && svcs == 0 && eps == 0 {
+		p.cfg.Health.Updated(p.cfg.Family)
+	}
+	p.afterSync(changes)
+	klog.V(2).InfoS("Synced iptables rules", "ipFamily", family, "full", full, "changedServicePorts", len(changes.ServicePorts), "elapsed", time.Since(start))
+	return nil
+}
+
+// rulesFor decides one service port's rules from the current state.
+func (p *Proxier) rulesFor(name state.ServicePortName) (ServiceRules, bool) {
+	svc, ok := p.state.Services[name]
+	if !ok {
+		return ServiceRules{}, false
+	}
+	sel := state.Select(svc, p.state.Endpoints[name], p.node)
+	return p.cfg.Params.ServiceRules(svc, sel), true
+}
+
+// partialSync rewrites only what the changed service ports own, in one
+// restore input, atomic per table.
+func (p *Proxier) partialSync(changes state.Changes) error {
+	if len(changes.ServicePorts) == 0 {
+		return nil
+	}
+	in := newRestoreInput()
+	updated := make(map[state.ServicePortName]ServiceRules, len(changes.ServicePorts))
+	for name := range changes.ServicePorts {
+		rules, _ := p.rulesFor(name)
+		diffService(in, p.applied[name], rules)
+		updated[name] = rules
+	}
+	if !in.empty() {
+		if err := p.cfg.Kernel.Restore(in.bytes()); err != nil {
+			return err
+		}
+	}
+	for name, rules := range updated {
+		p.setApplied(name, rules)
+	}
+	p.reportRuleCounts(in)
+	return nil
+}
+
+// fullSync writes the whole rule set, whatever the kernel holds: our
+// rules from before, upstream's, or none. It is split into several
+// restore inputs, each one valid on its own: fixed chains first, then the
+// per-service chains level by level (endpoints before the chains that jump
+// to them), then the shared chains, whose rewrite switches traffic over
+// atomically, and last the removal of chains nothing uses any more.
+func (p *Proxier) fullSync() error {
+	existing, err := p.existingChains()
+	if err != nil {
+		return err
+	}
+	static := p.cfg.Params.StaticRules()
+
+	first := newRestoreInput()
+	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
+		first.writeChain(t, OwnChain{Name: chainCanary})
+	}
+	for t, chains := range static.Chains {
+		for _, c := range chains {
+			first.writeChain(t, c)
+		}
+	}
+	for t, chains := range static.Shared {
+		for _, c := range chains {
+			// Create missing shared chains now, empty; existing ones keep
+			// serving until the final input replaces their content.
+			if !existing[t][c.Name] {
+				first.writeChain(t, OwnChain{Name: c.Name})
+			}
+		}
+	}
+	if err := p.restore(first); err != nil {
+		return err
+	}
+
+	desired := make(map[state.ServicePortName]ServiceRules, len(p.state.Services))
+	var levels [4][]OwnChain
+	for name := range p.state.Services {
+		rules, _ := p.rulesFor(name)
+		desired[name] = rules
+		for _, c := range rules.Chains {
+			levels[chainLevel(c.Name)] = append(levels[chainLevel(c.Name)], c)
+		}
+	}
+	for _, level := range levels {
+		for batch := range slices.Chunk(level, maxChainsPerRestore) {
+			in := newRestoreInput()
+			for _, c := range batch {
+				in.writeChain(TableNAT, c)
+			}
+			if err := p.restore(in); err != nil {
+				return err
+			}
+		}
+	}
+
+	final := newRestoreInput()
+	sharedRules := map[Table]map[Chain][]Rule{}
+	for _, rules := range desired {
+		for _, r := range rules.Shared {
+			if sharedRules[r.Table] == nil {
+				sharedRules[r.Table] = map[Chain][]Rule{}
+			}
+			sharedRules[r.Table][r.Chain] = append(sharedRules[r.Table][r.Chain], r.Rule)
+		}
+	}
+	for t, chains := range static.Shared {
+		for _, c := range chains {
+			// Service rules first: the fixed tail (the NodePort jump) stays last.
+			final.writeChain(t, OwnChain{Name: c.Name, Rules: append(sharedRules[t][c.Name], c.Rules...)})
+		}
+	}
+	wanted := map[Chain]bool{}
+	for _, rules := range desired {
+		for _, c := range rules.Chains {
+			wanted[c.Name] = true
+		}
+	}
+	for c := range existing[TableNAT] {
+		if IsServiceChain(c) && !wanted[c] {
+			final.deleteChain(TableNAT, c)
+		}
+	}
+	if err := p.restore(final); err != nil {
+		return err
+	}
+	for _, j := range static.Jumps {
+		if err := p.cfg.Kernel.EnsureRule(string(j.Table), string(j.From), splitArgs(j.Rule)); err != nil {
+			return err
+		}
+	}
+	p.applied = desired
+	p.countAllRules(static)
+	metrics.IPTablesRulesLastSync.WithLabelValues(string(TableNAT), string(p.cfg.Family)).Set(float64(p.ruleCounts[TableNAT]))
+	metrics.IPTablesRulesLastSync.WithLabelValues(string(TableFilter), string(p.cfg.Family)).Set(float64(p.ruleCounts[TableFilter]))
+	return nil
+}
+
+func (p *Proxier) restore(in *restoreInput) error {
+	if in.empty() {
+		return nil
+	}
+	return p.cfg.Kernel.Restore(in.bytes())
+}
+
+// existingChains lists the chains of the filter and nat tables.
+func (p *Proxier) existingChains() (map[Table]map[Chain]bool, error) {
+	out := map[Table]map[Chain]bool{}
+	for _, t := range []Table{TableFilter, TableNAT} {
+		data, err := p.cfg.Kernel.Save(string(t))
+		if err != nil {
+			return nil, err
+		}
+		out[t] = chainsIn(data)
+	}
+	return out, nil
+}
+
+// chainsIn reads the chain declarations of iptables-save output.
+func chainsIn(save []byte) map[Chain]bool {
+	chains := map[Chain]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(save))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(line) > 1 && line[0] == ':' {
+			if i := bytes.IndexByte(line, ' '); i > 1 {
+				chains[Chain(line[1:i])] = true
+			}
+		}
+	}
+	return chains
+}
+
+func (p *Proxier) setApplied(name state.ServicePortName, rules ServiceRules) {
+	old := p.applied[name]
+	for t, n := range ruleCount(rules) {
+		p.ruleCounts[t] += n
+	}
+	for t, n := range ruleCount(old) {
+		p.ruleCounts[t] -= n
+	}
+	if len(rules.Chains) == 0 && len(rules.Shared) == 0 {
+		delete(p.applied, name)
+		return
+	}
+	p.applied[name] = rules
+}
+
+func ruleCount(r ServiceRules) map[Table]int {
+	counts := map[Table]int{}
+	for _, c := range r.Chains {
+		counts[TableNAT] += len(c.Rules)
+	}
+	for _, s := range r.Shared {
+		counts[s.Table]++
+	}
+	return counts
+}
+
+func (p *Proxier) countAllRules(static StaticRules) {
+	p.ruleCounts = map[Table]int{}
+	for _, rules := range p.applied {
+		for t, n := range ruleCount(rules) {
+			p.ruleCounts[t] += n
+		}
+	}
+	for _, group := range []map[Table][]OwnChain{static.Chains, static.Shared} {
+		for t, chains := range group {
+			for _, c := range chains {
+				p.ruleCounts[t] += len(c.Rules)
+			}
+		}
+	}
+}
+
+func (p *Proxier) reportRuleCounts(in *restoreInput) {
+	family := string(p.cfg.Family)
+	written := in.counts()
+	for _, t := range []Table{TableFilter, TableNAT} {
+		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
+		metrics.IPTablesRulesLastSync.WithLabelValues(string(t), family).Set(float64(written[t]))
+	}
+}
+
+// afterSync updates what depends on a successful sync: health-check
+// servers, the no-local-endpoints metric and conntrack.
+func (p *Proxier) afterSync(changes state.Changes) {
+	family := string(p.cfg.Family)
+	for _, t := range []Table{TableFilter, TableNAT} {
+		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
+	}
+	if p.cfg.ServiceHealth != nil {
+		ports := map[types.NamespacedName]int32{}
+		local := map[types.NamespacedName]int{}
+		for name, svc := range p.state.Services {
+			if svc.HealthCheckNodePort == 0 {
+				continue
+			}
+			ports[name.NamespacedName] = svc.HealthCheckNodePort
+			for _, ep := range p.state.Endpoints[name] {
+				if ep.IsLocal && ep.Ready {
+					local[name.NamespacedName]++
+				}
+			}
+		}
+		if err := p.cfg.ServiceHealth.SyncServices(ports); err != nil {
+			klog.ErrorS(err, "Health check node ports")
+		}
+		p.cfg.ServiceHealth.SyncEndpoints(local)
+	}
+	if p.cfg.Conntrack != nil && (len(changes.StaleEndpoints) > 0 || len(changes.NewlyActiveUDP) > 0) {
+		if err := p.cfg.Conntrack.ClearStale(p.cfg.Family, p.state.Services, changes); err != nil {
+			klog.ErrorS(err, "Clearing stale conntrack entries", "ipFamily", family)
+		}
+	}
+}
+
+// flushCheckInterval is how often the proxier checks that no other program
+// flushed its rules (a firewalld reload, iptables -F).
+const flushCheckInterval = time.Second
+
+// watchForFlush checks the jumps from the built-in chains of the nat and
+// filter tables: a flush of either table removes them. It then forces a
+// full sync, which restores everything.
+func (p *Proxier) watchForFlush(ctx context.Context) {
+	probes := []Jump{}
+	for _, j := range p.cfg.Params.StaticRules().Jumps {
+		if (j.Table == TableNAT && j.From == "PREROUTING") || (j.Table == TableFilter && j.From == "FORWARD" && strings.Contains(string(j.Rule), string(chainForward))) {
+			probes = append(probes, j)
+		}
+	}
+	ticker := time.NewTicker(flushCheckInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		p.mu.Lock()
+		// Before the first full sync there is nothing of ours to lose.
+		written := !p.needFullSync
+		p.mu.Unlock()
+		if !written {
+			continue
+		}
+		for _, j := range probes {
+			if !p.cfg.Kernel.HasRule(string(j.Table), string(j.From), splitArgs(j.Rule)) {
+				klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", j.Table)
+				metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
+				p.mu.Lock()
+				p.needFullSync = true
+				p.mu.Unlock()
+				p.queue()
+				break
+			}
+		}
+	}
+}
+
+// splitArgs splits a rule into arguments, unquoting the quoted comments.
+func splitArgs(r Rule) []string {
+	var args []string
+	s := string(r)
+	for len(s) > 0 {
+		s = strings.TrimLeft(s, " ")
+		if s == "" {
+			break
+		}
+		if s[0] == '"' {
+			prefix, err := strconv.QuotedPrefix(s)
+			if err == nil {
+				unq, _ := strconv.Unquote(prefix)
+				args = append(args, unq)
+				s = s[len(prefix):]
+				continue
+			}
+		}
+		end := strings.IndexByte(s, ' ')
+		if end < 0 {
+			end = len(s)
+		}
+		args = append(args, s[:end])
+		s = s[end:]
+	}
+	return args
+}

@@ -1,0 +1,385 @@
+package iptables
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
+	"github.com/rapidproxy/rapidproxy/pkg/state"
+)
+
+// Rule is one rule in iptables-restore syntax, without "-A CHAIN".
+type Rule string
+
+// OwnChain is a chain with its whole content.
+type OwnChain struct {
+	Name  Chain
+	Rules []Rule
+}
+
+// SharedRule is a rule that one service adds to a chain all services share.
+type SharedRule struct {
+	Table Table
+	Chain Chain
+	Rule  Rule
+}
+
+// ServiceRules is everything one service port puts into the kernel: its own
+// nat chains, whole, and its rules in the shared chains. Services are
+// independent of each other, which is what lets a sync touch only the
+// services that changed.
+type ServiceRules struct {
+	Chains []OwnChain
+	Shared []SharedRule
+}
+
+// Params are the node-wide inputs of rule generation for one IP family.
+type Params struct {
+	IPv6 bool
+	// MasqueradeBit is the fwmark bit that asks for SNAT.
+	MasqueradeBit int
+	MasqueradeAll bool
+	// LocalhostNodePorts allows NodePorts on 127.0.0.0/8 (IPv4 only).
+	LocalhostNodePorts bool
+	LocalDetector      localdetect.Detector
+	// NodeIP is the node's primary IP of the family: load-balancer source
+	// ranges that contain it also admit the node's own hairpin traffic.
+	NodeIP netip.Addr
+	// NodePortAddresses are the addresses NodePorts answer on; nil means
+	// every local address.
+	NodePortAddresses []netip.Addr
+	// RandomFully is whether MASQUERADE supports --random-fully here.
+	RandomFully bool
+	// TCPBeLiberal skips the drop of conntrack-INVALID packets.
+	TCPBeLiberal bool
+}
+
+func (p *Params) masqueradeMark() string { return fmt.Sprintf("%#08x", 1<<p.MasqueradeBit) }
+
+func (p *Params) localhostNodePorts() bool { return p.LocalhostNodePorts && !p.IPv6 }
+
+// ServiceRules decides the rules of one service port from its definition
+// and the endpoints selected for this node. It follows upstream's layout
+// rule for rule, so both programs leave the same rule set behind.
+func (p *Params) ServiceRules(svc *state.ServicePort, sel state.Selection) ServiceRules {
+	var out ServiceRules
+	names := chainsFor(svc.Name)
+	name := svc.Name.String()
+	proto := protocolOf(svc.Protocol)
+	port := strconv.Itoa(int(svc.Port))
+	match := func(dst string, dport string) []string {
+		return []string{"-m", proto, "-p", proto, "-d", dst, "--dport", dport}
+	}
+	shared := func(t Table, c Chain, parts ...[]string) {
+		out.Shared = append(out.Shared, SharedRule{Table: t, Chain: c, Rule: rule(parts...)})
+	}
+	own := func(c Chain, rules ...Rule) {
+		out.Chains = append(out.Chains, OwnChain{Name: c, Rules: rules})
+	}
+
+	hasEndpoints := sel.HasAny
+	usesCluster := len(sel.Cluster) > 0 && svc.UsesClusterEndpoints()
+	usesLocal := len(sel.Local) > 0 && svc.UsesLocalEndpoints()
+	internalChain, hasInternal := names.cluster, hasEndpoints
+	if svc.InternalPolicyLocal {
+		internalChain, hasInternal = names.local, len(sel.Local) > 0
+	}
+	externalPolicyChain, hasExternal := names.cluster, hasEndpoints
+	if svc.ExternalPolicyLocal {
+		externalPolicyChain, hasExternal = names.local, len(sel.Local) > 0
+	}
+	usesExternalChain := hasEndpoints && svc.HasExternal()
+	usesFirewall := hasEndpoints && len(svc.LoadBalancerIPs) > 0 && len(svc.LoadBalancerSourceRanges) > 0
+	lbChain := names.external
+	if usesFirewall {
+		lbChain = names.firewall
+	}
+
+	// Traffic that cannot be served: REJECT when the service has no
+	// endpoint at all, DROP when it has some but none usable here.
+	internalFilter, externalFilter := "", ""
+	noEndpoints := comment(name + " has no endpoints")
+	noLocal := comment(name + " has no local endpoints")
+	internalComment, externalComment := noEndpoints, noEndpoints
+	if !hasEndpoints {
+		internalFilter, externalFilter = "REJECT", "REJECT"
+	} else {
+		if !hasInternal {
+			internalFilter, internalComment = "DROP", noLocal
+		}
+		if !hasExternal {
+			externalFilter, externalComment = "DROP", noLocal
+		}
+	}
+
+	clusterIP := svc.ClusterIP.String()
+	if hasInternal {
+		shared(TableNAT, chainServices, comment(name+" cluster IP"), match(clusterIP, port), jump(internalChain))
+	} else {
+		shared(TableFilter, chainServices, internalComment, match(clusterIP, port), target(internalFilter))
+	}
+	for _, ip := range svc.ExternalIPs {
+		if hasEndpoints {
+			shared(TableNAT, chainServices, comment(name+" external IP"), match(ip.String(), port), jump(names.external))
+		}
+		if !hasExternal {
+			shared(TableFilter, chainExternalServices, externalComment, match(ip.String(), port), target(externalFilter))
+		}
+	}
+	for _, ip := range svc.LoadBalancerIPs {
+		if hasEndpoints {
+			shared(TableNAT, chainServices, comment(name+" loadbalancer IP"), match(ip.String(), port), jump(lbChain))
+		}
+		if usesFirewall {
+			shared(TableFilter, chainProxyFirewall, comment(name+" traffic not accepted by "+string(names.firewall)), match(ip.String(), port), target("DROP"))
+		}
+	}
+	if !hasExternal {
+		for _, ip := range svc.LoadBalancerIPs {
+			shared(TableFilter, chainExternalServices, externalComment, match(ip.String(), port), target(externalFilter))
+		}
+	}
+	if svc.NodePort != 0 {
+		nodePort := strconv.Itoa(int(svc.NodePort))
+		if hasEndpoints {
+			shared(TableNAT, chainNodePorts, comment(name), []string{"-m", proto, "-p", proto, "--dport", nodePort}, jump(names.external))
+		}
+		if !hasExternal {
+			shared(TableFilter, chainExternalServices, externalComment,
+				[]string{"-m", "addrtype", "--dst-type", "LOCAL", "-m", proto, "-p", proto, "--dport", nodePort}, target(externalFilter))
+		}
+	}
+	if svc.HealthCheckNodePort != 0 {
+		shared(TableFilter, chainNodePorts, comment(name+" health check node port"),
+			[]string{"-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(svc.HealthCheckNodePort))}, target("ACCEPT"))
+	}
+
+	// The service's own chains. The internal chain's masquerade rule lives
+	// in the cluster or local policy chain, ahead of its endpoint jumps.
+	var masqueradeInternal []Rule
+	if hasInternal && (p.MasqueradeAll || p.LocalDetector.Implemented()) {
+		var notLocal []string
+		if !p.MasqueradeAll {
+			notLocal = p.LocalDetector.IfNotLocal()
+		}
+		masqueradeInternal = []Rule{rule(comment(name+" cluster IP"), match(clusterIP, port), notLocal, jump(chainMarkMasq))}
+	}
+	if usesExternalChain {
+		var rules []Rule
+		if !svc.ExternalPolicyLocal {
+			rules = append(rules, rule(comment("masquerade traffic for "+name+" external destinations"), jump(chainMarkMasq)))
+		} else {
+			if p.LocalDetector.Implemented() {
+				rules = append(rules, rule(comment("pod traffic for "+name+" external destinations"), p.LocalDetector.IfLocal(), jump(names.cluster)))
+			}
+			rules = append(rules,
+				rule(comment("masquerade LOCAL traffic for "+name+" external destinations"), []string{"-m", "addrtype", "--src-type", "LOCAL"}, jump(chainMarkMasq)),
+				rule(comment("route LOCAL traffic for "+name+" external destinations"), []string{"-m", "addrtype", "--src-type", "LOCAL"}, jump(names.cluster)))
+		}
+		if hasExternal {
+			rules = append(rules, rule(jump(externalPolicyChain)))
+		}
+		own(names.external, rules...)
+	}
+	if usesFirewall {
+		lbComment := comment(name + " loadbalancer IP")
+		var rules []Rule
+		allowFromNode := false
+		for _, cidr := range svc.LoadBalancerSourceRanges {
+			rules = append(rules, rule(lbComment, []string{"-s", cidr.String()}, jump(names.external)))
+			allowFromNode = allowFromNode || (p.NodeIP.IsValid() && cidr.Contains(p.NodeIP))
+		}
+		if allowFromNode {
+			for _, ip := range svc.LoadBalancerIPs {
+				rules = append(rules, rule(lbComment, []string{"-s", ip.String()}, jump(names.external)))
+			}
+		}
+		// Traffic not accepted above falls through; KUBE-PROXY-FIREWALL drops it.
+		rules = append(rules, rule(comment("other traffic to "+name+" will be dropped by KUBE-PROXY-FIREWALL")))
+		own(names.firewall, rules...)
+	}
+	if usesCluster {
+		rules := masqueradeIfInternal(internalChain, names.cluster, masqueradeInternal)
+		own(names.cluster, append(rules, p.spreadRules(svc, names, sel.Cluster)...)...)
+	}
+	if usesLocal {
+		rules := masqueradeIfInternal(internalChain, names.local, masqueradeInternal)
+		own(names.local, append(rules, p.spreadRules(svc, names, sel.Local)...)...)
+	}
+	for _, ep := range sel.All {
+		chain := names.endpointChain(ep)
+		svcComment := comment(name)
+		dnat := []string{"-m", proto, "-p", proto, "-j", "DNAT", "--to-destination", ep.String()}
+		var affinity []string
+		if svc.AffinityTimeoutSeconds > 0 {
+			affinity = []string{"-m", "recent", "--name", string(chain), "--set"}
+		}
+		own(chain,
+			rule(svcComment, []string{"-s", ep.IP.String()}, jump(chainMarkMasq)),
+			rule(svcComment, affinity, dnat))
+	}
+	return out
+}
+
+func masqueradeIfInternal(internal, chain Chain, masquerade []Rule) []Rule {
+	if internal == chain {
+		return append([]Rule(nil), masquerade...)
+	}
+	return nil
+}
+
+// spreadRules send each connection to one endpoint: first the affinity
+// matches, then random picks with probability 1/(n-i) for endpoint i.
+func (p *Params) spreadRules(svc *state.ServicePort, names serviceChains, eps []*state.Endpoint) []Rule {
+	name := svc.Name.String()
+	var rules []Rule
+	if svc.AffinityTimeoutSeconds > 0 {
+		for _, ep := range eps {
+			chain := names.endpointChain(ep)
+			rules = append(rules, rule(comment(name+" -> "+ep.String()),
+				[]string{"-m", "recent", "--name", string(chain), "--rcheck", "--seconds", strconv.Itoa(int(svc.AffinityTimeoutSeconds)), "--reap"},
+				jump(chain)))
+		}
+	}
+	for i, ep := range eps {
+		var random []string
+		if left := len(eps) - i; left > 1 {
+			random = []string{"-m", "statistic", "--mode", "random", "--probability", fmt.Sprintf("%0.10f", 1/float64(left))}
+		}
+		rules = append(rules, rule(comment(name+" -> "+ep.String()), random, jump(names.endpointChain(ep))))
+	}
+	return rules
+}
+
+// Jump is a rule in a built-in chain that leads into one of ours.
+type Jump struct {
+	Table Table
+	From  Chain
+	Rule  Rule
+}
+
+// StaticRules are the rules that depend only on the node's configuration.
+type StaticRules struct {
+	// Chains are chains whose content is entirely fixed.
+	Chains map[Table][]OwnChain
+	// Shared are the chains that services add rules to, with the fixed
+	// rules that end them (the NodePort jump must end KUBE-SERVICES).
+	Shared map[Table][]OwnChain
+	// Jumps lead from the built-in chains into ours.
+	Jumps []Jump
+}
+
+// SharedChains lists the chains services add rules to, per table.
+var SharedChains = map[Table][]Chain{
+	TableFilter: {chainServices, chainExternalServices, chainNodePorts, chainProxyFirewall},
+	TableNAT:    {chainServices, chainNodePorts},
+}
+
+// StaticRules decides the fixed part of the rule set.
+func (p *Params) StaticRules() StaticRules {
+	mark := p.masqueradeMark()
+	masquerade := []string{"-j", "MASQUERADE"}
+	if p.RandomFully {
+		masquerade = append(masquerade, "--random-fully")
+	}
+	nat := []OwnChain{
+		{Name: chainPostrouting, Rules: []Rule{
+			rule([]string{"-m", "mark", "!", "--mark", mark + "/" + mark, "-j", "RETURN"}),
+			rule([]string{"-j", "MARK", "--xor-mark", mark}),
+			rule(comment("kubernetes service traffic requiring SNAT"), masquerade),
+		}},
+		{Name: chainMarkMasq, Rules: []Rule{rule([]string{"-j", "MARK", "--or-mark", mark})}},
+	}
+	var forward []Rule
+	if !p.TCPBeLiberal {
+		forward = append(forward, rule([]string{"-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"}))
+	}
+	forward = append(forward,
+		rule(comment("kubernetes forwarding rules"), []string{"-m", "mark", "--mark", mark + "/" + mark, "-j", "ACCEPT"}),
+		rule(comment("kubernetes forwarding conntrack rule"), []string{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"}))
+	filter := []OwnChain{{Name: chainForward, Rules: forward}}
+	if p.localhostNodePorts() {
+		filter = append(filter, OwnChain{Name: chainLocalnetGuard, Rules: []Rule{rule(comment("block incoming localnet connections"),
+			[]string{"-d", "127.0.0.0/8", "!", "-s", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP"})}})
+	}
+
+	nodePortsComment := comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain")
+	var servicesTail []Rule
+	if p.NodePortAddresses == nil {
+		dst := []string{"-m", "addrtype", "--dst-type", "LOCAL"}
+		if p.IPv6 {
+			dst = append(dst, "!", "-d", "::1/128")
+		} else if !p.LocalhostNodePorts {
+			dst = append(dst, "!", "-d", "127.0.0.0/8")
+		}
+		servicesTail = append(servicesTail, rule(nodePortsComment, dst, jump(chainNodePorts)))
+	} else {
+		for _, ip := range p.NodePortAddresses {
+			if ip.IsLoopback() && !p.localhostNodePorts() {
+				continue
+			}
+			servicesTail = append(servicesTail, rule(nodePortsComment, []string{"-d", ip.String()}, jump(chainNodePorts)))
+		}
+	}
+	shared := map[Table][]OwnChain{}
+	for table, chains := range SharedChains {
+		for _, c := range chains {
+			oc := OwnChain{Name: c}
+			if table == TableNAT && c == chainServices {
+				oc.Rules = servicesTail
+			}
+			shared[table] = append(shared[table], oc)
+		}
+	}
+
+	newConn := []string{"-m", "conntrack", "--ctstate", "NEW"}
+	jumps := []Jump{
+		{TableFilter, "INPUT", rule(newConn, comment("kubernetes externally-visible service portals"), jump(chainExternalServices))},
+		{TableFilter, "FORWARD", rule(newConn, comment("kubernetes externally-visible service portals"), jump(chainExternalServices))},
+		{TableFilter, "INPUT", rule(comment("kubernetes health check service ports"), jump(chainNodePorts))},
+		{TableFilter, "FORWARD", rule(newConn, comment("kubernetes service portals"), jump(chainServices))},
+		{TableFilter, "OUTPUT", rule(newConn, comment("kubernetes service portals"), jump(chainServices))},
+		{TableFilter, "FORWARD", rule(comment("kubernetes forwarding rules"), jump(chainForward))},
+		{TableFilter, "INPUT", rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
+		{TableFilter, "OUTPUT", rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
+		{TableFilter, "FORWARD", rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
+		{TableNAT, "OUTPUT", rule(comment("kubernetes service portals"), jump(chainServices))},
+		{TableNAT, "PREROUTING", rule(comment("kubernetes service portals"), jump(chainServices))},
+		{TableNAT, "POSTROUTING", rule(comment("kubernetes postrouting rules"), jump(chainPostrouting))},
+	}
+	if p.localhostNodePorts() {
+		jumps = append(jumps,
+			Jump{TableFilter, "INPUT", rule(jump(chainLocalnetGuard))},
+			Jump{TableFilter, "OUTPUT", rule(jump(chainLocalnetGuard))})
+	}
+	return StaticRules{Chains: map[Table][]OwnChain{TableNAT: nat, TableFilter: filter}, Shared: shared, Jumps: jumps}
+}
+
+// rule joins argument groups into one rule.
+func rule(parts ...[]string) Rule {
+	var b strings.Builder
+	for _, part := range parts {
+		for _, a := range part {
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(a)
+		}
+	}
+	return Rule(b.String())
+}
+
+func comment(text string) []string {
+	return []string{"-m", "comment", "--comment", strconv.Quote(text)}
+}
+
+func jump(c Chain) []string { return []string{"-j", string(c)} }
+
+func target(t string) []string { return []string{"-j", t} }
+
+// protocolOf is the lowercase protocol name iptables expects.
+func protocolOf(p v1.Protocol) string { return strings.ToLower(string(p)) }

@@ -1,0 +1,72 @@
+// Package proxy defines what every proxy mode implements, and runs one
+// proxier per IP family behind that same interface on a dual-stack node.
+package proxy
+
+import (
+	"context"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+)
+
+// Proxier turns API changes into kernel rules for one node.
+type Proxier interface {
+	// OnService and OnEndpointSlice record a change; deleted is true for removals.
+	OnService(svc *v1.Service, deleted bool)
+	OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool)
+	// OnServicesSynced and OnEndpointSlicesSynced say the caches are
+	// complete; no rule is written before both.
+	OnServicesSynced()
+	OnEndpointSlicesSynced()
+	// OnNode passes the node's own object (topology labels).
+	OnNode(node *v1.Node)
+	// SyncLoop programs the kernel until the context ends.
+	SyncLoop(ctx context.Context)
+}
+
+// DualStack drives one proxier per IP family as one.
+type DualStack []Proxier
+
+func (d DualStack) OnService(svc *v1.Service, deleted bool) {
+	for _, p := range d {
+		p.OnService(svc, deleted)
+	}
+}
+
+func (d DualStack) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) {
+	for _, p := range d {
+		p.OnEndpointSlice(slice, deleted)
+	}
+}
+
+func (d DualStack) OnServicesSynced() {
+	for _, p := range d {
+		p.OnServicesSynced()
+	}
+}
+
+func (d DualStack) OnEndpointSlicesSynced() {
+	for _, p := range d {
+		p.OnEndpointSlicesSynced()
+	}
+}
+
+func (d DualStack) OnNode(node *v1.Node) {
+	for _, p := range d {
+		p.OnNode(node)
+	}
+}
+
+// SyncLoop runs every family's loop and returns when all have ended.
+func (d DualStack) SyncLoop(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, p := range d {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.SyncLoop(ctx)
+		}()
+	}
+	wg.Wait()
+}

@@ -1,0 +1,44 @@
+package proxy
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+)
+
+type recorder struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (r *recorder) add(e string) { r.mu.Lock(); r.events = append(r.events, e); r.mu.Unlock() }
+
+func (r *recorder) OnService(*v1.Service, bool)                    { r.add("service") }
+func (r *recorder) OnEndpointSlice(*discovery.EndpointSlice, bool) { r.add("slice") }
+func (r *recorder) OnServicesSynced()                              { r.add("services-synced") }
+func (r *recorder) OnEndpointSlicesSynced()                        { r.add("slices-synced") }
+func (r *recorder) OnNode(*v1.Node)                                { r.add("node") }
+func (r *recorder) SyncLoop(ctx context.Context)                   { r.add("loop"); <-ctx.Done() }
+
+func TestDualStackFansOut(t *testing.T) {
+	a, b := &recorder{}, &recorder{}
+	d := DualStack{a, b}
+	d.OnService(&v1.Service{}, false)
+	d.OnEndpointSlice(&discovery.EndpointSlice{}, true)
+	d.OnServicesSynced()
+	d.OnEndpointSlicesSynced()
+	d.OnNode(&v1.Node{})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.SyncLoop(ctx); close(done) }()
+	cancel()
+	<-done
+	for _, r := range []*recorder{a, b} {
+		if len(r.events) != 6 {
+			t.Errorf("events %v", r.events)
+		}
+	}
+}
