@@ -75,11 +75,11 @@ func (ti *tableInput) lines() int {
 	return len(ti.declare) + len(ti.deleteRules) + len(ti.appendRules) + len(ti.insertRules) + len(ti.deleteChains)
 }
 
-// bytes renders the input; filter goes first so that a service losing its
-// endpoints is rejected before its nat rules disappear.
+// bytes renders the input; filter goes before nat so that a service losing
+// its endpoints is rejected before its nat rules disappear.
 func (in *restoreInput) bytes() []byte {
 	var b bytes.Buffer
-	for _, t := range []Table{TableFilter, TableNAT} {
+	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
 		ti := in.tables[t]
 		if ti == nil || ti.lines() == 0 {
 			continue

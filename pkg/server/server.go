@@ -1,12 +1,30 @@
-// Package server is the ProxyServer: it connects to the API server, watches
-// Services, EndpointSlices and the node's own Node, and drives a proxier.
+// Package server is the ProxyServer: it connects to the API server, finds
+// out about its node, sets up the kernel, serves health and metrics, and
+// feeds Services, EndpointSlices and the node's own Node to a proxier.
 package server
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
 
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/rapidproxy/rapidproxy/internal/sysctl"
+	"github.com/rapidproxy/rapidproxy/pkg/config"
+	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
+	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
 )
 
 // Options are the inputs of a run that are not part of the configuration file.
@@ -15,18 +33,204 @@ type Options struct {
 	Master string
 }
 
+// nodeWait bounds how long start-up waits for the Node object to exist.
+const nodeWait = 30 * time.Second
+
 // Run runs kube-proxy until ctx is cancelled or a fatal error occurs.
 func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options) error {
-	return errors.New("the proxy server is not implemented yet")
+	client, err := newClient(cfg, opts.Master)
+	if err != nil {
+		return err
+	}
+	nodeName, err := nodeName(cfg)
+	if err != nil {
+		return err
+	}
+	node := waitForNode(ctx, client, nodeName)
+	nodeIPs := nodeIPs(cfg, node)
+	klog.InfoS("Node", "name", nodeName, "primaryIPs", nodeIPs)
+
+	setOOMScoreAdj(cfg.OOMScoreAdj)
+	if err := conntrack.SetSysctls(sysctl.Proc{}, cfg.Conntrack); err != nil {
+		return fmt.Errorf("conntrack settings: %w", err)
+	}
+
+	health := healthcheck.NewProxyHealth(2 * syncPeriod(cfg))
+	health.SetNode(node)
+	servers, err := startServers(ctx, cfg, health)
+	if err != nil {
+		return err
+	}
+	defer servers.close()
+
+	proxier, err := newProxier(cfg, nodeName, node, nodeIPs, health)
+	if err != nil {
+		return err
+	}
+	recordStartEvent(ctx, client, nodeName)
+	return watch(ctx, client, cfg, nodeName, node, proxier, health)
 }
 
-// Cleanup removes every rule, chain, ipset, IPVS service and link that any
-// mode could have left on this node.
-func Cleanup(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
-	return errors.New("cleanup is not implemented yet: nothing was removed")
-}
-
-// InitOnly does the privileged node set-up (sysctls, conntrack limits) and returns.
+// InitOnly does the privileged node set-up (conntrack limits and timeouts)
+// and returns, so the long-running process needs only CAP_NET_ADMIN.
 func InitOnly(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
-	return errors.New("--init-only is not implemented yet: no sysctl was changed")
+	if err := conntrack.SetSysctls(sysctl.Proc{}, cfg.Conntrack); err != nil {
+		return fmt.Errorf("conntrack settings: %w", err)
+	}
+	klog.InfoS("Initialization done (conntrack limits and timeouts set)")
+	return nil
 }
+
+func syncPeriod(cfg *kpconfig.KubeProxyConfiguration) time.Duration {
+	sync, _ := config.SyncPeriods(cfg)
+	return sync
+}
+
+// newClient builds the API client from the kubeconfig (or the in-cluster
+// service account when there is none), with --master overriding the server.
+func newClient(cfg *kpconfig.KubeProxyConfiguration, master string) (kubernetes.Interface, error) {
+	cc := cfg.ClientConnection
+	var restConfig *rest.Config
+	var err error
+	if cc.Kubeconfig == "" && master == "" {
+		restConfig, err = rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("no kubeconfig, no --master, and not in a cluster: %w", err)
+		}
+	} else {
+		restConfig, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			&clientcmd.ClientConfigLoadingRules{ExplicitPath: cc.Kubeconfig},
+			&clientcmd.ConfigOverrides{ClusterInfo: clientcmdServer(master)}).ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %q: %w", cc.Kubeconfig, err)
+		}
+	}
+	restConfig.AcceptContentTypes = cc.AcceptContentTypes
+	restConfig.ContentType = cc.ContentType
+	restConfig.QPS = cc.QPS
+	restConfig.Burst = int(cc.Burst)
+	restConfig.UserAgent = "kube-proxy"
+	return kubernetes.NewForConfig(restConfig)
+}
+
+// nodeName is the hostname override, or the host's name, lowercased.
+func nodeName(cfg *kpconfig.KubeProxyConfiguration) (string, error) {
+	if cfg.HostnameOverride != "" {
+		return strings.ToLower(strings.TrimSpace(cfg.HostnameOverride)), nil
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("finding the node name: %w", err)
+	}
+	return strings.ToLower(strings.TrimSpace(host)), nil
+}
+
+// waitForNode fetches the node's object, retrying for a while because the
+// kubelet may not have registered it yet; nil if it never shows up.
+func waitForNode(ctx context.Context, client kubernetes.Interface, name string) *v1.Node {
+	deadline := time.Now().Add(nodeWait)
+	for {
+		node, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			return node
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			klog.ErrorS(err, "Could not get this node's Node object; continuing without it", "node", name)
+			return nil
+		}
+		klog.InfoS("Waiting for this node's Node object", "node", name, "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// nodeIPs are the node's primary IP per family: bindAddress when it is
+// set to a specific address, else the Node's addresses, else loopback.
+func nodeIPs(cfg *kpconfig.KubeProxyConfiguration, node *v1.Node) map[v1.IPFamily]netip.Addr {
+	ips := map[v1.IPFamily]netip.Addr{}
+	if a, err := netip.ParseAddr(cfg.BindAddress); err == nil && !a.IsUnspecified() {
+		ips[familyOf(a)] = a
+		return ips
+	}
+	if node != nil {
+		for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+			for _, addr := range node.Status.Addresses {
+				a, err := netip.ParseAddr(addr.Address)
+				if err != nil || addr.Type != t {
+					continue
+				}
+				if _, ok := ips[familyOf(a)]; !ok {
+					ips[familyOf(a)] = a.Unmap()
+				}
+			}
+		}
+	}
+	if len(ips) == 0 {
+		klog.InfoS("Warning: no node IP found; assuming 127.0.0.1")
+		ips[v1.IPv4Protocol] = netip.MustParseAddr("127.0.0.1")
+	}
+	return ips
+}
+
+func familyOf(a netip.Addr) v1.IPFamily {
+	if a.Unmap().Is4() {
+		return v1.IPv4Protocol
+	}
+	return v1.IPv6Protocol
+}
+
+// setOOMScoreAdj makes the kernel kill kube-proxy last when memory runs out.
+func setOOMScoreAdj(score *int32) {
+	if score == nil {
+		return
+	}
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(fmt.Sprint(*score)), 0o644); err != nil {
+		klog.InfoS("Could not set oom_score_adj", "value", *score, "err", err)
+	}
+}
+
+// localAddresses are the node's addresses in the given CIDRs, for
+// nodePortAddresses; "primary" means the node's primary IPs.
+func localAddresses(cidrs []string, primary map[v1.IPFamily]netip.Addr) ([]netip.Addr, error) {
+	if len(cidrs) == 1 && cidrs[0] == config.NodePortAddressesPrimary {
+		var out []netip.Addr
+		for _, a := range primary {
+			out = append(out, a)
+		}
+		return out, nil
+	}
+	var prefixes []netip.Prefix
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("nodePortAddresses: %q is not a CIDR", c)
+		}
+		prefixes = append(prefixes, p)
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	out := []netip.Addr{}
+	for _, a := range addrs {
+		ipnet, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, _ := netip.AddrFromSlice(ipnet.IP)
+		ip = ip.Unmap()
+		for _, p := range prefixes {
+			if p.Contains(ip) {
+				out = append(out, ip)
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
+// errNodeCIDRChanged ends the process when the node's pod CIDRs change in
+// NodeCIDR mode, as upstream does: the rules built on them are wrong now.
+var errNodeCIDRChanged = errors.New("the node's podCIDRs changed, and detect-local-mode is NodeCIDR: restarting to use the new ones")

@@ -1,0 +1,69 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"strings"
+)
+
+// cleanupChains are the fixed chains either mode (ours or upstream's) creates.
+var cleanupChains = map[Chain]bool{
+	chainServices: true, chainExternalServices: true, chainNodePorts: true, chainPostrouting: true,
+	chainMarkMasq: true, chainForward: true, chainProxyFirewall: true, chainCanary: true, chainLocalnetGuard: true,
+	// IPVS mode's chains.
+	"KUBE-NODE-PORT": true, "KUBE-LOAD-BALANCER": true, "KUBE-SOURCE-RANGES-FIREWALL": true,
+	"KUBE-IPVS-FILTER": true, "KUBE-IPVS-OUT-FILTER": true,
+}
+
+func isKubeProxyChain(c Chain) bool { return cleanupChains[c] || IsServiceChain(c) }
+
+// Cleanup removes every kube-proxy chain from the mangle, filter and nat
+// tables, and the rules of other chains that jump to them, in one restore
+// input per table. It returns how many chains it removed.
+func Cleanup(k Kernel) (int, error) {
+	in := newRestoreInput()
+	removed := 0
+	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
+		save, err := k.Save(string(t))
+		if err != nil {
+			return removed, err
+		}
+		ours := map[Chain]bool{}
+		for c := range chainsIn(save) {
+			if isKubeProxyChain(c) {
+				ours[c] = true
+			}
+		}
+		sc := bufio.NewScanner(bytes.NewReader(save))
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			chain, rest, ok := strings.Cut(strings.TrimPrefix(line, "-A "), " ")
+			if !strings.HasPrefix(line, "-A ") || !ok || ours[Chain(chain)] {
+				continue
+			}
+			if target := jumpTarget(rest); ours[target] {
+				in.removeShared(SharedRule{Table: t, Chain: Chain(chain), Rule: Rule(rest)})
+			}
+		}
+		for c := range ours {
+			in.deleteChain(t, c)
+		}
+		removed += len(ours)
+	}
+	if in.empty() {
+		return 0, nil
+	}
+	return removed, k.Restore(in.bytes())
+}
+
+// jumpTarget is the chain a rule jumps or goes to, "" if none.
+func jumpTarget(rule string) Chain {
+	f := strings.Fields(rule)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "-j" || f[i] == "-g" {
+			return Chain(f[i+1])
+		}
+	}
+	return ""
+}

@@ -1,0 +1,331 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"net/netip"
+	"slices"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/cache"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
+
+	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	"github.com/rapidproxy/rapidproxy/internal/sysctl"
+	"github.com/rapidproxy/rapidproxy/pkg/config"
+	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
+	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
+	"github.com/rapidproxy/rapidproxy/pkg/iptables"
+	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
+	"github.com/rapidproxy/rapidproxy/pkg/proxy"
+	"github.com/rapidproxy/rapidproxy/pkg/state"
+)
+
+func clientcmdServer(master string) clientcmdapi.Cluster {
+	return clientcmdapi.Cluster{Server: master}
+}
+
+// servers are the HTTP servers kube-proxy runs.
+type servers []*http.Server
+
+func (s servers) close() {
+	for _, srv := range s {
+		_ = srv.Close()
+	}
+}
+
+// startServers opens the healthz and metrics servers where configured. A
+// port in use is fatal with bindAddressHardFail, else only logged.
+func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, health *healthcheck.ProxyHealth) (servers, error) {
+	var out servers
+	listen := func(name, addr string, handler http.Handler) error {
+		if addr == "" {
+			return nil
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			err = fmt.Errorf("%s server on %s: %w", name, addr, err)
+			if cfg.BindAddressHardFail {
+				return err
+			}
+			klog.ErrorS(err, "Could not start server; continuing without it")
+			return nil
+		}
+		srv := &http.Server{Handler: handler}
+		out = append(out, srv)
+		go func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				klog.ErrorS(err, "Server stopped", "server", name)
+			}
+		}()
+		return nil
+	}
+	if err := listen("healthz", cfg.HealthzBindAddress, health.Handler()); err != nil {
+		out.close()
+		return nil, err
+	}
+	if err := listen("metrics", cfg.MetricsBindAddress, metricsMux(cfg)); err != nil {
+		out.close()
+		return nil, err
+	}
+	go func() {
+		<-ctx.Done()
+		out.close()
+	}()
+	return out, nil
+}
+
+// metricsMux serves /metrics, /healthz, /configz, /proxyMode and, with
+// profiling on, /debug/pprof; every other path is 404.
+func metricsMux(cfg *kpconfig.KubeProxyConfiguration) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metrics.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte(cfg.Mode))
+	})
+	mux.HandleFunc("/configz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"kubeproxy.config.k8s.io": cfg})
+	})
+	if cfg.EnableProfiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	return mux
+}
+
+// newProxier builds one proxier per IP family the node can serve.
+func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.Node, nodeIPs map[v1.IPFamily]netip.Addr, health *healthcheck.ProxyHealth) (proxy.Proxier, error) {
+	if cfg.Mode != config.ModeIPTables {
+		return nil, fmt.Errorf("proxy mode %q is not available in this build; use iptables", cfg.Mode)
+	}
+	backend := iptablesrunner.DetectBackend()
+	sync, minSync := config.SyncPeriods(cfg)
+	var nodePortAddrs []netip.Addr
+	if len(cfg.NodePortAddresses) > 0 {
+		var err error
+		if nodePortAddrs, err = localAddresses(cfg.NodePortAddresses, nodeIPs); err != nil {
+			return nil, err
+		}
+	}
+	zone := ""
+	var podCIDRs []string
+	if node != nil {
+		zone = node.Labels[v1.LabelTopologyZone]
+		podCIDRs = node.Spec.PodCIDRs
+	}
+	detect := localdetect.Settings{Mode: string(cfg.DetectLocalMode), BridgeInterface: cfg.DetectLocal.BridgeInterface, InterfaceNamePrefix: cfg.DetectLocal.InterfaceNamePrefix}
+	switch cfg.DetectLocalMode {
+	case config.LocalModeClusterCIDR:
+		if cfg.ClusterCIDR != "" {
+			detect.CIDRs = strings.Split(cfg.ClusterCIDR, ",")
+		}
+	case config.LocalModeNodeCIDR:
+		detect.CIDRs = podCIDRs
+	}
+
+	var healthAddrs []string
+	for _, a := range nodePortAddrs {
+		healthAddrs = append(healthAddrs, a.String())
+	}
+	serviceHealth := healthcheck.NewServiceHealth(healthAddrs, health)
+
+	primary := v1.IPv4Protocol
+	if _, ok := nodeIPs[v1.IPv4Protocol]; !ok {
+		primary = v1.IPv6Protocol
+	}
+	var proxiers proxy.DualStack
+	for _, family := range []v1.IPFamily{primary, otherFamily(primary)} {
+		kernel := iptablesrunner.New(family == v1.IPv6Protocol, backend)
+		if err := kernel.Available(); err != nil {
+			if family == primary {
+				return nil, fmt.Errorf("iptables mode needs the iptables tools: %w", err)
+			}
+			klog.InfoS("Not serving the secondary IP family: its iptables tools do not work", "ipFamily", family, "err", err)
+			continue
+		}
+		detector, err := localdetect.New(detect, family)
+		if err != nil {
+			return nil, err
+		}
+		params := iptables.Params{
+			IPv6:               family == v1.IPv6Protocol,
+			MasqueradeBit:      int(*cfg.IPTables.MasqueradeBit),
+			MasqueradeAll:      config.MasqueradeAll(cfg),
+			LocalhostNodePorts: *cfg.IPTables.LocalhostNodePorts,
+			LocalDetector:      detector,
+			NodeIP:             nodeIPs[family],
+			NodePortAddresses:  ofFamily(nodePortAddrs, family, len(cfg.NodePortAddresses) > 0),
+			RandomFully:        kernel.RandomFullySupported(),
+			TCPBeLiberal:       cfg.Conntrack.TCPBeLiberal,
+		}
+		if params.LocalhostNodePorts && family == v1.IPv4Protocol {
+			if err := (routeLocalnet{}).enable(); err != nil {
+				klog.ErrorS(err, "Could not enable route_localnet; NodePorts on localhost will not work")
+			}
+		}
+		// Only one family runs the health-check node port servers.
+		var sh *healthcheck.ServiceHealth
+		if family == primary {
+			sh = serviceHealth
+		}
+		proxiers = append(proxiers, iptables.New(iptables.Config{
+			Family: family, Kernel: kernel, Params: params,
+			Node:          state.Node{Name: nodeName, Zone: zone},
+			MinSyncPeriod: minSync, SyncPeriod: sync,
+			Health: health, ServiceHealth: sh, Conntrack: conntrack.Cleaner{},
+		}))
+		klog.InfoS("Using iptables proxier", "ipFamily", family, "backend", backend)
+	}
+	return proxiers, nil
+}
+
+func otherFamily(f v1.IPFamily) v1.IPFamily {
+	if f == v1.IPv4Protocol {
+		return v1.IPv6Protocol
+	}
+	return v1.IPv4Protocol
+}
+
+// ofFamily keeps the addresses of one family; nil (all local addresses)
+// unless restricted is set.
+func ofFamily(addrs []netip.Addr, family v1.IPFamily, restricted bool) []netip.Addr {
+	if !restricted {
+		return nil
+	}
+	out := []netip.Addr{}
+	for _, a := range addrs {
+		if familyOf(a) == family {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// routeLocalnet lets IPv4 NodePorts answer on 127.0.0.1; the KUBE-FIREWALL
+// guard keeps others from using that to reach local services.
+type routeLocalnet struct{}
+
+func (routeLocalnet) enable() error {
+	const name = "net/ipv4/conf/all/route_localnet"
+	s := sysctl.Proc{}
+	if v, err := s.Get(name); err == nil && v == 1 {
+		return nil
+	}
+	return s.Set(name, 1)
+}
+
+// watch runs the informers and the proxier until the context ends.
+func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.Node, proxier proxy.Proxier, health *healthcheck.ProxyHealth) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	noProxyName, _ := labels.NewRequirement("service.kubernetes.io/service-proxy-name", selection.DoesNotExist, nil)
+	noHeadless, _ := labels.NewRequirement(v1.IsHeadlessService, selection.DoesNotExist, nil)
+	selector := labels.NewSelector().Add(*noProxyName, *noHeadless).String()
+	factory := informers.NewSharedInformerFactoryWithOptions(client, cfg.ConfigSyncPeriod.Duration,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, cfg.ConfigSyncPeriod.Duration,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+		}))
+
+	services := factory.Core().V1().Services().Informer()
+	slices_ := factory.Discovery().V1().EndpointSlices().Informer()
+	nodes := nodeFactory.Core().V1().Nodes().Informer()
+	_, _ = services.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { onObject(o, false, proxier.OnService) },
+		UpdateFunc: func(_, o any) { onObject(o, false, proxier.OnService) },
+		DeleteFunc: func(o any) { onObject(o, true, proxier.OnService) },
+	})
+	_, _ = slices_.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { onObject(o, false, proxier.OnEndpointSlice) },
+		UpdateFunc: func(_, o any) { onObject(o, false, proxier.OnEndpointSlice) },
+		DeleteFunc: func(o any) { onObject(o, true, proxier.OnEndpointSlice) },
+	})
+	var podCIDRs []string
+	if node != nil {
+		podCIDRs = node.Spec.PodCIDRs
+	}
+	onNode := func(o any, deleted bool) {
+		n, ok := o.(*v1.Node)
+		if !ok {
+			return
+		}
+		if deleted {
+			health.SetNode(nil)
+			return
+		}
+		health.SetNode(n)
+		proxier.OnNode(n)
+		if cfg.DetectLocalMode == config.LocalModeNodeCIDR && !slices.Equal(n.Spec.PodCIDRs, podCIDRs) {
+			cancel(errNodeCIDRChanged)
+		}
+	}
+	_, _ = nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { onNode(o, false) },
+		UpdateFunc: func(_, o any) { onNode(o, false) },
+		DeleteFunc: func(o any) { onNode(o, true) },
+	})
+
+	factory.Start(ctx.Done())
+	nodeFactory.Start(ctx.Done())
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), services.HasSynced) {
+			proxier.OnServicesSynced()
+		}
+	}()
+	go func() {
+		if cache.WaitForCacheSync(ctx.Done(), slices_.HasSynced) {
+			proxier.OnEndpointSlicesSynced()
+		}
+	}()
+	proxier.SyncLoop(ctx)
+	factory.Shutdown()
+	nodeFactory.Shutdown()
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
+}
+
+// onObject unwraps informer deletions (tombstones) and passes typed objects on.
+func onObject[T any](o any, deleted bool, handle func(T, bool)) {
+	if tomb, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = tomb.Obj
+	}
+	if obj, ok := o.(T); ok {
+		handle(obj, deleted)
+	}
+}
+
+// recordStartEvent tells the cluster this node's proxy started.
+func recordStartEvent(ctx context.Context, client kubernetes.Interface, nodeName string) {
+	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+	broadcaster.StartRecordingToSink(ctx.Done())
+	recorder := broadcaster.NewRecorder(scheme.Scheme, "kube-proxy")
+	ref := &v1.ObjectReference{Kind: "Node", Name: nodeName, UID: types.UID(nodeName)}
+	recorder.Eventf(ref, nil, v1.EventTypeNormal, "Starting", "StartKubeProxy", "")
+}
