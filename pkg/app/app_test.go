@@ -224,15 +224,6 @@ func TestVersion(t *testing.T) {
 	}
 }
 
-func TestCleanupAndInitOnlyReportWhatTheyDid(t *testing.T) {
-	for _, flag := range []string{"--cleanup", "--init-only"} {
-		code, _, stderr := kubeProxy(t, flag)
-		if code == 0 && stderr == "" {
-			t.Errorf("%s: exited 0 without saying what it did", flag)
-		}
-	}
-}
-
 func TestConfigFileChangeEndsTheWatch(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "config.yaml")
 	writeFile(t, path, "a")

@@ -71,12 +71,9 @@ func Start(ctx context.Context) (_ *Cluster, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	lock, err := os.OpenFile(filepath.Join(bins.root, "_output", "cluster.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	lock, err := lockMachine(bins.root)
 	if err != nil {
 		return nil, err
-	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return nil, fmt.Errorf("waiting for another local cluster to finish: %w", err)
 	}
 	killRecorded(dir)
 	if err := cleanupLeftovers(); err != nil {
@@ -126,6 +123,23 @@ func (c *Cluster) Stop() {
 		c.lock.Close()
 		c.lock = nil
 	}
+}
+
+// lockMachine waits until no other cluster (or clean-up test) of this
+// repository runs on the machine: they share namespace and link names.
+func lockMachine(root string) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Join(root, "_output"), 0o755); err != nil {
+		return nil, err
+	}
+	lock, err := os.OpenFile(filepath.Join(root, "_output", "cluster.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("waiting for another local cluster to finish: %w", err)
+	}
+	return lock, nil
 }
 
 func (c *Cluster) setUpNetwork() error {

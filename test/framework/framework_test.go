@@ -14,6 +14,15 @@ import (
 func TestLeftoversOfAKilledRunAreRemoved(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireCommands(t, "ip", "sleep")
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lock, err := lockMachine(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
 	dir := t.TempDir()
 	ns, err := newNetns("leftover")
 	if err != nil {
