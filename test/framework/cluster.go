@@ -71,11 +71,11 @@ func Start(ctx context.Context) (_ *Cluster, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	lock, err := lockMachine(bins.root)
+	lock, err := lockMachine()
 	if err != nil {
 		return nil, err
 	}
-	killRecorded(dir)
+	killRecorded()
 	if err := cleanupLeftovers(); err != nil {
 		return nil, err
 	}
@@ -117,7 +117,7 @@ func (c *Cluster) Stop() {
 		c.processes[i].Stop()
 	}
 	c.processes = nil
-	killRecorded(c.Dir)
+	killRecorded()
 	_ = cleanupLeftovers()
 	if c.lock != nil {
 		c.lock.Close()
@@ -125,13 +125,13 @@ func (c *Cluster) Stop() {
 	}
 }
 
-// lockMachine waits until no other cluster (or clean-up test) of this
-// repository runs on the machine: they share namespace and link names.
-func lockMachine(root string) (*os.File, error) {
-	if err := os.MkdirAll(filepath.Join(root, "_output"), 0o755); err != nil {
+// lockMachine waits until no other cluster (or clean-up test) runs on the
+// machine, from this checkout or another.
+func lockMachine() (*os.File, error) {
+	if err := os.MkdirAll(machineState, 0o755); err != nil {
 		return nil, err
 	}
-	lock, err := os.OpenFile(filepath.Join(root, "_output", "cluster.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	lock, err := os.OpenFile(filepath.Join(machineState, "cluster.lock"), os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, err
 	}

@@ -14,11 +14,7 @@ import (
 func TestLeftoversOfAKilledRunAreRemoved(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireCommands(t, "ip", "sleep")
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	lock, err := lockMachine(root)
+	lock, err := lockMachine()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +32,7 @@ func TestLeftoversOfAKilledRunAreRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The next run: kill what the state file names, remove what the prefix marks.
-	killRecorded(dir)
+	killRecorded()
 	if err := cleanupLeftovers(); err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +43,7 @@ func TestLeftoversOfAKilledRunAreRemoved(t *testing.T) {
 	if err := exec.Command("ip", "link", "show", namePrefix+"left0").Run(); err == nil {
 		t.Errorf("host link %sleft0 is still there", namePrefix)
 	}
-	if _, err := os.Stat(dir + "/" + pidFile); !os.IsNotExist(err) {
+	if _, err := os.Stat(pidFile()); !os.IsNotExist(err) {
 		t.Errorf("state file still there: %v", err)
 	}
 }

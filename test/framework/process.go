@@ -38,7 +38,7 @@ func startProcess(dir, name string, cmd *exec.Cmd) (*Process, error) {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
-	recordPID(dir, cmd.Process.Pid)
+	recordPID(cmd.Process.Pid)
 	go func() {
 		p.err = cmd.Wait()
 		log.Close()
@@ -100,12 +100,18 @@ func waitForLog(p *Process, text string, timeout time.Duration) error {
 	}
 }
 
-const pidFile = "pids"
+// machineState holds what every run on this machine shares, whichever
+// checkout it comes from: the lock and the processes to kill after a crash
+// (namespace, link and address names are machine-wide too).
+var machineState = "/run/rapidproxy"
+
+// pidFile lists the processes the framework started.
+func pidFile() string { return filepath.Join(machineState, "pids") }
 
 // recordPID appends "pid starttime" so that only that very process is
 // killed later, never one that reused its PID.
-func recordPID(dir string, pid int) {
-	f, err := os.OpenFile(filepath.Join(dir, pidFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+func recordPID(pid int) {
+	f, err := os.OpenFile(pidFile(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return
 	}
@@ -114,8 +120,8 @@ func recordPID(dir string, pid int) {
 }
 
 // killRecorded kills every process a previous run recorded that still runs.
-func killRecorded(dir string) {
-	data, _ := os.ReadFile(filepath.Join(dir, pidFile))
+func killRecorded() {
+	data, _ := os.ReadFile(pidFile())
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(line)
 		if len(f) != 2 {
@@ -126,7 +132,7 @@ func killRecorded(dir string) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
-	_ = os.Remove(filepath.Join(dir, pidFile))
+	_ = os.Remove(pidFile())
 }
 
 // startTime is field 22 of /proc/PID/stat, unique per process over a boot.
