@@ -6,7 +6,9 @@ package iptables
 import (
 	"bytes"
 	"fmt"
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -129,29 +131,51 @@ func (r *Runner) RandomFullySupported() bool {
 	return strings.Contains(string(out), "Bad rule") || strings.Contains(string(out), "does a matching rule exist")
 }
 
-// DetectBackend picks the backend that already holds more rules, so
-// kube-proxy joins whichever the host's other programs use, as upstream's
-// images do; with no rules anywhere it picks nft.
-func DetectBackend() Backend {
-	count := func(b Backend) int {
-		n := 0
+// BackendEnv overrides the backend choice: "legacy" or "nft".
+const BackendEnv = "KUBE_PROXY_IPTABLES_BACKEND"
+
+// markerChains are chains only kube-proxy and the kubelet create; the
+// small mangle table holding one tells the backend in use without reading
+// the nat table, which iptables-nft-save needs tens of seconds for at 10k
+// services.
+var markerChains = []string{":KUBE-IPTABLES-HINT ", ":KUBE-KUBELET-CANARY ", ":KUBE-PROXY-CANARY "}
+
+// DetectBackend picks the backend the host's other programs use, as
+// upstream's images do: the override if set, else the one whose mangle
+// table holds kubelet or kube-proxy marker chains, else the one holding
+// more rules, else nft.
+func DetectBackend() (Backend, error) {
+	switch b := Backend(os.Getenv(BackendEnv)); b {
+	case Legacy, NFT:
+		return b, nil
+	case "":
+	default:
+		return "", fmt.Errorf("%s=%q: want %q or %q", BackendEnv, b, Legacy, NFT)
+	}
+	save := func(b Backend, args ...string) string {
+		var all strings.Builder
 		for _, tool := range []string{"iptables-" + string(b) + "-save", "ip6tables-" + string(b) + "-save"} {
-			out, err := exec.Command(tool).Output()
-			if err != nil {
-				continue
-			}
-			for _, line := range strings.Split(string(out), "\n") {
-				if strings.HasPrefix(line, "-A ") {
-					n++
-				}
-			}
+			out, _ := exec.Command(tool, args...).Output()
+			all.Write(out)
 		}
-		return n
+		return all.String()
 	}
-	if count(Legacy) > count(NFT) {
-		return Legacy
+	hasMarker := func(b Backend) bool {
+		mangle := save(b, "-t", "mangle")
+		return slices.ContainsFunc(markerChains, func(m string) bool { return strings.Contains(mangle, m) })
 	}
-	return NFT
+	legacyMarked, nftMarked := hasMarker(Legacy), hasMarker(NFT)
+	if legacyMarked != nftMarked {
+		if legacyMarked {
+			return Legacy, nil
+		}
+		return NFT, nil
+	}
+	rules := func(b Backend) int { return strings.Count(save(b), "\n-A ") }
+	if rules(Legacy) > rules(NFT) {
+		return Legacy, nil
+	}
+	return NFT, nil
 }
 
 func exitDetail(err error) error {

@@ -122,11 +122,13 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 	if cfg.Mode != config.ModeIPTables {
 		return nil, fmt.Errorf("proxy mode %q is not available in this build; use iptables", cfg.Mode)
 	}
-	backend := iptablesrunner.DetectBackend()
+	backend, err := iptablesrunner.DetectBackend()
+	if err != nil {
+		return nil, err
+	}
 	sync, minSync := config.SyncPeriods(cfg)
 	var nodePortAddrs []netip.Addr
 	if len(cfg.NodePortAddresses) > 0 {
-		var err error
 		if nodePortAddrs, err = localAddresses(cfg.NodePortAddresses, nodeIPs); err != nil {
 			return nil, err
 		}

@@ -1,0 +1,40 @@
+package testutil
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// NetnsPrefix marks the namespaces unit tests make; it differs from the
+// local cluster's "rpx-" so that a cluster starting in parallel, which
+// removes its own leftovers, never deletes a namespace a test is using.
+const NetnsPrefix = "rpxt-"
+
+// NewNetns creates a network namespace for the test and deletes it when
+// the test ends. It needs root and the ip tool.
+func NewNetns(t testing.TB) string {
+	t.Helper()
+	RequireRoot(t)
+	RequireCommands(t, "ip")
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := NetnsPrefix + hex.EncodeToString(b)
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("creating namespace %s: %v: %s", name, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", name).Run() })
+	return name
+}
+
+// InNetns runs a command in the namespace and fails the test if it fails.
+func InNetns(t testing.TB, netns string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", netns}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("in %s: %s: %v: %s", netns, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
