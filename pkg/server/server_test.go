@@ -1,0 +1,236 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/rapidproxy/rapidproxy/pkg/config"
+	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
+)
+
+func defaulted(t *testing.T) *kpconfig.KubeProxyConfiguration {
+	t.Helper()
+	cfg := &kpconfig.KubeProxyConfiguration{}
+	config.Default(cfg)
+	return cfg
+}
+
+func TestNodeNameIsTheLowercasedOverride(t *testing.T) {
+	cfg := defaulted(t)
+	cfg.HostnameOverride = " Node-A.Example "
+	if got, err := nodeName(cfg); err != nil || got != "node-a.example" {
+		t.Errorf("got %q, %v", got, err)
+	}
+}
+
+func TestNodeIPs(t *testing.T) {
+	node := func(addrs ...v1.NodeAddress) *v1.Node {
+		return &v1.Node{Status: v1.NodeStatus{Addresses: addrs}}
+	}
+	internal := func(ip string) v1.NodeAddress { return v1.NodeAddress{Type: v1.NodeInternalIP, Address: ip} }
+	external := func(ip string) v1.NodeAddress { return v1.NodeAddress{Type: v1.NodeExternalIP, Address: ip} }
+	for _, tc := range []struct {
+		name        string
+		bindAddress string
+		node        *v1.Node
+		want        map[v1.IPFamily]string
+	}{
+		{"bind address wins", "10.0.0.5", node(internal("10.0.0.9")), map[v1.IPFamily]string{v1.IPv4Protocol: "10.0.0.5"}},
+		{"unspecified bind address uses the node", "0.0.0.0", node(internal("10.0.0.9")), map[v1.IPFamily]string{v1.IPv4Protocol: "10.0.0.9"}},
+		{"dual-stack node", "", node(internal("fd00::9"), internal("10.0.0.9")),
+			map[v1.IPFamily]string{v1.IPv4Protocol: "10.0.0.9", v1.IPv6Protocol: "fd00::9"}},
+		{"internal before external", "", node(external("192.0.2.1"), internal("10.0.0.9")), map[v1.IPFamily]string{v1.IPv4Protocol: "10.0.0.9"}},
+		{"external when no internal", "", node(external("192.0.2.1")), map[v1.IPFamily]string{v1.IPv4Protocol: "192.0.2.1"}},
+		{"first of a family wins", "", node(internal("10.0.0.9"), internal("10.0.0.10")), map[v1.IPFamily]string{v1.IPv4Protocol: "10.0.0.9"}},
+		{"garbage is skipped", "", node(internal("not-an-ip"), internal("10.0.0.9")), map[v1.IPFamily]string{v1.IPv4Protocol: "10.0.0.9"}},
+		{"no node: loopback", "", nil, map[v1.IPFamily]string{v1.IPv4Protocol: "127.0.0.1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := defaulted(t)
+			cfg.BindAddress = tc.bindAddress
+			got := nodeIPs(cfg, tc.node)
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+			for family, ip := range tc.want {
+				if got[family] != netip.MustParseAddr(ip) {
+					t.Errorf("%s: got %s, want %s", family, got[family], ip)
+				}
+			}
+		})
+	}
+}
+
+func TestWaitForNodeReturnsTheNode(t *testing.T) {
+	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+	if n := waitForNode(context.Background(), client, "node-1"); n == nil || n.Name != "node-1" {
+		t.Errorf("got %v", n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if n := waitForNode(ctx, client, "missing"); n != nil {
+		t.Errorf("a missing node gave %v", n)
+	}
+}
+
+func TestMetricsServerPaths(t *testing.T) {
+	cfg := defaulted(t)
+	get := func(h http.Handler, path string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		body, _ := io.ReadAll(rec.Result().Body)
+		return rec.Code, string(body)
+	}
+	mux := metricsMux(cfg)
+	for path, want := range map[string]string{
+		"/metrics":   "# HELP",
+		"/healthz":   "ok",
+		"/proxyMode": "iptables",
+		"/configz":   `"kubeproxy.config.k8s.io"`,
+	} {
+		if code, body := get(mux, path); code != http.StatusOK || !strings.Contains(body, want) {
+			t.Errorf("%s: %d %q, want 200 with %q", path, code, body, want)
+		}
+	}
+	for _, path := range []string{"/nope", "/debug/pprof/"} {
+		if code, _ := get(mux, path); code != http.StatusNotFound {
+			t.Errorf("%s: %d, want 404", path, code)
+		}
+	}
+	cfg.EnableProfiling = true
+	if code, _ := get(metricsMux(cfg), "/debug/pprof/"); code != http.StatusOK {
+		t.Errorf("/debug/pprof/ with profiling: %d", code)
+	}
+}
+
+func TestPortInUse(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	cfg := defaulted(t)
+	cfg.HealthzBindAddress = taken.Addr().String()
+	cfg.MetricsBindAddress = ""
+	health := healthcheck.NewProxyHealth(time.Minute)
+
+	cfg.BindAddressHardFail = true
+	if _, err := startServers(context.Background(), cfg, health); err == nil || !strings.Contains(err.Error(), "healthz server on "+taken.Addr().String()) {
+		t.Errorf("hard fail: got %v, want an error naming the healthz address", err)
+	}
+	cfg.BindAddressHardFail = false
+	srv, err := startServers(context.Background(), cfg, health)
+	if err != nil {
+		t.Errorf("soft fail: got %v", err)
+	}
+	srv.close()
+}
+
+// recordingProxier remembers what the informers handed it.
+type recordingProxier struct {
+	mu             sync.Mutex
+	services       []string
+	slices         []string
+	servicesSynced bool
+	slicesSynced   bool
+	nodes          int
+}
+
+func (r *recordingProxier) OnService(svc *v1.Service, deleted bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.services = append(r.services, svc.Name)
+}
+
+func (r *recordingProxier) OnEndpointSlice(s *discovery.EndpointSlice, deleted bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.slices = append(r.slices, s.Name)
+}
+
+func (r *recordingProxier) OnServicesSynced() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.servicesSynced = true
+}
+
+func (r *recordingProxier) OnEndpointSlicesSynced() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.slicesSynced = true
+}
+
+func (r *recordingProxier) OnNode(*v1.Node) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.nodes++
+}
+
+func (r *recordingProxier) SyncLoop(ctx context.Context) { <-ctx.Done() }
+
+func (r *recordingProxier) done() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.servicesSynced && r.slicesSynced && r.nodes > 0
+}
+
+// The informers skip services another proxy handles and headless slices,
+// and a pod CIDR change in NodeCIDR mode ends the run.
+func TestInformersFeedTheProxier(t *testing.T) {
+	withLabels := func(l map[string]string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Namespace: "default", Name: "x", Labels: l}
+	}
+	mine, other := withLabels(nil), withLabels(map[string]string{"service.kubernetes.io/service-proxy-name": "other"})
+	mine.Name, other.Name = "mine", "other"
+	slice, headless := withLabels(map[string]string{discovery.LabelServiceName: "mine"}),
+		withLabels(map[string]string{discovery.LabelServiceName: "h", v1.IsHeadlessService: ""})
+	slice.Name, headless.Name = "mine-abc", "h-abc"
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Spec: v1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24"}}}
+	client := fake.NewClientset(
+		&v1.Service{ObjectMeta: mine}, &v1.Service{ObjectMeta: other},
+		&discovery.EndpointSlice{ObjectMeta: slice}, &discovery.EndpointSlice{ObjectMeta: headless},
+		node)
+
+	cfg := defaulted(t)
+	cfg.DetectLocalMode = config.LocalModeNodeCIDR
+	proxier := &recordingProxier{}
+	result := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() { result <- watch(ctx, client, cfg, "node-1", node, proxier, healthcheck.NewProxyHealth(time.Minute)) }()
+	for !proxier.done() {
+		if ctx.Err() != nil {
+			t.Fatal("the caches never synced")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	proxier.mu.Lock()
+	if strings.Join(proxier.services, ",") != "mine" || strings.Join(proxier.slices, ",") != "mine-abc" {
+		t.Errorf("services %v, slices %v; want only mine and mine-abc", proxier.services, proxier.slices)
+	}
+	proxier.mu.Unlock()
+
+	changed := node.DeepCopy()
+	changed.Spec.PodCIDRs = []string{"10.244.2.0/24"}
+	if _, err := client.CoreV1().Nodes().Update(ctx, changed, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-result; !errors.Is(err, errNodeCIDRChanged) {
+		t.Errorf("after a pod CIDR change: %v, want errNodeCIDRChanged", err)
+	}
+}
