@@ -37,7 +37,10 @@ type Kernel interface {
 // Conntrack forgets flows that would keep going to a wrong place after a
 // UDP service's endpoints change.
 type Conntrack interface {
+	// ClearStale deletes the flows one sync's changes made stale.
 	ClearStale(family v1.IPFamily, services state.ServiceMap, ch state.Changes) error
+	// Reconcile deletes every stale flow, whatever made it stale.
+	Reconcile(family v1.IPFamily, services state.ServiceMap, endpoints state.EndpointsMap) error
 }
 
 // Config are a proxier's inputs besides the API objects.
@@ -74,6 +77,8 @@ type Proxier struct {
 	// applied is what each service port has in the kernel now.
 	applied    map[state.ServicePortName]ServiceRules
 	ruleCounts map[Table]int
+	// lastReconcile is when every conntrack flow was last checked.
+	lastReconcile time.Time
 }
 
 // New returns a proxier; nothing is written before SyncLoop runs and both
@@ -460,10 +465,22 @@ func (p *Proxier) afterSync(changes state.Changes) {
 		}
 		p.cfg.ServiceHealth.SyncEndpoints(local)
 	}
-	if p.cfg.Conntrack != nil && (len(changes.StaleEndpoints) > 0 || len(changes.NewlyActiveUDP) > 0) {
+	if p.cfg.Conntrack == nil {
+		return
+	}
+	if len(changes.StaleEndpoints) > 0 || len(changes.NewlyActiveUDP) > 0 {
 		if err := p.cfg.Conntrack.ClearStale(p.cfg.Family, p.state.Services, changes); err != nil {
 			klog.ErrorS(err, "Clearing stale conntrack entries", "ipFamily", family)
 		}
+	}
+	// A full pass reads the whole conntrack table: once per sync period,
+	// starting with the first sync, which catches what changed while
+	// kube-proxy was not running.
+	if time.Since(p.lastReconcile) >= p.cfg.SyncPeriod {
+		if err := p.cfg.Conntrack.Reconcile(p.cfg.Family, p.state.Services, p.state.Endpoints); err != nil {
+			klog.ErrorS(err, "Reconciling conntrack entries", "ipFamily", family)
+		}
+		p.lastReconcile = time.Now()
 	}
 }
 
