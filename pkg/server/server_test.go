@@ -212,7 +212,9 @@ func TestInformersFeedTheProxier(t *testing.T) {
 	result := make(chan error, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	go func() { result <- watch(ctx, client, cfg, "node-1", node, proxier, healthcheck.NewProxyHealth(time.Minute)) }()
+	go func() {
+		result <- watch(ctx, client, cfg, "node-1", node, proxier, healthcheck.NewProxyHealth(time.Minute))
+	}()
 	for !proxier.done() {
 		if ctx.Err() != nil {
 			t.Fatal("the caches never synced")
