@@ -1,10 +1,6 @@
 package iptables
 
-import (
-	"bufio"
-	"bytes"
-	"strings"
-)
+import "strings"
 
 // cleanupChains are the fixed chains either mode (ours or upstream's) creates.
 var cleanupChains = map[Chain]bool{
@@ -28,28 +24,20 @@ func Cleanup(k Kernel) (int, error) {
 		if err != nil {
 			return removed, err
 		}
-		ours := map[Chain]bool{}
-		for c := range chainsIn(save) {
+		kt := readTable(save, func(c Chain) bool { return !isKubeProxyChain(c) })
+		for chain, rules := range kt.rules {
+			for _, r := range rules {
+				if isKubeProxyChain(jumpTarget(string(r))) {
+					in.removeShared(SharedRule{Table: t, Chain: chain, Rule: r})
+				}
+			}
+		}
+		for c := range kt.fingerprints {
 			if isKubeProxyChain(c) {
-				ours[c] = true
+				in.deleteChain(t, c)
+				removed++
 			}
 		}
-		sc := bufio.NewScanner(bytes.NewReader(save))
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			chain, rest, ok := strings.Cut(strings.TrimPrefix(line, "-A "), " ")
-			if !strings.HasPrefix(line, "-A ") || !ok || ours[Chain(chain)] {
-				continue
-			}
-			if target := jumpTarget(rest); ours[target] {
-				in.removeShared(SharedRule{Table: t, Chain: Chain(chain), Rule: Rule(rest)})
-			}
-		}
-		for c := range ours {
-			in.deleteChain(t, c)
-		}
-		removed += len(ours)
 	}
 	if in.empty() {
 		return 0, nil

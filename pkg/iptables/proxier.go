@@ -1,8 +1,6 @@
 package iptables
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -254,14 +252,17 @@ func (p *Proxier) partialSync(changes state.Changes) error {
 	return nil
 }
 
-// fullSync writes the whole rule set, whatever the kernel holds: our
-// rules from before, upstream's, or none. It is split into several
-// restore inputs, each one valid on its own: fixed chains first, then the
+// fullSync brings the whole rule set in line, whatever the kernel holds:
+// our rules from before, upstream's, or none. It reads the kernel once and
+// writes only the chains whose content differs, so a restart over rules
+// already in place writes next to nothing. The work is split into several
+// restore inputs, each valid on its own: fixed chains first, then the
 // per-service chains level by level (endpoints before the chains that jump
-// to them), then the shared chains, whose rewrite switches traffic over
-// atomically, and last the removal of chains nothing uses any more.
+// to them), then the differences in the shared chains, which switch traffic
+// over atomically per table, with the removal of chains nothing uses any
+// more; last the jumps from the built-in chains.
 func (p *Proxier) fullSync() error {
-	existing, err := p.existingChains()
+	kernel, err := p.readKernel()
 	if err != nil {
 		return err
 	}
@@ -269,18 +270,22 @@ func (p *Proxier) fullSync() error {
 
 	first := newRestoreInput()
 	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
-		first.writeChain(t, OwnChain{Name: chainCanary})
+		if !kernel[t].has(chainCanary) {
+			first.writeChain(t, OwnChain{Name: chainCanary})
+		}
 	}
 	for t, chains := range static.Chains {
 		for _, c := range chains {
-			first.writeChain(t, c)
+			if !kernel[t].holds(c) {
+				first.writeChain(t, c)
+			}
 		}
 	}
 	for t, chains := range static.Shared {
 		for _, c := range chains {
-			// Create missing shared chains now, empty; existing ones keep
-			// serving until the final input replaces their content.
-			if !existing[t][c.Name] {
+			// Missing shared chains are created empty now, so service
+			// chains may be written; the final input fills them.
+			if !kernel[t].has(c.Name) {
 				first.writeChain(t, OwnChain{Name: c.Name})
 			}
 		}
@@ -290,12 +295,16 @@ func (p *Proxier) fullSync() error {
 	}
 
 	desired := make(map[state.ServicePortName]ServiceRules, len(p.state.Services))
+	wanted := map[Chain]bool{}
 	var levels [4][]OwnChain
 	for name := range p.state.Services {
 		rules, _ := p.rulesFor(name)
 		desired[name] = rules
 		for _, c := range rules.Chains {
-			levels[chainLevel(c.Name)] = append(levels[chainLevel(c.Name)], c)
+			wanted[c.Name] = true
+			if !kernel[TableNAT].holds(c) {
+				levels[chainLevel(c.Name)] = append(levels[chainLevel(c.Name)], c)
+			}
 		}
 	}
 	for _, level := range levels {
@@ -323,16 +332,11 @@ func (p *Proxier) fullSync() error {
 	for t, chains := range static.Shared {
 		for _, c := range chains {
 			// Service rules first: the fixed tail (the NodePort jump) stays last.
-			final.writeChain(t, OwnChain{Name: c.Name, Rules: append(sharedRules[t][c.Name], c.Rules...)})
+			want := OwnChain{Name: c.Name, Rules: append(sharedRules[t][c.Name], c.Rules...)}
+			diffSharedChain(final, t, kernel[t].rules[c.Name], want, len(c.Rules))
 		}
 	}
-	wanted := map[Chain]bool{}
-	for _, rules := range desired {
-		for _, c := range rules.Chains {
-			wanted[c.Name] = true
-		}
-	}
-	for c := range existing[TableNAT] {
+	for c := range kernel[TableNAT].fingerprints {
 		if IsServiceChain(c) && !wanted[c] {
 			final.deleteChain(TableNAT, c)
 		}
@@ -341,6 +345,9 @@ func (p *Proxier) fullSync() error {
 		return err
 	}
 	for _, j := range static.Jumps {
+		if containsRule(kernel[j.Table].rules[j.From], j.Rule) {
+			continue
+		}
 		if err := p.cfg.Kernel.EnsureRule(string(j.Table), string(j.From), splitArgs(j.Rule)); err != nil {
 			return err
 		}
@@ -359,34 +366,22 @@ func (p *Proxier) restore(in *restoreInput) error {
 	return p.cfg.Kernel.Restore(in.bytes())
 }
 
-// existingChains lists the chains of the filter and nat tables.
-func (p *Proxier) existingChains() (map[Table]map[Chain]bool, error) {
-	out := map[Table]map[Chain]bool{}
-	for _, t := range []Table{TableFilter, TableNAT} {
+// readKernel reads the three tables kube-proxy writes to, keeping the
+// rules of the shared and built-in chains.
+func (p *Proxier) readKernel() (map[Table]kernelTable, error) {
+	out := map[Table]kernelTable{}
+	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
 		data, err := p.cfg.Kernel.Save(string(t))
 		if err != nil {
 			return nil, err
 		}
-		out[t] = chainsIn(data)
+		out[t] = readTable(data, func(c Chain) bool { return builtinChains[c] || slices.Contains(SharedChains[t], c) })
 	}
 	return out, nil
 }
 
-// chainsIn reads the chain declarations of iptables-save output.
-func chainsIn(save []byte) map[Chain]bool {
-	chains := map[Chain]bool{}
-	sc := bufio.NewScanner(bytes.NewReader(save))
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Bytes()
-		if len(line) > 1 && line[0] == ':' {
-			if i := bytes.IndexByte(line, ' '); i > 1 {
-				chains[Chain(line[1:i])] = true
-			}
-		}
-	}
-	return chains
-}
+// builtinChains are the kernel's own chains, which hold our jumps.
+var builtinChains = map[Chain]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
 
 func (p *Proxier) setApplied(name state.ServicePortName, rules ServiceRules) {
 	old := p.applied[name]

@@ -1,0 +1,164 @@
+package iptables
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
+	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
+	"github.com/rapidproxy/rapidproxy/pkg/state"
+)
+
+// inNetnsEnv marks the copy of the test binary that runs inside a fresh
+// network namespace, against the real iptables tools.
+const inNetnsEnv = "RAPIDPROXY_TEST_IN_NETNS"
+
+// runInNetns re-runs the calling test inside a new namespace, once per
+// backend, and tells whether this is that inner run.
+func runInNetns(t *testing.T) (inner bool) {
+	if os.Getenv(inNetnsEnv) != "" {
+		return true
+	}
+	testutil.RequireCommands(t, "iptables-legacy-restore", "iptables-nft-restore")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, backend := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
+		netns := testutil.NewNetns(t)
+		cmd := exec.Command("ip", "netns", "exec", netns, self, "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), inNetnsEnv+"=1", iptablesrunner.BackendEnv+"="+string(backend))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s backend: %v\n%s", backend, err, out)
+		}
+	}
+	return false
+}
+
+// countingKernel counts what a sync asks of the kernel.
+type countingKernel struct {
+	Kernel
+	restores     int
+	chainsWritten int
+	ensured      int
+}
+
+func (k *countingKernel) Restore(input []byte) error {
+	k.restores++
+	for _, line := range strings.Split(string(input), "\n") {
+		if strings.HasPrefix(line, ":") {
+			k.chainsWritten++
+		}
+	}
+	return k.Kernel.Restore(input)
+}
+
+func (k *countingKernel) EnsureRule(table, chain string, args []string) error {
+	k.ensured++
+	return k.Kernel.EnsureRule(table, chain, args)
+}
+
+func newTestProxier(t *testing.T, kernel Kernel) *Proxier {
+	t.Helper()
+	detector, err := localdetect.New(localdetect.Settings{Mode: "ClusterCIDR", CIDRs: []string{"10.244.0.0/16"}}, v1.IPv4Protocol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(Config{
+		Family: v1.IPv4Protocol, Kernel: kernel,
+		Params:        Params{MasqueradeBit: 14, LocalhostNodePorts: true, LocalDetector: detector},
+		Node:          state.Node{Name: "node-1"},
+		MinSyncPeriod: time.Second, SyncPeriod: time.Minute,
+	})
+}
+
+// feed gives the proxier n services with two endpoints each.
+func feed(p *Proxier, n int) {
+	for i := range n {
+		name := fmt.Sprintf("svc-%d", i)
+		p.OnService(&v1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+			Spec: v1.ServiceSpec{
+				ClusterIP: fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), Type: v1.ServiceTypeNodePort,
+				Ports: []v1.ServicePort{{Name: "p", Port: 80, Protocol: v1.ProtocolTCP, NodePort: int32(30000 + i)}},
+			},
+		}, false)
+		ready := true
+		p.OnEndpointSlice(&discovery.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name + "-x", Labels: map[string]string{discovery.LabelServiceName: name}},
+			AddressType: discovery.AddressTypeIPv4,
+			Ports:       []discovery.EndpointPort{{Name: ptr("p"), Port: ptr(int32(8080)), Protocol: ptr(v1.ProtocolTCP)}},
+			Endpoints: []discovery.Endpoint{
+				{Addresses: []string{fmt.Sprintf("10.244.%d.%d", i/250, i%250+1)}, Conditions: discovery.EndpointConditions{Ready: &ready}},
+				{Addresses: []string{fmt.Sprintf("10.244.%d.%d", 100+i/250, i%250+1)}, Conditions: discovery.EndpointConditions{Ready: &ready}},
+			},
+		}, false)
+	}
+	p.OnServicesSynced()
+	p.OnEndpointSlicesSynced()
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// A restarted proxier over the rules its predecessor wrote writes nothing,
+// and one that finds a change made while it was down writes only that.
+func TestRestartOverRulesInPlaceWritesOnlyWhatDiffers(t *testing.T) {
+	if !runInNetns(t) {
+		return
+	}
+	backend, err := iptablesrunner.DetectBackend()
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := iptablesrunner.New(false, backend)
+
+	first := newTestProxier(t, real)
+	feed(first, 50)
+	if err := first.sync(); err != nil {
+		t.Fatal(err)
+	}
+
+	restarted := &countingKernel{Kernel: real}
+	second := newTestProxier(t, restarted)
+	feed(second, 50)
+	if err := second.sync(); err != nil {
+		t.Fatal(err)
+	}
+	if restarted.restores != 0 || restarted.ensured != 0 {
+		t.Errorf("%s: restart over identical rules: %d restores (%d chains), %d jumps ensured; want none",
+			backend, restarted.restores, restarted.chainsWritten, restarted.ensured)
+	}
+
+	// While down, one service went away: the next start removes only it.
+	changed := &countingKernel{Kernel: real}
+	third := newTestProxier(t, changed)
+	feed(third, 49)
+	if err := third.sync(); err != nil {
+		t.Fatal(err)
+	}
+	save, err := real.Save("nat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := chainsFor(state.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "svc-49"}, Port: "p", Protocol: v1.ProtocolTCP})
+	if strings.Contains(string(save), string(gone.cluster)) || strings.Contains(string(save), "ns/svc-49:p") {
+		t.Errorf("%s: the removed service's rules are still there", backend)
+	}
+	if changed.restores != 1 {
+		t.Errorf("%s: removing one service took %d restores, want 1", backend, changed.restores)
+	}
+	// Declared chains: the removed service's SVC, EXT and two SEP chains (flushed, then deleted).
+	if changed.chainsWritten != 4 {
+		t.Errorf("%s: removing one service declared %d chains, want 4", backend, changed.chainsWritten)
+	}
+}

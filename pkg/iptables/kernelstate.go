@@ -1,0 +1,117 @@
+package iptables
+
+import (
+	"bufio"
+	"bytes"
+	"hash"
+	"hash/fnv"
+	"strings"
+)
+
+// kernelTable is what a full sync needs to know of one table as the kernel
+// holds it: a fingerprint of every chain, so unchanged chains are not
+// rewritten, and the rules of the chains others add to (the shared and
+// built-in chains), so only their differences are.
+type kernelTable struct {
+	fingerprints map[Chain]uint64
+	rules        map[Chain][]Rule
+}
+
+// readTable parses iptables-save output of one table; keepRules says
+// which chains' rules to keep.
+func readTable(save []byte, keepRules func(Chain) bool) kernelTable {
+	kt := kernelTable{fingerprints: map[Chain]uint64{}, rules: map[Chain][]Rule{}}
+	hashes := map[Chain]hash.Hash64{}
+	sc := bufio.NewScanner(bytes.NewReader(save))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		switch {
+		case len(line) > 1 && line[0] == ':':
+			if i := bytes.IndexByte(line, ' '); i > 1 {
+				hashes[Chain(line[1:i])] = fnv.New64a()
+			}
+		case bytes.HasPrefix(line, []byte("-A ")):
+			chain, rest, ok := strings.Cut(string(line[3:]), " ")
+			h := hashes[Chain(chain)]
+			if !ok || h == nil {
+				continue
+			}
+			h.Write([]byte(canonicalRule(Rule(rest))))
+			h.Write([]byte{'\n'})
+			if keepRules(Chain(chain)) {
+				kt.rules[Chain(chain)] = append(kt.rules[Chain(chain)], Rule(rest))
+			}
+		}
+	}
+	for c, h := range hashes {
+		kt.fingerprints[c] = h.Sum64()
+	}
+	return kt
+}
+
+// has tells whether the table holds the chain.
+func (kt kernelTable) has(c Chain) bool {
+	_, ok := kt.fingerprints[c]
+	return ok
+}
+
+// holds tells whether the table holds the chain with exactly these rules.
+func (kt kernelTable) holds(c OwnChain) bool {
+	fp, ok := kt.fingerprints[c.Name]
+	return ok && fp == chainFingerprint(c.Rules)
+}
+
+// diffSharedChain adds to in what turns the kernel's content of a shared
+// chain into want, whose last tail rules are fixed and must stay last:
+// rule deletions and insertions when the tail is in place, else a rewrite.
+// The order of the other rules does not matter: each matches its own
+// destination.
+func diffSharedChain(in *restoreInput, t Table, current []Rule, want OwnChain, tail int) {
+	if len(current) < tail || !sameRules(current[len(current)-tail:], want.Rules[len(want.Rules)-tail:]) {
+		in.writeChain(t, want)
+		return
+	}
+	unmatched := map[string]int{}
+	for _, r := range want.Rules[:len(want.Rules)-tail] {
+		unmatched[canonicalRule(r)]++
+	}
+	for _, r := range current[:len(current)-tail] {
+		key := canonicalRule(r)
+		if unmatched[key] > 0 {
+			unmatched[key]--
+			continue
+		}
+		in.removeShared(SharedRule{Table: t, Chain: want.Name, Rule: r})
+	}
+	for _, r := range want.Rules[:len(want.Rules)-tail] {
+		key := canonicalRule(r)
+		if unmatched[key] > 0 {
+			unmatched[key]--
+			in.addShared(SharedRule{Table: t, Chain: want.Name, Rule: r})
+		}
+	}
+}
+
+func sameRules(a, b []Rule) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if canonicalRule(a[i]) != canonicalRule(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// containsRule tells whether rules hold r.
+func containsRule(rules []Rule, r Rule) bool {
+	key := canonicalRule(r)
+	for _, have := range rules {
+		if canonicalRule(have) == key {
+			return true
+		}
+	}
+	return false
+}
