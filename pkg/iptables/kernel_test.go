@@ -48,9 +48,9 @@ func runInNetns(t *testing.T) (inner bool) {
 // countingKernel counts what a sync asks of the kernel.
 type countingKernel struct {
 	Kernel
-	restores     int
+	restores      int
 	chainsWritten int
-	ensured      int
+	ensured       int
 }
 
 func (k *countingKernel) Restore(input []byte) error {
