@@ -104,12 +104,24 @@ func (r *Runner) DeleteRule(table, chain string, args []string) error {
 	return nil
 }
 
-// HasRule tells whether a chain holds the rule; it fails, and so answers
-// false, when the chain or the table is gone.
-func (r *Runner) HasRule(table, chain string, args []string) bool {
+// ListRules returns the rules of one chain, without their "-A CHAIN"; it
+// fails when the chain or the table does not exist. Listing one chain is
+// cheap where a rule check is not: iptables-nft resolves the whole table
+// for -C.
+func (r *Runner) ListRules(table, chain string) ([]string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return exec.Command(r.tool(""), append([]string{"-w", "-t", table, "-C", chain}, args...)...).Run() == nil
+	out, err := exec.Command(r.tool(""), "-w", "-t", table, "-S", chain).Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s -t %s -S %s: %w", r.tool(""), table, chain, exitDetail(err))
+	}
+	var rules []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if rest, ok := strings.CutPrefix(line, "-A "+chain+" "); ok {
+			rules = append(rules, rest)
+		}
+	}
+	return rules, nil
 }
 
 // Available tells whether this backend's tools are installed and work.

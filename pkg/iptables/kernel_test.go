@@ -162,3 +162,49 @@ func TestRestartOverRulesInPlaceWritesOnlyWhatDiffers(t *testing.T) {
 		t.Errorf("%s: removing one service declared %d chains, want 4", backend, changed.chainsWritten)
 	}
 }
+
+// Each flush probe notices its own kind of flush, and a full sync puts
+// everything back.
+func TestFlushProbesNoticeFlushesAndAFullSyncRepairs(t *testing.T) {
+	if !runInNetns(t) {
+		return
+	}
+	backend, err := iptablesrunner.DetectBackend()
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := iptablesrunner.New(false, backend)
+	p := newTestProxier(t, real)
+	feed(p, 3)
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	tool := "iptables-" + string(backend)
+	for _, flush := range [][]string{
+		{"-t", "filter", "-F"},
+		{"-t", "nat", "-F", "PREROUTING"},
+		{"-t", "mangle", "-X", "KUBE-PROXY-CANARY"},
+	} {
+		for _, probe := range p.flushProbes() {
+			if p.flushed(probe) {
+				t.Fatalf("%s: before %v, probe %s/%s already fires", backend, flush, probe.table, probe.chain)
+			}
+		}
+		if out, err := exec.Command(tool, flush...).CombinedOutput(); err != nil {
+			t.Fatalf("%s %v: %v: %s", tool, flush, err, out)
+		}
+		fired := 0
+		for _, probe := range p.flushProbes() {
+			if p.flushed(probe) {
+				fired++
+			}
+		}
+		if fired != 1 {
+			t.Errorf("%s: after %v, %d probes fired, want 1", backend, flush, fired)
+		}
+		p.needFullSync = true
+		if err := p.sync(); err != nil {
+			t.Fatalf("%s: full sync after %v: %v", backend, flush, err)
+		}
+	}
+}

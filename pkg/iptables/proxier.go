@@ -28,8 +28,9 @@ type Kernel interface {
 	Save(table string) ([]byte, error)
 	// EnsureRule inserts a rule at the top of a chain unless present.
 	EnsureRule(table, chain string, args []string) error
-	// HasRule tells whether a chain holds a rule.
-	HasRule(table, chain string, args []string) bool
+	// ListRules returns a chain's rules without "-A CHAIN"; an error
+	// when the chain does not exist.
+	ListRules(table, chain string) ([]string, error)
 }
 
 // Conntrack forgets flows that would keep going to a wrong place after a
@@ -483,19 +484,58 @@ func (p *Proxier) afterSync(changes state.Changes) {
 // flushed its rules (a firewalld reload, iptables -F).
 const flushCheckInterval = time.Second
 
-// watchForFlush checks the jumps from the built-in chains of the nat and
-// filter tables: a flush of either table removes them. It then forces a
-// full sync, which restores everything.
-func (p *Proxier) watchForFlush(ctx context.Context) {
-	probes := []Jump{}
+// flushProbe is one thing a flush would remove: a rule in a chain, or,
+// with no rule, the chain itself.
+type flushProbe struct {
+	table Table
+	chain Chain
+	rule  Rule
+	// every is how many check intervals apart the probe runs.
+	every int
+}
+
+// flushProbes are checked in the small tables every second: the mangle
+// canary (gone when a program resets the tables, as upstream checks) and
+// the filter FORWARD jump (gone with `iptables -F`). The nat table can be
+// large, and reading it costs iptables-legacy a copy of the whole table,
+// so its PREROUTING jump is checked once per sync period.
+func (p *Proxier) flushProbes() []flushProbe {
+	probes := []flushProbe{{table: TableMangle, chain: chainCanary, every: 1}}
+	natEvery := max(1, int(p.cfg.SyncPeriod/flushCheckInterval))
 	for _, j := range p.cfg.Params.StaticRules().Jumps {
-		if (j.Table == TableNAT && j.From == "PREROUTING") || (j.Table == TableFilter && j.From == "FORWARD" && strings.Contains(string(j.Rule), string(chainForward))) {
-			probes = append(probes, j)
+		switch {
+		case j.Table == TableFilter && j.From == "FORWARD" && jumpTarget(string(j.Rule)) == chainForward:
+			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: 1})
+		case j.Table == TableNAT && j.From == "PREROUTING":
+			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: natEvery})
 		}
 	}
+	return probes
+}
+
+// flushed tells whether the probe finds its rule or chain gone.
+func (p *Proxier) flushed(probe flushProbe) bool {
+	rules, err := p.cfg.Kernel.ListRules(string(probe.table), string(probe.chain))
+	if err != nil {
+		return true
+	}
+	if probe.rule == "" {
+		return false
+	}
+	have := make([]Rule, len(rules))
+	for i, r := range rules {
+		have[i] = Rule(r)
+	}
+	return !containsRule(have, probe.rule)
+}
+
+// watchForFlush runs the flush probes and forces a full sync, which
+// restores everything, when one finds our rules gone.
+func (p *Proxier) watchForFlush(ctx context.Context) {
+	probes := p.flushProbes()
 	ticker := time.NewTicker(flushCheckInterval)
 	defer ticker.Stop()
-	for {
+	for tick := 0; ; tick++ {
 		select {
 		case <-ctx.Done():
 			return
@@ -508,16 +548,17 @@ func (p *Proxier) watchForFlush(ctx context.Context) {
 		if !written {
 			continue
 		}
-		for _, j := range probes {
-			if !p.cfg.Kernel.HasRule(string(j.Table), string(j.From), splitArgs(j.Rule)) {
-				klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", j.Table)
-				metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
-				p.mu.Lock()
-				p.needFullSync = true
-				p.mu.Unlock()
-				p.queue()
-				break
+		for _, probe := range probes {
+			if tick%probe.every != 0 || !p.flushed(probe) {
+				continue
 			}
+			klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", probe.table, "chain", probe.chain)
+			metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
+			p.mu.Lock()
+			p.needFullSync = true
+			p.mu.Unlock()
+			p.queue()
+			break
 		}
 	}
 }
