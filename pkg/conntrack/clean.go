@@ -34,6 +34,12 @@ func (Cleaner) ClearStale(family v1.IPFamily, services state.ServiceMap, ch stat
 	if len(filters) == 0 {
 		return nil
 	}
+	return deleteFlows(family, filters...)
+}
+
+// deleteFlows deletes the flows of one family that any filter matches, in
+// one pass over the conntrack table.
+func deleteFlows(family v1.IPFamily, filters ...netlink.CustomConntrackFilter) error {
 	start := time.Now()
 	nlFamily := netlink.InetFamily(unix.AF_INET)
 	if family == v1.IPv6Protocol {

@@ -2,13 +2,11 @@ package conntrack
 
 import (
 	"net/netip"
-	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
-	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
@@ -21,15 +19,7 @@ func (Cleaner) Reconcile(family v1.IPFamily, services state.ServiceMap, endpoint
 	if filter.empty() {
 		return nil
 	}
-	start := time.Now()
-	nlFamily := netlink.InetFamily(unix.AF_INET)
-	if family == v1.IPv6Protocol {
-		nlFamily = unix.AF_INET6
-	}
-	deleted, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, nlFamily, filter)
-	metrics.ConntrackReconcilerSyncDuration.WithLabelValues(string(family)).Observe(time.Since(start).Seconds())
-	metrics.ConntrackReconcilerDeleted.WithLabelValues(string(family)).Add(float64(deleted))
-	return err
+	return deleteFlows(family, filter)
 }
 
 // serviceTarget is where flows to one UDP service port may go.

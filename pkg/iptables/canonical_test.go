@@ -155,7 +155,7 @@ func sampleRuleSet(t *testing.T, family v1.IPFamily) map[Table][]OwnChain {
 	for table, cs := range static.Chains {
 		chains[table] = append(chains[table], cs...)
 	}
-	shared := map[Table]map[Chain][]Rule{}
+	var generated []ServiceRules
 	endpoints := []*state.Endpoint{
 		{IP: addr("10.244.0.5", "fd00:244::5"), Port: 8080, Ready: true, Serving: true, IsLocal: true, NodeName: "node-1"},
 		{IP: addr("10.244.0.6", "fd00:244::6"), Port: 8080, Ready: true, Serving: true, NodeName: "node-2"},
@@ -179,17 +179,10 @@ func sampleRuleSet(t *testing.T, family v1.IPFamily) map[Table][]OwnChain {
 		}
 		rules := params.ServiceRules(svc, state.Select(svc, eps, state.Node{Name: "node-1"}))
 		chains[TableNAT] = append(chains[TableNAT], rules.Chains...)
-		for _, r := range rules.Shared {
-			if shared[r.Table] == nil {
-				shared[r.Table] = map[Chain][]Rule{}
-			}
-			shared[r.Table][r.Chain] = append(shared[r.Table][r.Chain], r.Rule)
-		}
+		generated = append(generated, rules)
 	}
-	for table, cs := range static.Shared {
-		for _, c := range cs {
-			chains[table] = append(chains[table], OwnChain{Name: c.Name, Rules: append(shared[table][c.Name], c.Rules...)})
-		}
+	for table, cs := range sharedChainContents(static, generated) {
+		chains[table] = append(chains[table], cs...)
 	}
 	return chains
 }

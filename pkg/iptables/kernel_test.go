@@ -110,23 +110,30 @@ func feed(p *Proxier, n int) {
 
 func ptr[T any](v T) *T { return &v }
 
+// syncedProxier is a proxier that has synced n services into this
+// namespace's kernel with the backend chosen for the run.
+func syncedProxier(t *testing.T, n int) (*Proxier, Kernel, iptablesrunner.Backend) {
+	t.Helper()
+	backend, err := iptablesrunner.DetectBackend()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel := iptablesrunner.New(false, backend)
+	p := newTestProxier(t, kernel)
+	feed(p, n)
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	return p, kernel, backend
+}
+
 // A restarted proxier over the rules its predecessor wrote writes nothing,
 // and one that finds a change made while it was down writes only that.
 func TestRestartOverRulesInPlaceWritesOnlyWhatDiffers(t *testing.T) {
 	if !runInNetns(t) {
 		return
 	}
-	backend, err := iptablesrunner.DetectBackend()
-	if err != nil {
-		t.Fatal(err)
-	}
-	real := iptablesrunner.New(false, backend)
-
-	first := newTestProxier(t, real)
-	feed(first, 50)
-	if err := first.sync(); err != nil {
-		t.Fatal(err)
-	}
+	_, real, backend := syncedProxier(t, 50)
 
 	restarted := &countingKernel{Kernel: real}
 	second := newTestProxier(t, restarted)
@@ -169,16 +176,7 @@ func TestFlushProbesNoticeFlushesAndAFullSyncRepairs(t *testing.T) {
 	if !runInNetns(t) {
 		return
 	}
-	backend, err := iptablesrunner.DetectBackend()
-	if err != nil {
-		t.Fatal(err)
-	}
-	real := iptablesrunner.New(false, backend)
-	p := newTestProxier(t, real)
-	feed(p, 3)
-	if err := p.sync(); err != nil {
-		t.Fatal(err)
-	}
+	p, _, backend := syncedProxier(t, 3)
 	tool := "iptables-" + string(backend)
 	for _, flush := range [][]string{
 		{"-t", "filter", "-F"},

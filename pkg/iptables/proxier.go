@@ -3,6 +3,7 @@ package iptables
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -321,20 +322,9 @@ func (p *Proxier) fullSync() error {
 	}
 
 	final := newRestoreInput()
-	sharedRules := map[Table]map[Chain][]Rule{}
-	for _, rules := range desired {
-		for _, r := range rules.Shared {
-			if sharedRules[r.Table] == nil {
-				sharedRules[r.Table] = map[Chain][]Rule{}
-			}
-			sharedRules[r.Table][r.Chain] = append(sharedRules[r.Table][r.Chain], r.Rule)
-		}
-	}
-	for t, chains := range static.Shared {
-		for _, c := range chains {
-			// Service rules first: the fixed tail (the NodePort jump) stays last.
-			want := OwnChain{Name: c.Name, Rules: append(sharedRules[t][c.Name], c.Rules...)}
-			diffSharedChain(final, t, kernel[t].rules[c.Name], want, len(c.Rules))
+	for t, chains := range sharedChainContents(static, slices.Collect(maps.Values(desired))) {
+		for i, want := range chains {
+			diffSharedChain(final, t, kernel[t].rules[want.Name], want, len(static.Shared[t][i].Rules))
 		}
 	}
 	for c := range kernel[TableNAT].fingerprints {
@@ -358,6 +348,27 @@ func (p *Proxier) fullSync() error {
 	metrics.IPTablesRulesLastSync.WithLabelValues(string(TableNAT), string(p.cfg.Family)).Set(float64(p.ruleCounts[TableNAT]))
 	metrics.IPTablesRulesLastSync.WithLabelValues(string(TableFilter), string(p.cfg.Family)).Set(float64(p.ruleCounts[TableFilter]))
 	return nil
+}
+
+// sharedChainContents gathers the services' rules into the shared chains,
+// ahead of each chain's fixed tail (the NodePort jump must stay last).
+func sharedChainContents(static StaticRules, services []ServiceRules) map[Table][]OwnChain {
+	gathered := map[Table]map[Chain][]Rule{}
+	for _, rules := range services {
+		for _, r := range rules.Shared {
+			if gathered[r.Table] == nil {
+				gathered[r.Table] = map[Chain][]Rule{}
+			}
+			gathered[r.Table][r.Chain] = append(gathered[r.Table][r.Chain], r.Rule)
+		}
+	}
+	out := map[Table][]OwnChain{}
+	for t, chains := range static.Shared {
+		for _, c := range chains {
+			out[t] = append(out[t], OwnChain{Name: c.Name, Rules: append(gathered[t][c.Name], c.Rules...)})
+		}
+	}
+	return out
 }
 
 func (p *Proxier) restore(in *restoreInput) error {
