@@ -17,6 +17,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/rapidproxy/rapidproxy/pkg/config"
@@ -234,5 +235,25 @@ func TestInformersFeedTheProxier(t *testing.T) {
 	}
 	if err := <-result; !errors.Is(err, errNodeCIDRChanged) {
 		t.Errorf("after a pod CIDR change: %v, want errNodeCIDRChanged", err)
+	}
+}
+
+func TestTrimForCacheKeepsOnlyWhatIsRead(t *testing.T) {
+	slice := &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{
+		Name:          "s",
+		Labels:        map[string]string{discovery.LabelServiceName: "svc"},
+		Annotations:   map[string]string{v1.EndpointsLastChangeTriggerTime: "2026-01-01T00:00:00Z", "big": strings.Repeat("x", 1000)},
+		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager"}},
+	}}
+	got, err := trimForCache(slice)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trimmed := got.(*discovery.EndpointSlice)
+	if len(trimmed.ManagedFields) != 0 || len(trimmed.Annotations) != 1 || trimmed.Labels[discovery.LabelServiceName] != "svc" {
+		t.Errorf("trimmed to %+v", trimmed.ObjectMeta)
+	}
+	if _, err := trimForCache(cache.DeletedFinalStateUnknown{Key: "x"}); err != nil {
+		t.Errorf("a tombstone: %v", err)
 	}
 }
