@@ -296,12 +296,18 @@ func (p *Proxier) fullSync() error {
 		return err
 	}
 
-	desired := make(map[state.ServicePortName]ServiceRules, len(p.state.Services))
+	// In a stable order, so that the same state always gives the same rules.
+	names := slices.SortedFunc(maps.Keys(p.state.Services), func(a, b state.ServicePortName) int {
+		return strings.Compare(a.String()+string(a.Protocol), b.String()+string(b.Protocol))
+	})
+	desired := make(map[state.ServicePortName]ServiceRules, len(names))
+	ordered := make([]ServiceRules, 0, len(names))
 	wanted := map[Chain]bool{}
 	var levels [4][]OwnChain
-	for name := range p.state.Services {
+	for _, name := range names {
 		rules, _ := p.rulesFor(name)
 		desired[name] = rules
+		ordered = append(ordered, rules)
 		for _, c := range rules.Chains {
 			wanted[c.Name] = true
 			if !kernel[TableNAT].holds(c) {
@@ -322,12 +328,12 @@ func (p *Proxier) fullSync() error {
 	}
 
 	final := newRestoreInput()
-	for t, chains := range sharedChainContents(static, slices.Collect(maps.Values(desired))) {
+	for t, chains := range sharedChainContents(static, ordered) {
 		for i, want := range chains {
 			diffSharedChain(final, t, kernel[t].rules[want.Name], want, len(static.Shared[t][i].Rules))
 		}
 	}
-	for c := range kernel[TableNAT].fingerprints {
+	for _, c := range slices.Sorted(maps.Keys(kernel[TableNAT].fingerprints)) {
 		if IsServiceChain(c) && !wanted[c] {
 			final.deleteChain(TableNAT, c)
 		}

@@ -43,6 +43,7 @@ func TestMain(m *testing.M) {
 	}
 	fmt.Printf("e2e: local cluster up in %s\n", time.Since(start).Round(time.Millisecond))
 	code := m.Run()
+	stopProxy()
 	cluster.Stop()
 	os.Exit(code)
 }

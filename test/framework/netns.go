@@ -55,12 +55,49 @@ type Reply struct {
 // Request sends one request from the namespace to proto ("tcp" or "udp")
 // at host:port and returns who answered.
 func (n *Netns) Request(proto, hostPort string, timeout time.Duration) (Reply, error) {
-	out, err := n.Exec(podserverPath(), "-client", proto+"://"+hostPort, "-timeout", timeout.String())
+	return n.RequestFrom(0, proto, hostPort, timeout)
+}
+
+// RequestFrom is Request sent from a given local port (0: any), so that
+// successive UDP requests share one conntrack flow.
+func (n *Netns) RequestFrom(sport int, proto, hostPort string, timeout time.Duration) (Reply, error) {
+	out, err := n.Exec(podserverPath(), "-client", proto+"://"+hostPort, "-sport", strconv.Itoa(sport), "-timeout", timeout.String())
 	if err != nil {
 		return Reply{}, err
 	}
 	pod, source, _ := strings.Cut(out, " ")
 	return Reply{Pod: pod, Source: source}, nil
+}
+
+// Load is a stream of requests running in a namespace.
+type Load struct {
+	cmd *exec.Cmd
+	out strings.Builder
+}
+
+// StartLoad sends a new TCP or UDP request to hostPort every interval for
+// duration, from the namespace, each with a 1 s timeout.
+func (n *Netns) StartLoad(proto, hostPort string, duration, interval time.Duration) (*Load, error) {
+	l := &Load{cmd: n.Command(podserverPath(), "-client", proto+"://"+hostPort,
+		"-load", duration.String(), "-interval", interval.String(), "-timeout", "1s")}
+	l.cmd.Stdout, l.cmd.Stderr = &l.out, &l.out
+	if err := l.cmd.Start(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// Wait waits for the load to end and returns how many requests were
+// answered and how many failed, with the first errors.
+func (l *Load) Wait() (ok, failed int, errs string, err error) {
+	if err := l.cmd.Wait(); err != nil {
+		return 0, 0, "", fmt.Errorf("load generator: %w: %s", err, l.out.String())
+	}
+	first, rest, _ := strings.Cut(l.out.String(), "\n")
+	if _, err := fmt.Sscanf(first, "ok=%d failed=%d", &ok, &failed); err != nil {
+		return 0, 0, "", fmt.Errorf("load generator said %q", l.out.String())
+	}
+	return ok, failed, rest, nil
 }
 
 func (n *Netns) delete() error {

@@ -1,7 +1,8 @@
 // Command podserver is the test "pod": on each given port it answers TCP
 // connections and UDP datagrams with one line, "<name> <client address>",
 // so a test can tell which endpoint served it and what source it saw.
-// With -client it is instead a one-shot client that prints the reply.
+// With -client it is instead a client: one request that prints the reply,
+// or with -load a stream of requests that prints how many were answered.
 package main
 
 import (
@@ -19,9 +20,16 @@ func main() {
 	ports := flag.String("ports", "8080", "comma-separated ports to serve on, TCP and UDP")
 	client := flag.String("client", "", "instead of serving, send one request to proto://host:port (tcp or udp) and print the reply")
 	timeout := flag.Duration("timeout", 2*time.Second, "client: how long to wait for a reply")
+	sport := flag.Int("sport", 0, "client: the local port to send from (0: any)")
+	load := flag.Duration("load", 0, "client: send a new request every -interval for this long, then print \"ok=N failed=M\" and the first errors")
+	interval := flag.Duration("interval", 50*time.Millisecond, "client: the time between requests of -load")
 	flag.Parse()
+	if *client != "" && *load > 0 {
+		generateLoad(*client, *load, *interval, *timeout)
+		return
+	}
 	if *client != "" {
-		reply, err := request(*client, *timeout)
+		reply, err := request(*client, *sport, *timeout)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -77,13 +85,43 @@ func serve(name, port string) error {
 	return nil
 }
 
-// request sends one TCP or UDP request and returns the reply line.
-func request(target string, timeout time.Duration) (string, error) {
+// generateLoad sends requests one after the other, each on a new
+// connection, and reports how many got no reply.
+func generateLoad(target string, duration, interval, timeout time.Duration) {
+	ok, failed := 0, 0
+	var errs []string
+	for end := time.Now().Add(duration); time.Now().Before(end); time.Sleep(interval) {
+		if _, err := request(target, 0, timeout); err != nil {
+			failed++
+			if len(errs) < 5 {
+				errs = append(errs, time.Now().Format("15:04:05.000")+" "+err.Error())
+			}
+			continue
+		}
+		ok++
+	}
+	fmt.Printf("ok=%d failed=%d\n", ok, failed)
+	for _, e := range errs {
+		fmt.Println(e)
+	}
+}
+
+// request sends one TCP or UDP request, from sport when it is not 0, and
+// returns the reply line.
+func request(target string, sport int, timeout time.Duration) (string, error) {
 	proto, addr, ok := strings.Cut(target, "://")
 	if !ok {
 		return "", fmt.Errorf("want proto://host:port, got %q", target)
 	}
-	conn, err := net.DialTimeout(proto, addr, timeout)
+	dialer := net.Dialer{Timeout: timeout}
+	if sport != 0 {
+		if proto == "udp" {
+			dialer.LocalAddr = &net.UDPAddr{Port: sport}
+		} else {
+			dialer.LocalAddr = &net.TCPAddr{Port: sport}
+		}
+	}
+	conn, err := dialer.Dial(proto, addr)
 	if err != nil {
 		return "", err
 	}

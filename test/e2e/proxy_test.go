@@ -1,0 +1,185 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/rapidproxy/rapidproxy/test/framework"
+)
+
+// proxyConfig is the configuration every kube-proxy of these tests runs
+// with, ours or upstream's. Metrics are served on the node's IP so the
+// tests can read them; conntrack limits are left alone because the node
+// namespace cannot change them.
+const proxyConfig = "mode: iptables\nmetricsBindAddress: 0.0.0.0:10249\nconntrack:\n  maxPerCore: 0\n"
+
+var (
+	proxyMu sync.Mutex
+	// running is the kube-proxy in the node namespace, nil when none.
+	running *framework.KubeProxy
+	// runningOurs tells whether it is ours or upstream's.
+	runningOurs bool
+	started     int
+)
+
+// useOurProxy makes sure our kube-proxy runs in the node namespace. Tests
+// share it; the few that replace it leave ours running again.
+func useOurProxy(t *testing.T) {
+	t.Helper()
+	proxyMu.Lock()
+	defer proxyMu.Unlock()
+	if running != nil && runningOurs {
+		select {
+		case <-running.Exited():
+			t.Errorf("our kube-proxy had exited: %v\n%s", running.Err(), running.LogTail(20))
+		default:
+			return
+		}
+	}
+	switchProxyLocked(t, true)
+}
+
+// switchProxy stops whatever kube-proxy runs and starts ours or upstream's
+// over the rules the previous one left.
+func switchProxy(t *testing.T, ours bool) {
+	t.Helper()
+	proxyMu.Lock()
+	defer proxyMu.Unlock()
+	switchProxyLocked(t, ours)
+}
+
+func switchProxyLocked(t *testing.T, ours bool) {
+	t.Helper()
+	if running != nil {
+		running.Stop()
+		running = nil
+	}
+	binary, name := cluster.KubeProxy(), "kube-proxy"
+	if !ours {
+		binary, name = cluster.UpstreamKubeProxy(), "kube-proxy-upstream"
+	}
+	started++
+	p, err := cluster.StartKubeProxy(fmt.Sprintf("%s-%d", name, started), binary, cluster.KubeProxyConfig(proxyConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.WaitHealthy(context.Background(), time.Minute); err != nil {
+		p.Stop()
+		t.Fatal(err)
+	}
+	running, runningOurs = p, ours
+}
+
+// stopProxy ends the running kube-proxy, leaving its rules in place.
+func stopProxy() {
+	proxyMu.Lock()
+	defer proxyMu.Unlock()
+	if running != nil {
+		running.Stop()
+		running = nil
+	}
+}
+
+// service is a Service of the default namespace selecting pods labelled
+// app=<selector> (none when empty), dual-stack, with one port per protocol,
+// all to target port 8080.
+func service(name, selector string, protocols ...v1.Protocol) *v1.Service {
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec:       v1.ServiceSpec{IPFamilyPolicy: ptrTo(v1.IPFamilyPolicyPreferDualStack)},
+	}
+	if selector != "" {
+		svc.Spec.Selector = map[string]string{"app": selector}
+	}
+	for _, proto := range protocols {
+		svc.Spec.Ports = append(svc.Spec.Ports, v1.ServicePort{
+			Name: strings.ToLower(string(proto)), Protocol: proto, Port: 80, TargetPort: intstr.FromInt32(8080)})
+	}
+	return svc
+}
+
+// eventually retries check until it succeeds or the timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still failing after %s: %v", what, timeout, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// answeredBy sends a request and checks that one of pods answers.
+func answeredBy(ns *framework.Netns, proto, ip string, port int32, pods ...string) (framework.Reply, error) {
+	reply, err := ns.Request(proto, net.JoinHostPort(ip, strconv.Itoa(int(port))), time.Second)
+	if err != nil {
+		return reply, err
+	}
+	for _, p := range pods {
+		if reply.Pod == p {
+			return reply, nil
+		}
+	}
+	return reply, fmt.Errorf("answered by %q, want one of %v", reply.Pod, pods)
+}
+
+// metrics fetches our kube-proxy's metrics from the node.
+func metrics(t *testing.T) string {
+	t.Helper()
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + net.JoinHostPort(framework.NodeIPv4, "10249") + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %d", resp.StatusCode)
+	}
+	return string(body)
+}
+
+// metricValue is the value of the first sample whose line starts with
+// prefix (a name, optionally with labels), or -1.
+func metricValue(text, prefix string) float64 {
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, prefix) {
+			f := strings.Fields(line)
+			if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+// nodeRules is iptables-save of both families in the node namespace, with
+// the backend our kube-proxy and upstream's pick there (nft).
+func nodeRules(t *testing.T) string {
+	t.Helper()
+	var all strings.Builder
+	for _, tool := range []string{"iptables-nft-save", "ip6tables-nft-save"} {
+		out, err := cluster.Node.Command(tool).Output()
+		if err != nil {
+			t.Fatalf("%s: %v", tool, err)
+		}
+		all.Write(out)
+	}
+	return all.String()
+}
