@@ -170,6 +170,11 @@ func (c *Cluster) setUpNetwork() error {
 		ipCmd(external, "addr", "add", "fd00:255:1::2/64", "dev", "eth0", "nodad"),
 		ipCmd(external, "route", "add", "default", "via", NodeExternalIP),
 		ipCmd(external, "-6", "route", "add", "default", "via", "fd00:255:1::1"),
+		// The node's own connections to service IPs need a route before
+		// kube-proxy's DNAT picks the endpoint; a real node has a default
+		// route. Without rules they end in the external namespace.
+		ipCmd(node, "route", "add", "10.96.0.0/16", "dev", "eth1"),
+		ipCmd(node, "-6", "route", "add", "fd00:10:96::/112", "dev", "eth1"),
 		[]string{"ip", "netns", "exec", node.Name, "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"},
 	)
 }
