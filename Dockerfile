@@ -15,7 +15,7 @@ RUN CGO_ENABLED=0 go build -trimpath \
 
 FROM debian:bookworm-slim
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iptables ipset conntrack kmod \
+ && apt-get install -y --no-install-recommends iptables ipset conntrack kmod nftables \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/kube-proxy /usr/local/bin/kube-proxy
 ENTRYPOINT ["/usr/local/bin/kube-proxy"]

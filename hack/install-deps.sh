@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  iptables ipset conntrack iproute2 kmod procps   # the kernel tools kube-proxy drives
+  iptables ipset conntrack iproute2 kmod procps nftables   # the kernel tools kube-proxy drives
   etcd-server                                     # the local cluster's store
   curl ca-certificates make git gcc               # build and test plumbing
 )

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"strings"
 
 	"k8s.io/klog/v2"
@@ -11,6 +12,7 @@ import (
 
 	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/iptables"
+	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
 // Cleanup removes every rule and chain kube-proxy (this one or upstream's,
@@ -35,13 +37,50 @@ func Cleanup(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
 			total += n
 		}
 	}
+	// After the iptables rules: they may still use the ipsets.
+	removed, err := ipvs.Cleanup()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	tables, err := cleanupNFTables()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	removed = append(removed, tables...)
+	if len(removed) > 0 {
+		klog.InfoS("Removed what the IPVS and nftables modes leave", "removed", removed)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cleanup incomplete: %w", err)
 	}
-	msg := fmt.Sprintf("Cleanup done: removed %d chains and the rules jumping to them", total)
-	if strings.Contains(msg, " 0 chains") {
-		msg = "Cleanup done: no kube-proxy rules were present"
+	if total == 0 && len(removed) == 0 {
+		klog.InfoS("Cleanup done: nothing of kube-proxy's was present")
+		return nil
 	}
-	klog.InfoS(msg)
+	klog.InfoS("Cleanup done", "iptablesChains", total, "other", len(removed))
 	return nil
+}
+
+// nftablesTable is the table upstream's nftables mode keeps everything in.
+const nftablesTable = "kube-proxy"
+
+// cleanupNFTables deletes the nftables mode's table in both families,
+// when the nft tool is there to do it.
+func cleanupNFTables() ([]string, error) {
+	if _, err := exec.LookPath("nft"); err != nil {
+		return nil, nil
+	}
+	var removed []string
+	var errs []error
+	for _, family := range []string{"ip", "ip6"} {
+		if exec.Command("nft", "list", "table", family, nftablesTable).Run() != nil {
+			continue
+		}
+		if out, err := exec.Command("nft", "delete", "table", family, nftablesTable).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("nft delete table %s %s: %w: %s", family, nftablesTable, err, strings.TrimSpace(string(out))))
+			continue
+		}
+		removed = append(removed, "nftables table "+family+" "+nftablesTable)
+	}
+	return removed, errors.Join(errs...)
 }

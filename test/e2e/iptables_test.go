@@ -423,16 +423,48 @@ func TestRestartAndTakeoverWithLiveTraffic(t *testing.T) {
 	}
 }
 
-// --cleanup removes every chain and jump of ours, in both families.
+// --cleanup removes every chain and jump of ours, in both families and
+// both backends, and what the IPVS and nftables modes leave; nothing else.
 func TestCleanupRemovesEverything(t *testing.T) {
 	useOurProxy(t)
 	defer useOurProxy(t)
 	stopProxy()
-	out, err := cluster.Node.Command(cluster.KubeProxy(), "--cleanup", "--v=2").CombinedOutput()
+	leftovers := [][]string{
+		{"iptables-legacy", "-t", "nat", "-N", "KUBE-SERVICES"},
+		{"iptables-legacy", "-t", "nat", "-A", "OUTPUT", "-j", "KUBE-SERVICES"},
+		{"ip6tables-legacy", "-t", "filter", "-N", "KUBE-FORWARD"},
+		{"ipset", "create", "KUBE-CLUSTER-IP", "hash:ip,port"},
+		{"ipset", "create", "KUBE-6-CLUSTER-IP", "hash:ip,port", "family", "inet6"},
+		{"ipset", "create", "not-ours", "hash:ip"},
+		{"ip", "link", "add", "kube-ipvs0", "type", "bridge"},
+		{"nft", "add", "table", "ip", "kube-proxy"},
+		{"nft", "add", "table", "ip6", "kube-proxy"},
+	}
+	for _, cmd := range leftovers {
+		if out, err := cluster.Node.Command(cmd...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", cmd, err, out)
+		}
+	}
+	out, err := cluster.Node.Command(cluster.KubeProxy(), "--cleanup").CombinedOutput()
 	if err != nil {
 		t.Fatalf("--cleanup: %v\n%s", err, out)
 	}
-	if rules := nodeRules(t); strings.Contains(rules, "KUBE-") {
-		t.Errorf("after --cleanup:\n%s", rules)
+	for _, check := range [][]string{
+		{"iptables-nft-save"}, {"ip6tables-nft-save"}, {"iptables-legacy-save"}, {"ip6tables-legacy-save"},
+		{"ipset", "list", "-n"}, {"ip", "link"}, {"nft", "list", "tables"},
+	} {
+		out, err := cluster.Node.Command(check...).Output()
+		if err != nil {
+			t.Fatalf("%v: %v", check, err)
+		}
+		for _, left := range []string{"KUBE-", "kube-ipvs0", "kube-proxy"} {
+			if strings.Contains(string(out), left) {
+				t.Errorf("after --cleanup, %v still shows %s:\n%s", check, left, out)
+			}
+		}
 	}
+	if out, _ := cluster.Node.Command("ipset", "list", "-n").Output(); !strings.Contains(string(out), "not-ours") {
+		t.Errorf("--cleanup removed an ipset that is not kube-proxy's")
+	}
+	_, _ = cluster.Node.Command("ipset", "destroy", "not-ours").CombinedOutput()
 }
