@@ -131,7 +131,8 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	if err != nil {
 		return nil, err
 	}
-	config := "mode: iptables\nmetricsBindAddress: 0.0.0.0:10249\n"
+	// Inside a network namespace nf_conntrack_max is read-only: leave it.
+	config := "mode: iptables\nmetricsBindAddress: 0.0.0.0:10249\nconntrack:\n  maxPerCore: 0\n"
 	profile := proxy == ours && b.opts.profileDir != ""
 	if profile {
 		config += "enableProfiling: true\n"
