@@ -173,6 +173,9 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	if err != nil {
 		return nil, err
 	}
+	if v, ok := familyValue(m, "kubeproxy_sync_proxy_rules_duration_seconds_sum"); ok {
+		r["firstSyncOwn"] = cell{value: v}
+	}
 	if v, ok := familyValue(m, "kubeproxy_sync_proxy_rules_iptables_total", "table=nat"); ok {
 		r["natRules"] = cell{value: v}
 	}
@@ -214,6 +217,9 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	b.logf("  restart sync %s s", restart.format(3))
 	if restart.capped {
 		return r, nil
+	}
+	if s, err := readSyncState(); err == nil {
+		r["restartSyncOwn"] = cell{value: s.sum}
 	}
 
 	if err := b.singleChanges(ctx, kp, r); err != nil {

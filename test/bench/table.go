@@ -17,7 +17,9 @@ type row struct {
 // rows are the table's rows, in order. Times are seconds.
 var rows = []row{
 	{"firstSync", "first sync: process start -> first complete sync (s)", 3},
+	{"firstSyncOwn", "first sync: its own duration, sync_proxy_rules_duration_seconds (s)", 3},
 	{"restartSync", "restart over its own rules: process start -> first complete sync (s)", 3},
+	{"restartSyncOwn", "restart: its first sync's own duration (s)", 3},
 	{"natRules", "nat rules after the first sync (its own count)", 0},
 	{"endpointSync", "endpoint change: sync duration, median (s)", 3},
 	{"endpointWall", "endpoint change: API write -> sync done, median (s)", 3},
@@ -29,7 +31,7 @@ var rows = []row{
 	{"churnP99", "churn: API write -> DNAT rule in the kernel, p99 (s)", 3},
 	{"peakRSS", "peak RSS, VmHWM (MB)", 0},
 	{"steadyRSS", "steady RSS, VmRSS after idling (MB)", 0},
-	{"idleCPU", "CPU while idle, user+system (s)", 2},
+	{"idleCPU", "CPU while idle, user+system incl. its iptables children (s)", 2},
 }
 
 // cell is one measured value. capped means the value is a lower bound (a

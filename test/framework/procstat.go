@@ -12,7 +12,10 @@ import (
 type ProcUsage struct {
 	RSS     int64         // VmRSS, bytes
 	PeakRSS int64         // VmHWM, bytes
-	CPU     time.Duration // user + system time so far
+	// CPU is user + system time so far, its own and that of the children
+	// it has waited for: kube-proxy's work includes the iptables commands
+	// it runs.
+	CPU time.Duration
 }
 
 // clockTick is USER_HZ, the unit of /proc/PID/stat times; 100 on every
@@ -41,13 +44,15 @@ func ReadProcUsage(pid int) (ProcUsage, error) {
 		}
 	}
 	f := statFields(pid)
-	if len(f) < 13 {
+	if len(f) < 15 {
 		return u, fmt.Errorf("cannot read /proc/%d/stat", pid)
 	}
-	// Fields 14 and 15 of stat (utime, stime): 11 and 12 after the name.
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	u.CPU = time.Duration(utime+stime) * clockTick
+	// Fields 14 to 17 of stat (utime, stime, cutime, cstime): 11 to 14
+	// after the name.
+	for _, field := range f[11:15] {
+		ticks, _ := strconv.ParseInt(field, 10, 64)
+		u.CPU += time.Duration(ticks) * clockTick
+	}
 	return u, nil
 }
 
