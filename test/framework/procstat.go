@@ -10,8 +10,8 @@ import (
 
 // ProcUsage is what the kernel reports about a process's memory and CPU.
 type ProcUsage struct {
-	RSS     int64         // VmRSS, bytes
-	PeakRSS int64         // VmHWM, bytes
+	RSS     int64 // VmRSS, bytes
+	PeakRSS int64 // VmHWM, bytes
 	// CPU is user + system time so far, its own and that of the children
 	// it has waited for: kube-proxy's work includes the iptables commands
 	// it runs.
