@@ -15,7 +15,7 @@ export CGO_ENABLED           := 0
 # The upstream tools' directory, known once `tools` has run (it prints it last).
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools test unit lint demo demo-shell clean
+.PHONY: all build deps tools test unit lint demo demo-shell bench clean
 
 all: build
 
@@ -46,6 +46,19 @@ lint:
 demo: deps build tools
 	$(GO) build -o $(BIN)/demo ./test/demo
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/demo -mode $(MODE)
+
+# Our kube-proxy against upstream's in the local cluster (not part of `test`):
+# N services x E endpoints (comma lists: every N x E shape runs), on each
+# iptables BACKEND; CAP bounds any one sync wait, IDLE the idle-CPU window.
+# More flags (e.g. -profile-dir DIR): BENCH_FLAGS. See docs/performance.md.
+N        ?= 1000
+E        ?= 5
+BACKENDS ?= nft
+CAP      ?= 10m
+IDLE     ?= 60s
+bench: deps build tools
+	$(GO) build -o $(BIN)/bench ./test/bench
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -n $(N) -e $(E) -backends $(BACKENDS) -cap $(CAP) -idle $(IDLE) $(BENCH_FLAGS)
 
 # A shell in the demo's client pod (run while `make demo` is up).
 demo-shell:

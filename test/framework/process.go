@@ -137,13 +137,7 @@ func killRecorded() {
 
 // startTime is field 22 of /proc/PID/stat, unique per process over a boot.
 func startTime(pid int) string {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return ""
-	}
-	// The command name (field 2) may hold spaces; count from its end.
-	rest := string(data[strings.LastIndexByte(string(data), ')')+1:])
-	f := strings.Fields(rest)
+	f := statFields(pid)
 	if len(f) < 20 {
 		return ""
 	}

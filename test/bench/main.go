@@ -1,0 +1,151 @@
+// Command bench compares our kube-proxy with upstream's in the local
+// cluster (test/framework): for each shape (N services x E endpoints), each
+// iptables backend and each proxy it measures the first sync, a restart
+// over existing rules, single changes, network programming latency under
+// endpoint churn, memory and idle CPU, then prints one markdown table per
+// shape. See docs/performance.md for what each row means.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rapidproxy/rapidproxy/test/framework"
+)
+
+// options are the benchmark's flags.
+type options struct {
+	services   []int
+	endpoints  []int
+	backends   []framework.IPTablesBackend
+	proxies    []string
+	cap        time.Duration // longest wait for any sync, first syncs included
+	idle       time.Duration
+	changes    int // single changes of each kind
+	churnRate  int // endpoint changes per second
+	churnFor   time.Duration
+	profileDir string
+	profileFor time.Duration
+	workers    int
+}
+
+const (
+	ours     = "ours"
+	upstream = "upstream"
+)
+
+func main() {
+	var opts options
+	var services, endpoints, backends, proxies string
+	flag.StringVar(&services, "n", "1000", "comma-separated numbers of services (N)")
+	flag.StringVar(&endpoints, "e", "5", "comma-separated endpoints per service (E); every N x E shape runs")
+	flag.StringVar(&backends, "backends", "nft", "comma-separated iptables backends: nft, legacy")
+	flag.StringVar(&proxies, "proxies", ours+","+upstream, "comma-separated proxies: ours, upstream")
+	flag.DurationVar(&opts.cap, "cap", 10*time.Minute, "longest wait for one sync (first syncs included); a capped value prints as >= cap")
+	flag.DurationVar(&opts.idle, "idle", time.Minute, "how long to measure CPU while idle")
+	flag.IntVar(&opts.changes, "changes", 20, "single changes of each kind (endpoint change, service add, service delete)")
+	flag.IntVar(&opts.churnRate, "churn-rate", 20, "endpoint changes per second during the churn")
+	flag.DurationVar(&opts.churnFor, "churn-for", 30*time.Second, "how long the churn lasts")
+	flag.StringVar(&opts.profileDir, "profile-dir", "", "if set, write a CPU profile of our first sync there (enableProfiling)")
+	flag.DurationVar(&opts.profileFor, "profile-for", 20*time.Second, "length of that profile, from our process start")
+	flag.IntVar(&opts.workers, "workers", 32, "parallel API writers when creating the objects")
+	flag.Parse()
+	err := func() error {
+		var err error
+		if opts.services, err = ints(services); err != nil {
+			return err
+		}
+		if opts.endpoints, err = ints(endpoints); err != nil {
+			return err
+		}
+		for _, b := range strings.Split(backends, ",") {
+			if b != string(framework.IPTablesNFT) && b != string(framework.IPTablesLegacy) {
+				return fmt.Errorf("unknown backend %q", b)
+			}
+			opts.backends = append(opts.backends, framework.IPTablesBackend(b))
+		}
+		for _, p := range strings.Split(proxies, ",") {
+			if p != ours && p != upstream {
+				return fmt.Errorf("unknown proxy %q", p)
+			}
+			opts.proxies = append(opts.proxies, p)
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return run(ctx, opts, os.Stdout, os.Stderr)
+	}()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func ints(list string) ([]int, error) {
+	var out []int
+	for _, s := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("not a positive number: %q", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// run benchmarks every shape, each in a cluster of its own, and prints a
+// table per shape to out; progress goes to log.
+func run(ctx context.Context, opts options, out, log io.Writer) error {
+	for _, n := range opts.services {
+		for _, e := range opts.endpoints {
+			results, err := benchShape(ctx, opts, n, e, log)
+			if err != nil {
+				return fmt.Errorf("N=%d E=%d: %w", n, e, err)
+			}
+			fmt.Fprintf(out, "\n### %d services x %d endpoints\n\n", n, e)
+			writeTable(out, opts.backends, results)
+		}
+	}
+	return nil
+}
+
+func benchShape(ctx context.Context, opts options, n, e int, log io.Writer) (map[framework.IPTablesBackend]map[string]results, error) {
+	logf := func(format string, args ...any) {
+		fmt.Fprintf(log, "%s bench: "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+	}
+	logf("N=%d E=%d: starting the local cluster", n, e)
+	cluster, err := framework.Start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer cluster.Stop()
+	b, err := newBench(cluster, opts, n, e, logf)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	if err := b.createObjects(ctx); err != nil {
+		return nil, err
+	}
+	logf("created %d services and %d EndpointSlices in %s", n, n, time.Since(start).Round(time.Millisecond))
+	all := map[framework.IPTablesBackend]map[string]results{}
+	for _, backend := range opts.backends {
+		all[backend] = map[string]results{}
+		for _, proxy := range opts.proxies {
+			logf("%s kube-proxy, iptables-%s", proxy, backend)
+			r, err := b.measure(ctx, proxy, backend)
+			if err != nil {
+				return nil, fmt.Errorf("%s, %s: %w", proxy, backend, err)
+			}
+			all[backend][proxy] = r
+		}
+	}
+	return all, nil
+}

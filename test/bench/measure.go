@@ -1,0 +1,550 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/rapidproxy/rapidproxy/test/framework"
+)
+
+const (
+	servicePort  = 80
+	endpointPort = 8080
+	// The services' endpoints cycle through 10.244.0.0-10.244.199.255;
+	// every endpoint a change adds is new, from 10.244.200.0 up, so that its
+	// DNAT rule can be recognised. No traffic is ever sent to any of them.
+	initialAddresses = 200 * 256
+	freshAddresses   = 56 * 256
+	// The proxies' minSyncPeriod (1 s) plus a margin: a change made sooner
+	// after a sync waits for the period, which is not what is measured.
+	quietBeforeChange = 1100 * time.Millisecond
+	pollInterval      = 20 * time.Millisecond
+)
+
+// bench holds one shape's cluster and objects across every run.
+type bench struct {
+	cluster *framework.Cluster
+	client  kubernetes.Interface
+	opts    options
+	n, e    int
+	logf    func(string, ...any)
+
+	slices []*discoveryv1.EndpointSlice // the current object of each service's slice
+	fresh  int                          // fresh addresses handed out
+	runs   int                          // runs so far, to spread changes over the services
+}
+
+func newBench(cluster *framework.Cluster, opts options, n, e int, logf func(string, ...any)) (*bench, error) {
+	client, err := cluster.FastClient()
+	if err != nil {
+		return nil, err
+	}
+	return &bench{cluster: cluster, client: client, opts: opts, n: n, e: e, logf: logf,
+		slices: make([]*discoveryv1.EndpointSlice, n)}, nil
+}
+
+func serviceName(i int) string { return fmt.Sprintf("bench-%05d", i) }
+
+func address(i int) string { return fmt.Sprintf("10.244.%d.%d", i/256, i%256) }
+
+// addresses are service i's initial endpoints.
+func (b *bench) addresses(i int) []string {
+	out := make([]string, b.e)
+	for k := range out {
+		out[k] = address((i*b.e + k) % initialAddresses)
+	}
+	return out
+}
+
+// freshAddress is an endpoint address no rule has held yet.
+func (b *bench) freshAddress() (string, error) {
+	if b.fresh >= freshAddresses {
+		return "", errors.New("out of fresh endpoint addresses")
+	}
+	b.fresh++
+	return address(initialAddresses + b.fresh - 1), nil
+}
+
+// createObjects creates every selector-less Service and its EndpointSlice.
+func (b *bench) createObjects(ctx context.Context) error {
+	return framework.Parallel(ctx, b.n, b.opts.workers, func(ctx context.Context, i int) error {
+		name := serviceName(i)
+		slice, err := b.client.DiscoveryV1().EndpointSlices(framework.DefaultNamespace).Create(ctx,
+			framework.ManualEndpointSlice(name, endpointPort, b.addresses(i)...), metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		b.slices[i] = slice
+		_, err = b.client.CoreV1().Services(framework.DefaultNamespace).Create(ctx,
+			framework.SelectorlessService(name, servicePort, endpointPort), metav1.CreateOptions{})
+		return err
+	})
+}
+
+// replaceEndpoint gives service i a fresh first endpoint and returns its
+// DNAT destination; written, if set, learns the destination just before
+// the API write.
+func (b *bench) replaceEndpoint(ctx context.Context, i int, written func(dest string)) error {
+	addr, err := b.freshAddress()
+	if err != nil {
+		return err
+	}
+	slice := b.slices[i].DeepCopy()
+	slice.Endpoints[0].Addresses = []string{addr}
+	if written != nil {
+		written(fmt.Sprintf("%s:%d", addr, endpointPort))
+	}
+	updated, err := b.client.DiscoveryV1().EndpointSlices(framework.DefaultNamespace).Update(ctx, slice, metav1.UpdateOptions{})
+	if err != nil {
+		return err
+	}
+	b.slices[i] = updated
+	return nil
+}
+
+// measure runs one proxy on one backend from clean iptables and fills its
+// column.
+func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPTablesBackend) (results, error) {
+	b.runs++
+	r := results{}
+	node := b.cluster.Node
+	if err := node.ResetIPTables(); err != nil {
+		return nil, err
+	}
+	if err := node.PreferIPTablesBackend(backend); err != nil {
+		return nil, err
+	}
+	binary, err := b.binary(proxy, backend)
+	if err != nil {
+		return nil, err
+	}
+	// Inside a network namespace nf_conntrack_max is read-only: leave it.
+	config := "mode: iptables\nmetricsBindAddress: 0.0.0.0:10249\nconntrack:\n  maxPerCore: 0\n"
+	profile := proxy == ours && b.opts.profileDir != ""
+	if profile {
+		config += "enableProfiling: true\n"
+	}
+	config = b.cluster.KubeProxyConfig(config)
+	name := fmt.Sprintf("%s-%s", proxy, backend)
+
+	// Cold start.
+	start := time.Now()
+	kp, err := b.cluster.StartKubeProxy(name, binary, config)
+	if err != nil {
+		return nil, err
+	}
+	defer kp.Stop()
+	var profiled sync.WaitGroup
+	if profile {
+		profiled.Add(1)
+		go func() {
+			defer profiled.Done()
+			path := filepath.Join(b.opts.profileDir, fmt.Sprintf("ours-%s-N%d-E%d-first-sync.pprof", backend, b.n, b.e))
+			if err := fetchProfile(ctx, kp, b.opts.profileFor, path); err != nil {
+				b.logf("CPU profile: %v", err)
+			} else {
+				b.logf("CPU profile of the first %s written to %s", b.opts.profileFor, path)
+			}
+		}()
+	}
+	first, err := b.firstSync(ctx, kp, start)
+	if err != nil {
+		return nil, err
+	}
+	r["firstSync"] = first
+	b.logf("  first sync %s s", first.format(3))
+	if first.capped {
+		return r, nil
+	}
+	m, err := framework.FetchMetrics(framework.MetricsURL + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	if v, ok := familyValue(m, "kubeproxy_sync_proxy_rules_duration_seconds_sum"); ok {
+		r["firstSyncOwn"] = cell{value: v}
+	}
+	if v, ok := familyValue(m, "kubeproxy_sync_proxy_rules_iptables_total", "table=nat"); ok {
+		r["natRules"] = cell{value: v}
+	}
+
+	// Idle: settle first, as both may sync again just after starting.
+	if err := sleep(ctx, 5*time.Second); err != nil {
+		return nil, err
+	}
+	before, err := framework.ReadProcUsage(kp.Pid())
+	if err != nil {
+		return nil, err
+	}
+	if err := sleep(ctx, b.opts.idle); err != nil {
+		return nil, err
+	}
+	after, err := framework.ReadProcUsage(kp.Pid())
+	if err != nil {
+		return nil, err
+	}
+	r["idleCPU"] = cell{value: (after.CPU - before.CPU).Seconds(), note: "in " + b.opts.idle.String()}
+	r["peakRSS"] = cell{value: float64(after.PeakRSS) / 1e6}
+	r["steadyRSS"] = cell{value: float64(after.RSS) / 1e6}
+	b.logf("  idle CPU %.2f s, RSS peak %.0f MB, steady %.0f MB", r["idleCPU"].value, r["peakRSS"].value, r["steadyRSS"].value)
+	profiled.Wait()
+	kp.Stop()
+
+	// Restart over the rules the first process left.
+	start = time.Now()
+	kp, err = b.cluster.StartKubeProxy(name+"-restart", binary, config)
+	if err != nil {
+		return nil, err
+	}
+	defer kp.Stop()
+	restart, err := b.firstSync(ctx, kp, start)
+	if err != nil {
+		return nil, err
+	}
+	r["restartSync"] = restart
+	b.logf("  restart sync %s s", restart.format(3))
+	if restart.capped {
+		return r, nil
+	}
+	if s, err := readSyncState(); err == nil {
+		r["restartSyncOwn"] = cell{value: s.sum}
+	}
+
+	if err := b.singleChanges(ctx, kp, r); err != nil {
+		return nil, err
+	}
+	if err := b.churn(ctx, backend, r); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// binary is the program to run: ours picks its backend itself (by
+// counting rules, see PreferIPTablesBackend); upstream's runs plain
+// `iptables`, so a wrapper puts the backend's commands first in PATH, as
+// upstream's image does with its iptables-wrapper.
+func (b *bench) binary(proxy string, backend framework.IPTablesBackend) (string, error) {
+	if proxy == ours {
+		return b.cluster.KubeProxy(), nil
+	}
+	dir := filepath.Join(b.cluster.Dir, "iptables-"+string(backend))
+	if err := framework.IPTablesAlternatives(dir, backend); err != nil {
+		return "", err
+	}
+	wrapper := filepath.Join(b.cluster.Dir, "kube-proxy-upstream-"+string(backend))
+	script := fmt.Sprintf("#!/bin/sh\nPATH=%s:$PATH exec %s \"$@\"\n", dir, b.cluster.UpstreamKubeProxy())
+	return wrapper, os.WriteFile(wrapper, []byte(script), 0o755)
+}
+
+// firstSync waits for the first complete sync: the moment the IPv4
+// proxier's kubeproxy_sync_proxy_rules_last_timestamp_seconds is first set.
+// Every object exists before the process starts and neither proxy syncs
+// before its informers have listed them all, so that sync programs all of
+// them. The time is the metric's own value (the end of the sync) minus
+// the process start.
+func (b *bench) firstSync(ctx context.Context, kp *framework.KubeProxy, start time.Time) (cell, error) {
+	deadline := start.Add(b.opts.cap)
+	for {
+		if m, err := framework.FetchMetrics(framework.MetricsURL + "/metrics"); err == nil {
+			if ts, ok := familyValue(m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds"); ok && ts > 0 {
+				return cell{value: ts - unixSeconds(start)}, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return cell{value: b.opts.cap.Seconds(), capped: true}, nil
+		}
+		select {
+		case <-kp.Exited():
+			return cell{}, fmt.Errorf("%s exited: %v\n%s", kp.Name, kp.Err(), kp.LogTail(20))
+		case <-ctx.Done():
+			return cell{}, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// syncState is what the proxy's metrics say about its IPv4 syncs.
+type syncState struct {
+	lastSync, lastQueued float64 // Unix seconds
+	count, sum           float64 // of the sync duration histogram
+}
+
+func readSyncState() (syncState, error) {
+	m, err := framework.FetchMetrics(framework.MetricsURL + "/metrics")
+	if err != nil {
+		return syncState{}, err
+	}
+	var s syncState
+	s.lastSync, _ = familyValue(m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+	s.lastQueued, _ = familyValue(m, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds")
+	s.count, _ = familyValue(m, "kubeproxy_sync_proxy_rules_duration_seconds_count")
+	s.sum, _ = familyValue(m, "kubeproxy_sync_proxy_rules_duration_seconds_sum")
+	return s, nil
+}
+
+// timedChange makes one change once the proxy is idle, and waits until a
+// sync has applied it: a change was queued after the write and a sync
+// ended after that. It returns the mean duration of the syncs in between
+// (nearly always one) and the time from the write to the end of that sync.
+func (b *bench) timedChange(ctx context.Context, kp *framework.KubeProxy, change func() error) (sync, wall float64, err error) {
+	s0, err := b.waitQuiet(ctx, kp)
+	if err != nil {
+		return 0, 0, err
+	}
+	t0 := unixSeconds(time.Now())
+	if err := change(); err != nil {
+		return 0, 0, err
+	}
+	deadline := time.Now().Add(b.opts.cap)
+	for time.Now().Before(deadline) {
+		s, err := readSyncState()
+		if err == nil && s.lastQueued >= t0 && s.lastSync >= s.lastQueued && s.count > s0.count {
+			return (s.sum - s0.sum) / (s.count - s0.count), s.lastSync - t0, nil
+		}
+		if err := pause(ctx, kp, pollInterval); err != nil {
+			return 0, 0, err
+		}
+	}
+	return 0, 0, fmt.Errorf("no sync within %s of a change", b.opts.cap)
+}
+
+// waitQuiet waits until every queued change is applied and the last sync
+// is more than minSyncPeriod ago.
+func (b *bench) waitQuiet(ctx context.Context, kp *framework.KubeProxy) (syncState, error) {
+	deadline := time.Now().Add(b.opts.cap)
+	for time.Now().Before(deadline) {
+		s, err := readSyncState()
+		if err == nil && s.lastSync >= s.lastQueued && unixSeconds(time.Now())-s.lastSync >= quietBeforeChange.Seconds() {
+			return s, nil
+		}
+		if err := pause(ctx, kp, pollInterval); err != nil {
+			return s, err
+		}
+	}
+	return syncState{}, fmt.Errorf("the proxy did not settle within %s", b.opts.cap)
+}
+
+// singleChanges times endpoint changes, service additions and service
+// deletions, one at a time.
+func (b *bench) singleChanges(ctx context.Context, kp *framework.KubeProxy, r results) error {
+	k := b.opts.changes
+	var epSync, epWall, addSync, addWall, delSync, delWall []float64
+	record := func(s, w *[]float64, change func() error) error {
+		sync, wall, err := b.timedChange(ctx, kp, change)
+		*s, *w = append(*s, sync), append(*w, wall)
+		return err
+	}
+	for j := range k {
+		i := ((b.runs-1)*k + j) % b.n
+		if err := record(&epSync, &epWall, func() error { return b.replaceEndpoint(ctx, i, nil) }); err != nil {
+			return fmt.Errorf("endpoint change: %w", err)
+		}
+	}
+	services := b.client.CoreV1().Services(framework.DefaultNamespace)
+	endpointSlices := b.client.DiscoveryV1().EndpointSlices(framework.DefaultNamespace)
+	added := make([]string, k)
+	for j := range added {
+		added[j] = fmt.Sprintf("bench-added-%d-%d", b.runs, j)
+		// The slice first: the service's creation is then the one change
+		// that makes the proxy program it, endpoints included.
+		_, err := endpointSlices.Create(ctx, framework.ManualEndpointSlice(added[j], endpointPort, b.addresses(b.n+j)...), metav1.CreateOptions{})
+		if err != nil {
+			return err
+		}
+		if err := record(&addSync, &addWall, func() error {
+			_, err := services.Create(ctx, framework.SelectorlessService(added[j], servicePort, endpointPort), metav1.CreateOptions{})
+			return err
+		}); err != nil {
+			return fmt.Errorf("service add: %w", err)
+		}
+	}
+	for _, name := range added {
+		if err := record(&delSync, &delWall, func() error { return services.Delete(ctx, name, metav1.DeleteOptions{}) }); err != nil {
+			return fmt.Errorf("service delete: %w", err)
+		}
+		if err := endpointSlices.Delete(ctx, name+"-manual", metav1.DeleteOptions{}); err != nil {
+			return err
+		}
+	}
+	for key, v := range map[string][]float64{"endpointSync": epSync, "endpointWall": epWall,
+		"addSync": addSync, "addWall": addWall, "deleteSync": delSync, "deleteWall": delWall} {
+		r[key] = cell{value: quantile(v, 0.5)}
+	}
+	b.logf("  endpoint change sync %.3f s / wall %.3f s; service add %.3f / %.3f; delete %.3f / %.3f",
+		r["endpointSync"].value, r["endpointWall"].value, r["addSync"].value, r["addWall"].value, r["deleteSync"].value, r["deleteWall"].value)
+	return nil
+}
+
+// churn changes one endpoint of a different service at a steady rate and
+// times each change from the API write to its DNAT rule in the kernel.
+func (b *bench) churn(ctx context.Context, backend framework.IPTablesBackend, r results) error {
+	type pending struct {
+		written time.Time
+		seen    time.Time
+		dropped bool // replaced by a later change to its service before it was seen
+	}
+	var mu sync.Mutex
+	byDest := map[string]*pending{}
+	stop := b.cluster.Node.WatchDNATs(backend, 100*time.Millisecond, func(dest string, at time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		if p := byDest[dest]; p != nil && p.seen.IsZero() {
+			p.seen = at
+		}
+	})
+	defer func() { _ = stop() }()
+	if err := sleep(ctx, time.Second); err != nil { // let the watch begin
+		return err
+	}
+
+	total := int(b.opts.churnFor.Seconds() * float64(b.opts.churnRate))
+	lastOf := map[int]*pending{}
+	start := time.Now()
+	for k := range total {
+		if err := sleep(ctx, time.Until(start.Add(time.Duration(k)*time.Second/time.Duration(b.opts.churnRate)))); err != nil {
+			return err
+		}
+		i := ((b.runs-1)*total + k) % b.n
+		err := b.replaceEndpoint(ctx, i, func(dest string) {
+			mu.Lock()
+			defer mu.Unlock()
+			if prev := lastOf[i]; prev != nil && prev.seen.IsZero() {
+				prev.dropped = true
+			}
+			p := &pending{written: time.Now()}
+			byDest[dest], lastOf[i] = p, p
+		})
+		if err != nil {
+			return err
+		}
+	}
+	b.logf("  churn: %d changes written in %s", total, time.Since(start).Round(time.Millisecond))
+
+	deadline := time.Now().Add(b.opts.cap)
+	var latencies []float64
+	missing, dropped := 0, 0
+	for {
+		mu.Lock()
+		latencies, missing, dropped = latencies[:0], 0, 0
+		for _, p := range byDest {
+			switch {
+			case !p.seen.IsZero():
+				latencies = append(latencies, p.seen.Sub(p.written).Seconds())
+			case p.dropped:
+				dropped++
+			default:
+				missing++
+			}
+		}
+		mu.Unlock()
+		if missing == 0 || time.Now().After(deadline) {
+			break
+		}
+		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	note := ""
+	if missing > 0 || dropped > 0 {
+		note = fmt.Sprintf("%d of %d seen", len(latencies), total)
+	}
+	if err := stop(); err != nil {
+		note = err.Error()
+	}
+	if len(latencies) == 0 {
+		return fmt.Errorf("churn: no change reached the kernel (%s)", note)
+	}
+	r["churnP50"] = cell{value: quantile(latencies, 0.5), note: note}
+	r["churnP99"] = cell{value: quantile(latencies, 0.99), capped: missing > 0, note: note}
+	b.logf("  churn latency p50 %.3f s, p99 %s s", r["churnP50"].value, r["churnP99"].format(3))
+	return nil
+}
+
+// quantile is the nearest-rank quantile q of values.
+func quantile(values []float64, q float64) float64 {
+	if len(values) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(values)
+	slices.Sort(s)
+	rank := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[max(rank, 0)]
+}
+
+// familyValue is the IPv4 proxier's series (every per-family metric
+// carries the ip_family label, in both proxies).
+func familyValue(m framework.Metrics, name string, labels ...string) (float64, bool) {
+	return m.Get(name, append(labels, "ip_family=IPv4")...)
+}
+
+// fetchProfile saves a CPU profile of the process's first seconds.
+func fetchProfile(ctx context.Context, kp *framework.KubeProxy, length time.Duration, path string) error {
+	for { // the metrics server comes up first thing
+		if _, err := framework.FetchMetrics(framework.MetricsURL + "/metrics"); err == nil {
+			break
+		}
+		if err := pause(ctx, kp, pollInterval); err != nil {
+			return err
+		}
+	}
+	url := fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", framework.MetricsURL, int(length.Seconds()))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// pause waits, unless the process exits or ctx ends first.
+func pause(ctx context.Context, kp *framework.KubeProxy, d time.Duration) error {
+	select {
+	case <-kp.Exited():
+		return fmt.Errorf("%s exited: %v\n%s", kp.Name, kp.Err(), kp.LogTail(20))
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }

@@ -1,0 +1,100 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/rapidproxy/rapidproxy/test/framework"
+)
+
+// row is one measure of the table.
+type row struct {
+	key, title string
+	decimals   int
+}
+
+// rows are the table's rows, in order. Times are seconds.
+var rows = []row{
+	{"firstSync", "first sync: process start -> first complete sync (s)", 3},
+	{"firstSyncOwn", "first sync: its own duration, sync_proxy_rules_duration_seconds (s)", 3},
+	{"restartSync", "restart over its own rules: process start -> first complete sync (s)", 3},
+	{"restartSyncOwn", "restart: its first sync's own duration (s)", 3},
+	{"natRules", "nat rules after the first sync (its own count)", 0},
+	{"endpointSync", "endpoint change: sync duration, median (s)", 3},
+	{"endpointWall", "endpoint change: API write -> sync done, median (s)", 3},
+	{"addSync", "service add: sync duration, median (s)", 3},
+	{"addWall", "service add: API write -> sync done, median (s)", 3},
+	{"deleteSync", "service delete: sync duration, median (s)", 3},
+	{"deleteWall", "service delete: API write -> sync done, median (s)", 3},
+	{"churnP50", "churn: API write -> DNAT rule in the kernel, p50 (s)", 3},
+	{"churnP99", "churn: API write -> DNAT rule in the kernel, p99 (s)", 3},
+	{"peakRSS", "peak RSS, VmHWM (MB)", 0},
+	{"steadyRSS", "steady RSS, VmRSS after idling (MB)", 0},
+	{"idleCPU", "CPU while idle, user+system incl. its iptables children (s)", 2},
+}
+
+// cell is one measured value. capped means the value is a lower bound (a
+// wait hit the cap); note says something about how it was measured.
+type cell struct {
+	value  float64
+	capped bool
+	note   string
+}
+
+// results are one proxy's cells on one backend, by row key; a missing
+// key was not measured (an earlier wait was capped).
+type results map[string]cell
+
+func (c cell) format(decimals int) string {
+	s := fmt.Sprintf("%.*f", decimals, c.value)
+	if c.capped {
+		s = ">= " + s
+	}
+	if c.note != "" {
+		s += " (" + c.note + ")"
+	}
+	return s
+}
+
+// ratio is ours/upstream, with the direction a capped value allows.
+func ratio(ours, upstream cell, okOurs, okUpstream bool) string {
+	if !okOurs || !okUpstream || upstream.value == 0 || (ours.capped && upstream.capped) {
+		return "-"
+	}
+	r := fmt.Sprintf("%.3g", ours.value/upstream.value)
+	switch {
+	case ours.capped:
+		return ">= " + r
+	case upstream.capped:
+		return "<= " + r
+	}
+	return r
+}
+
+// writeTable prints a markdown table: a row per measure, and per backend
+// the columns ours, upstream and ours/upstream.
+func writeTable(w io.Writer, backends []framework.IPTablesBackend, all map[framework.IPTablesBackend]map[string]results) {
+	header := []string{"measure"}
+	for _, b := range backends {
+		header = append(header, string(b)+": ours", string(b)+": upstream", string(b)+": ours/upstream")
+	}
+	fmt.Fprintln(w, "| "+strings.Join(header, " | ")+" |")
+	fmt.Fprintln(w, "|"+strings.Repeat(" --- |", len(header)))
+	for _, r := range rows {
+		line := []string{r.title}
+		for _, b := range backends {
+			o, okO := all[b][ours][r.key]
+			u, okU := all[b][upstream][r.key]
+			line = append(line, formatOr(o, okO, r.decimals), formatOr(u, okU, r.decimals), ratio(o, u, okO, okU))
+		}
+		fmt.Fprintln(w, "| "+strings.Join(line, " | ")+" |")
+	}
+}
+
+func formatOr(c cell, ok bool, decimals int) string {
+	if !ok {
+		return "-"
+	}
+	return c.format(decimals)
+}
