@@ -76,34 +76,6 @@ func (r *Runner) Save(table string) ([]byte, error) {
 	return out, nil
 }
 
-// EnsureRule inserts a rule at the top of a chain unless it is already
-// there; used for the jumps from the built-in chains, which other programs
-// share and which therefore are never rewritten whole.
-func (r *Runner) EnsureRule(table, chain string, args []string) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	check := append([]string{"-w", "-t", table, "-C", chain}, args...)
-	if exec.Command(r.tool(""), check...).Run() == nil {
-		return nil
-	}
-	insert := append([]string{"-w", "-t", table, "-I", chain, "1"}, args...)
-	if out, err := exec.Command(r.tool(""), insert...).CombinedOutput(); err != nil {
-		return fmt.Errorf("%s %s: %w: %s", r.tool(""), strings.Join(insert, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
-}
-
-// DeleteRule removes a rule from a chain if it is there.
-func (r *Runner) DeleteRule(table, chain string, args []string) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	del := append([]string{"-w", "-t", table, "-D", chain}, args...)
-	for exec.Command(r.tool(""), del...).Run() == nil {
-		// Repeat: a rule inserted twice is deleted twice.
-	}
-	return nil
-}
-
 // ListRules returns the rules of one chain, without their "-A CHAIN"; it
 // fails when the chain or the table does not exist. Listing one chain is
 // cheap where a rule check is not: iptables-nft resolves the whole table

@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"flag"
-	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -33,11 +32,6 @@ func (k *recordingKernel) Restore(input []byte) error {
 }
 
 func (k *recordingKernel) Save(table string) ([]byte, error) { return nil, nil }
-
-func (k *recordingKernel) EnsureRule(table, chain string, args []string) error {
-	fmt.Fprintf(&k.written, "# ensure -t %s -I %s %s\n", table, chain, strings.Join(args, " "))
-	return nil
-}
 
 func (k *recordingKernel) ListRules(table, chain string) ([]string, error) { return nil, nil }
 

@@ -47,13 +47,20 @@ func (in *restoreInput) deleteChain(t Table, c Chain) {
 }
 
 func (in *restoreInput) addShared(r SharedRule) {
-	ti := in.table(r.Table)
 	if r.Table == TableNAT && r.Chain == chainServices {
 		// Ahead of the NodePort jump that must stay last.
-		ti.insertRules = append(ti.insertRules, "-I "+string(r.Chain)+" 1 "+string(r.Rule))
+		in.insertFirst(r.Table, r.Chain, r.Rule)
 		return
 	}
+	ti := in.table(r.Table)
 	ti.insertRules = append(ti.insertRules, "-A "+string(r.Chain)+" "+string(r.Rule))
+}
+
+// insertFirst puts a rule at the top of a chain, where the jumps from the
+// built-in chains go, ahead of other programs' rules.
+func (in *restoreInput) insertFirst(t Table, c Chain, r Rule) {
+	ti := in.table(t)
+	ti.insertRules = append(ti.insertRules, "-I "+string(c)+" 1 "+string(r))
 }
 
 func (in *restoreInput) removeShared(r SharedRule) {

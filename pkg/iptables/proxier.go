@@ -27,8 +27,6 @@ type Kernel interface {
 	Restore(input []byte) error
 	// Save returns iptables-save output for one table.
 	Save(table string) ([]byte, error)
-	// EnsureRule inserts a rule at the top of a chain unless present.
-	EnsureRule(table, chain string, args []string) error
 	// ListRules returns a chain's rules without "-A CHAIN"; an error
 	// when the chain does not exist.
 	ListRules(table, chain string) ([]string, error)
@@ -338,16 +336,13 @@ func (p *Proxier) fullSync() error {
 			final.deleteChain(TableNAT, c)
 		}
 	}
+	for _, j := range static.Jumps {
+		if !containsRule(kernel[j.Table].rules[j.From], j.Rule) {
+			final.insertFirst(j.Table, j.From, j.Rule)
+		}
+	}
 	if err := p.restore(final); err != nil {
 		return err
-	}
-	for _, j := range static.Jumps {
-		if containsRule(kernel[j.Table].rules[j.From], j.Rule) {
-			continue
-		}
-		if err := p.cfg.Kernel.EnsureRule(string(j.Table), string(j.From), splitArgs(j.Rule)); err != nil {
-			return err
-		}
 	}
 	p.applied = desired
 	p.countAllRules(static)
@@ -511,20 +506,22 @@ type flushProbe struct {
 	every int
 }
 
-// flushProbes are checked in the small tables every second: the mangle
-// canary (gone when a program resets the tables, as upstream checks) and
-// the filter FORWARD jump (gone with `iptables -F`). The nat table can be
-// large, and reading it costs iptables-legacy a copy of the whole table,
-// so its PREROUTING jump is checked once per sync period.
+// flushProbes: the filter FORWARD jump is checked every second (gone with
+// `iptables -F`, a firewall reload or a reset of the whole ruleset); each
+// check is a process start, so the others run once per sync period: the
+// mangle canary (gone when a program deletes the tables' chains, what
+// upstream checks) and the nat PREROUTING jump (the nat table can be large,
+// and reading even one of its chains costs iptables-legacy a copy of the
+// whole table).
 func (p *Proxier) flushProbes() []flushProbe {
-	probes := []flushProbe{{table: TableMangle, chain: chainCanary, every: 1}}
-	natEvery := max(1, int(p.cfg.SyncPeriod/flushCheckInterval))
+	slow := max(1, int(p.cfg.SyncPeriod/flushCheckInterval))
+	probes := []flushProbe{{table: TableMangle, chain: chainCanary, every: slow}}
 	for _, j := range p.cfg.Params.StaticRules().Jumps {
 		switch {
 		case j.Table == TableFilter && j.From == "FORWARD" && jumpTarget(string(j.Rule)) == chainForward:
 			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: 1})
 		case j.Table == TableNAT && j.From == "PREROUTING":
-			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: natEvery})
+			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: slow})
 		}
 	}
 	return probes
