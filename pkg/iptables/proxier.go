@@ -71,6 +71,10 @@ type Proxier struct {
 	node           state.Node
 	servicesSynced bool
 	slicesSynced   bool
+	// ready is closed once both caches are complete: syncing starts then,
+	// and not earlier, so the first sync is not held back by the minimum
+	// interval after a run that had nothing to do.
+	ready chan struct{}
 	needFullSync   bool
 	// applied is what each service port has in the kernel now.
 	applied    map[state.ServicePortName]ServiceRules
@@ -88,6 +92,7 @@ func New(cfg Config) *Proxier {
 		state:        state.NewState(),
 		node:         cfg.Node,
 		needFullSync: true,
+		ready:        make(chan struct{}),
 		applied:      map[state.ServicePortName]ServiceRules{},
 		ruleCounts:   map[Table]int{},
 	}
@@ -115,16 +120,26 @@ func (p *Proxier) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) 
 func (p *Proxier) OnServicesSynced() {
 	p.mu.Lock()
 	p.servicesSynced = true
+	p.markReadyLocked()
 	p.mu.Unlock()
-	p.queue()
 }
 
 // OnEndpointSlicesSynced records that the EndpointSlice cache is complete.
 func (p *Proxier) OnEndpointSlicesSynced() {
 	p.mu.Lock()
 	p.slicesSynced = true
+	p.markReadyLocked()
 	p.mu.Unlock()
-	p.queue()
+}
+
+func (p *Proxier) markReadyLocked() {
+	if p.servicesSynced && p.slicesSynced {
+		select {
+		case <-p.ready:
+		default:
+			close(p.ready)
+		}
+	}
 }
 
 // OnNode records the node's topology; a zone change re-selects every
@@ -150,6 +165,11 @@ func (p *Proxier) OnNode(node *v1.Node) {
 // flushing our rules.
 func (p *Proxier) SyncLoop(ctx context.Context) {
 	go p.watchForFlush(ctx)
+	select {
+	case <-ctx.Done():
+		return
+	case <-p.ready:
+	}
 	p.runner.Loop(ctx)
 }
 
@@ -168,9 +188,6 @@ func (p *Proxier) queue() {
 func (p *Proxier) sync() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if !p.servicesSynced || !p.slicesSynced {
-		return nil
-	}
 	family := string(p.cfg.Family)
 	start := time.Now()
 	pendingServices, pendingEndpoints := p.tracker.Pending()
