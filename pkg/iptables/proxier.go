@@ -74,8 +74,8 @@ type Proxier struct {
 	// ready is closed once both caches are complete: syncing starts then,
 	// and not earlier, so the first sync is not held back by the minimum
 	// interval after a run that had nothing to do.
-	ready chan struct{}
-	needFullSync   bool
+	ready        chan struct{}
+	needFullSync bool
 	// applied is what each service port has in the kernel now.
 	applied    map[state.ServicePortName]ServiceRules
 	ruleCounts map[Table]int
