@@ -43,6 +43,8 @@ type goldenCase struct {
 	params   func(*Params)
 	services []*v1.Service
 	slices   []*discovery.EndpointSlice
+	// chainsPerRestore splits the sync as on the nft backend.
+	chainsPerRestore int
 }
 
 const nodeName = "node-1"
@@ -113,6 +115,11 @@ var goldenCases = []goldenCase{
 	}},
 	{name: "nodeport", services: []*v1.Service{svc("web", func(s *v1.Service) {
 		s.Spec.Type, s.Spec.Ports[0].NodePort = v1.ServiceTypeNodePort, 30080
+	})}, slices: []*discovery.EndpointSlice{slice("web", v1.ProtocolTCP, local1, remote1)}},
+	{name: "nodeport-split-as-on-nft", chainsPerRestore: ChainsPerRestoreNFT, services: []*v1.Service{svc("web", func(s *v1.Service) {
+		s.Spec.Type, s.Spec.Ports[0].NodePort = v1.ServiceTypeLoadBalancer, 30080
+		s.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24"}
+		s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.0.2.20"}}
 	})}, slices: []*discovery.EndpointSlice{slice("web", v1.ProtocolTCP, local1, remote1)}},
 	{name: "nodeport-addresses", params: func(p *Params) {
 		p.NodePortAddresses = []netip.Addr{netip.MustParseAddr("10.255.0.2"), netip.MustParseAddr("127.0.0.1")}
@@ -203,7 +210,7 @@ func TestGoldenRuleSets(t *testing.T) {
 			}
 			kernel := &recordingKernel{}
 			p := New(Config{Family: family, Kernel: kernel, Params: params, Node: state.Node{Name: nodeName},
-				MinSyncPeriod: time.Second, SyncPeriod: time.Minute})
+				MinSyncPeriod: time.Second, SyncPeriod: time.Minute, ChainsPerRestore: tc.chainsPerRestore})
 			for _, s := range tc.services {
 				p.OnService(s, false)
 			}

@@ -53,12 +53,16 @@ type Config struct {
 	// ServiceHealth and Conntrack are optional.
 	ServiceHealth *healthcheck.ServiceHealth
 	Conntrack     Conntrack
+	// ChainsPerRestore splits a full sync's service chains into inputs of
+	// at most this many chains; 0 writes them in one.
+	ChainsPerRestore int
 }
 
-// maxChainsPerRestore bounds the chains one restore input declares: the
-// cost of an iptables-nft --noflush restore grows with the square of that
-// number, so a large first sync is split.
-const maxChainsPerRestore = 1500
+// ChainsPerRestoreNFT bounds the chains one restore input declares on the
+// nft backend, where the cost of a --noflush restore grows with the square
+// of that number, so a large first sync is split. The legacy backend
+// rewrites the whole table on every restore, so there one input is best.
+const ChainsPerRestoreNFT = 1500
 
 // Proxier programs iptables for one IP family.
 type Proxier struct {
@@ -272,57 +276,49 @@ func (p *Proxier) partialSync(changes state.Changes) error {
 // fullSync brings the whole rule set in line, whatever the kernel holds:
 // our rules from before, upstream's, or none. It reads the kernel once and
 // writes only the chains whose content differs, so a restart over rules
-// already in place writes next to nothing. The work is split into several
-// restore inputs, each valid on its own: fixed chains first, then the
-// per-service chains level by level (endpoints before the chains that jump
-// to them), then the differences in the shared chains, which switch traffic
-// over atomically per table, with the removal of chains nothing uses any
-// more; last the jumps from the built-in chains.
+// already in place writes next to nothing. On the nft backend the work is
+// split into several restore inputs, each valid on its own: fixed chains
+// first, then the per-service chains level by level (endpoints before the
+// chains that jump to them), then the differences in the shared chains,
+// which switch traffic over atomically per table, with the removal of
+// chains nothing uses any more and the jumps from the built-in chains.
+// On the legacy backend all of it is one input.
 func (p *Proxier) fullSync() error {
 	kernel, err := p.readKernel()
 	if err != nil {
 		return err
 	}
 	static := p.cfg.Params.StaticRules()
+	split := p.cfg.ChainsPerRestore > 0
+	// step ends one input when the work is split.
+	step := func(in *restoreInput) (*restoreInput, error) {
+		if !split {
+			return in, nil
+		}
+		return newRestoreInput(), p.restore(in)
+	}
 
-	first := newRestoreInput()
+	in := newRestoreInput()
 	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
 		if !kernel[t].has(chainCanary) {
-			first.writeChain(t, OwnChain{Name: chainCanary})
+			in.writeChain(t, OwnChain{Name: chainCanary})
 		}
 	}
 	for t, chains := range static.Chains {
 		for _, c := range chains {
 			if !kernel[t].holds(c) {
-				first.writeChain(t, c)
+				in.writeChain(t, c)
 			}
 		}
 	}
-	for t, chains := range static.Shared {
-		for _, c := range chains {
-			// Missing shared chains are created empty now, so service
-			// chains may be written; the final input fills them.
-			if !kernel[t].has(c.Name) {
-				first.writeChain(t, OwnChain{Name: c.Name})
-			}
-		}
-	}
-	if err := p.restore(first); err != nil {
+	if in, err = step(in); err != nil {
 		return err
 	}
 
-	// In a stable order, so that the same state always gives the same rules.
-	names := slices.SortedFunc(maps.Keys(p.state.Services), func(a, b state.ServicePortName) int {
-		return strings.Compare(a.String()+string(a.Protocol), b.String()+string(b.Protocol))
-	})
-	desired := make(map[state.ServicePortName]ServiceRules, len(names))
-	ordered := make([]ServiceRules, 0, len(names))
+	desired, ordered := p.desiredServices()
 	wanted := map[Chain]bool{}
 	var levels [4][]OwnChain
-	for _, name := range names {
-		rules, _ := p.rulesFor(name)
-		desired[name] = rules
-		ordered = append(ordered, rules)
+	for _, rules := range ordered {
 		for _, c := range rules.Chains {
 			wanted[c.Name] = true
 			if !kernel[TableNAT].holds(c) {
@@ -331,34 +327,37 @@ func (p *Proxier) fullSync() error {
 		}
 	}
 	for _, level := range levels {
-		for batch := range slices.Chunk(level, maxChainsPerRestore) {
-			in := newRestoreInput()
+		batchSize := p.cfg.ChainsPerRestore
+		if !split {
+			batchSize = len(level)
+		}
+		for batch := range slices.Chunk(level, max(1, batchSize)) {
 			for _, c := range batch {
 				in.writeChain(TableNAT, c)
 			}
-			if err := p.restore(in); err != nil {
+			if in, err = step(in); err != nil {
 				return err
 			}
 		}
 	}
 
-	final := newRestoreInput()
 	for t, chains := range sharedChainContents(static, ordered) {
 		for i, want := range chains {
-			diffSharedChain(final, t, kernel[t].rules[want.Name], want, len(static.Shared[t][i].Rules))
+			current, exists := kernel[t].rules[want.Name], kernel[t].has(want.Name)
+			diffSharedChain(in, t, current, exists, want, len(static.Shared[t][i].Rules))
 		}
 	}
 	for _, c := range slices.Sorted(maps.Keys(kernel[TableNAT].fingerprints)) {
 		if IsServiceChain(c) && !wanted[c] {
-			final.deleteChain(TableNAT, c)
+			in.deleteChain(TableNAT, c)
 		}
 	}
 	for _, j := range static.Jumps {
 		if !containsRule(kernel[j.Table].rules[j.From], j.Rule) {
-			final.insertFirst(j.Table, j.From, j.Rule)
+			in.insertFirst(j.Table, j.From, j.Rule)
 		}
 	}
-	if err := p.restore(final); err != nil {
+	if err := p.restore(in); err != nil {
 		return err
 	}
 	p.applied = desired
@@ -366,6 +365,22 @@ func (p *Proxier) fullSync() error {
 	metrics.IPTablesRulesLastSync.WithLabelValues(string(TableNAT), string(p.cfg.Family)).Set(float64(p.ruleCounts[TableNAT]))
 	metrics.IPTablesRulesLastSync.WithLabelValues(string(TableFilter), string(p.cfg.Family)).Set(float64(p.ruleCounts[TableFilter]))
 	return nil
+}
+
+// desiredServices decides every service port's rules, also listed in a
+// stable order, so that the same state always gives the same rule set.
+func (p *Proxier) desiredServices() (map[state.ServicePortName]ServiceRules, []ServiceRules) {
+	names := slices.SortedFunc(maps.Keys(p.state.Services), func(a, b state.ServicePortName) int {
+		return strings.Compare(a.String()+string(a.Protocol), b.String()+string(b.Protocol))
+	})
+	desired := make(map[state.ServicePortName]ServiceRules, len(names))
+	ordered := make([]ServiceRules, 0, len(names))
+	for _, name := range names {
+		rules, _ := p.rulesFor(name)
+		desired[name] = rules
+		ordered = append(ordered, rules)
+	}
+	return desired, ordered
 }
 
 // sharedChainContents gathers the services' rules into the shared chains,
