@@ -3,6 +3,7 @@ package iptables
 import (
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -26,7 +27,21 @@ func TestBackendOverride(t *testing.T) {
 // what DetectBackend picks there.
 const detectHelperEnv = "RAPIDPROXY_TEST_DETECT_BACKEND"
 
+// generationHelperEnv makes the test binary print Generation() for a
+// backend ("nft", "legacy"; "6" appended for IPv6) inside a namespace.
+const generationHelperEnv = "RAPIDPROXY_TEST_GENERATION"
+
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(generationHelperEnv); spec != "" {
+		ipv6 := strings.HasSuffix(spec, "6")
+		g, err := New(ipv6, Backend(strings.TrimSuffix(spec, "6"))).Generation()
+		if err != nil {
+			os.Stderr.WriteString(err.Error())
+			os.Exit(1)
+		}
+		os.Stdout.WriteString(strconv.FormatUint(g, 10))
+		os.Exit(0)
+	}
 	if os.Getenv(detectHelperEnv) != "" {
 		b, err := DetectBackend()
 		if err != nil {
@@ -76,5 +91,42 @@ func TestBackendFollowsTheHost(t *testing.T) {
 	testutil.InNetns(t, counted, "iptables-legacy", "-t", "filter", "-A", "INPUT", "-j", "ACCEPT")
 	if got := detect(counted); got != Legacy {
 		t.Errorf("rules only in legacy: got %q, want legacy", got)
+	}
+}
+
+// The generation changes with a rule change, and only then.
+func TestGenerationFollowsRuleChanges(t *testing.T) {
+	testutil.RequireCommands(t, "iptables-legacy", "iptables-nft")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	netns := testutil.NewNetns(t)
+	for _, b := range []Backend{NFT, Legacy} {
+		for _, ipv6 := range []bool{false, true} {
+			spec, tool := string(b), "iptables-"+string(b)
+			if ipv6 {
+				spec, tool = spec+"6", "ip6tables-"+string(b)
+			}
+			generation := func() string {
+				t.Helper()
+				cmd := exec.Command("ip", "netns", "exec", netns, self)
+				cmd.Env = append(os.Environ(), generationHelperEnv+"="+spec)
+				out, err := cmd.CombinedOutput()
+				if err != nil {
+					t.Fatalf("%s: %v: %s", tool, err, out)
+				}
+				return string(out)
+			}
+			testutil.InNetns(t, netns, tool, "-A", "INPUT", "-j", "ACCEPT")
+			before := generation()
+			if again := generation(); again != before {
+				t.Errorf("%s: the generation moved without a change: %s -> %s", tool, before, again)
+			}
+			testutil.InNetns(t, netns, tool, "-F")
+			if after := generation(); after == before {
+				t.Errorf("%s: the generation did not move with a flush: %s", tool, before)
+			}
+		}
 	}
 }

@@ -30,6 +30,9 @@ type Kernel interface {
 	// ListRules returns a chain's rules without "-A CHAIN"; an error
 	// when the chain does not exist.
 	ListRules(table, chain string) ([]string, error)
+	// Generation changes whenever the rules may have changed; reading it
+	// is far cheaper than listing rules.
+	Generation() (uint64, error)
 }
 
 // Conntrack forgets flows that would keep going to a wrong place after a
@@ -538,9 +541,10 @@ type flushProbe struct {
 	every int
 }
 
-// flushProbes: the filter FORWARD jump is checked every second (gone with
-// `iptables -F`, a firewall reload or a reset of the whole ruleset); each
-// check is a process start, so the others run once per sync period: the
+// flushProbes: the filter FORWARD jump is checked every second when the
+// rules changed (gone with `iptables -F`, a firewall reload or a reset of
+// the whole ruleset); each check is a process start, so the others run
+// once per sync period: the
 // mangle canary (gone when a program deletes the tables' chains, what
 // upstream checks) and the nat PREROUTING jump (the nat table can be large,
 // and reading even one of its chains costs iptables-legacy a copy of the
@@ -576,11 +580,13 @@ func (p *Proxier) flushed(probe flushProbe) bool {
 }
 
 // watchForFlush runs the flush probes and forces a full sync, which
-// restores everything, when one finds our rules gone.
+// restores everything, when one finds our rules gone. The every-second
+// probes run only when the rules' generation moved since the last check.
 func (p *Proxier) watchForFlush(ctx context.Context) {
 	probes := p.flushProbes()
 	ticker := time.NewTicker(flushCheckInterval)
 	defer ticker.Stop()
+	var lastGeneration uint64
 	for tick := 0; ; tick++ {
 		select {
 		case <-ctx.Done():
@@ -594,8 +600,11 @@ func (p *Proxier) watchForFlush(ctx context.Context) {
 		if !written {
 			continue
 		}
+		generation, err := p.cfg.Kernel.Generation()
+		changed := err != nil || generation != lastGeneration
+		lastGeneration = generation
 		for _, probe := range probes {
-			if tick%probe.every != 0 || !p.flushed(probe) {
+			if (probe.every == 1 && !changed) || tick%probe.every != 0 || !p.flushed(probe) {
 				continue
 			}
 			klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", probe.table, "chain", probe.chain)
