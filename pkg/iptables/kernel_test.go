@@ -76,30 +76,36 @@ func newTestProxier(t *testing.T, kernel Kernel) *Proxier {
 	})
 }
 
-// feed gives the proxier n services with two endpoints each.
+// feed gives the proxier n services with two endpoints each, and says
+// both caches are complete.
 func feed(p *Proxier, n int) {
 	for i := range n {
-		name := fmt.Sprintf("svc-%d", i)
-		p.OnService(&v1.Service{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
-			Spec: v1.ServiceSpec{
-				ClusterIP: fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), Type: v1.ServiceTypeNodePort,
-				Ports: []v1.ServicePort{{Name: "p", Port: 80, Protocol: v1.ProtocolTCP, NodePort: int32(30000 + i)}},
-			},
-		}, false)
-		ready := true
-		p.OnEndpointSlice(&discovery.EndpointSlice{
-			ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name + "-x", Labels: map[string]string{discovery.LabelServiceName: name}},
-			AddressType: discovery.AddressTypeIPv4,
-			Ports:       []discovery.EndpointPort{{Name: ptr("p"), Port: ptr(int32(8080)), Protocol: ptr(v1.ProtocolTCP)}},
-			Endpoints: []discovery.Endpoint{
-				{Addresses: []string{fmt.Sprintf("10.244.%d.%d", i/250, i%250+1)}, Conditions: discovery.EndpointConditions{Ready: &ready}},
-				{Addresses: []string{fmt.Sprintf("10.244.%d.%d", 100+i/250, i%250+1)}, Conditions: discovery.EndpointConditions{Ready: &ready}},
-			},
-		}, false)
+		feedService(p, i)
 	}
 	p.OnServicesSynced()
 	p.OnEndpointSlicesSynced()
+}
+
+// feedService gives the proxier service i, a NodePort with two endpoints.
+func feedService(p *Proxier, i int) {
+	name := fmt.Sprintf("svc-%d", i)
+	p.OnService(&v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec: v1.ServiceSpec{
+			ClusterIP: fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), Type: v1.ServiceTypeNodePort,
+			Ports: []v1.ServicePort{{Name: "p", Port: 80, Protocol: v1.ProtocolTCP, NodePort: int32(30000 + i)}},
+		},
+	}, false)
+	ready := true
+	p.OnEndpointSlice(&discovery.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name + "-x", Labels: map[string]string{discovery.LabelServiceName: name}},
+		AddressType: discovery.AddressTypeIPv4,
+		Ports:       []discovery.EndpointPort{{Name: ptr("p"), Port: ptr(int32(8080)), Protocol: ptr(v1.ProtocolTCP)}},
+		Endpoints: []discovery.Endpoint{
+			{Addresses: []string{fmt.Sprintf("10.244.%d.%d", i/250, i%250+1)}, Conditions: discovery.EndpointConditions{Ready: &ready}},
+			{Addresses: []string{fmt.Sprintf("10.244.%d.%d", 100+i/250, i%250+1)}, Conditions: discovery.EndpointConditions{Ready: &ready}},
+		},
+	}, false)
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -199,4 +205,66 @@ func TestFlushProbesNoticeFlushesAndAFullSyncRepairs(t *testing.T) {
 			t.Fatalf("%s: full sync after %v: %v", backend, flush, err)
 		}
 	}
+}
+
+// A partial sync touches only what changed: one endpoint replaced rewrites
+// its service's policy chain and the two endpoint chains, nothing shared;
+// a new service adds its chains and inserts its rules into the shared
+// chains without rewriting them.
+func TestPartialSyncWritesOnlyTheChange(t *testing.T) {
+	if !runInNetns(t) {
+		return
+	}
+	backend, err := iptablesrunner.DetectBackend()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kernel := &countingKernel{Kernel: iptablesrunner.New(false, backend)}
+	p := newTestProxier(t, kernel)
+	feed(p, 20)
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	var lastInput string
+	record := &inputRecorder{countingKernel: kernel, last: &lastInput}
+	p.cfg.Kernel = record
+
+	ready := true
+	p.OnEndpointSlice(&discovery.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: "svc-3-x", Labels: map[string]string{discovery.LabelServiceName: "svc-3"}},
+		AddressType: discovery.AddressTypeIPv4,
+		Ports:       []discovery.EndpointPort{{Name: ptr("p"), Port: ptr(int32(8080)), Protocol: ptr(v1.ProtocolTCP)}},
+		Endpoints: []discovery.Endpoint{
+			{Addresses: []string{"10.244.0.4"}, Conditions: discovery.EndpointConditions{Ready: &ready}},
+			{Addresses: []string{"10.244.200.4"}, Conditions: discovery.EndpointConditions{Ready: &ready}},
+		},
+	}, false)
+	kernel.restores, kernel.chainsWritten = 0, 0
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	if kernel.restores != 1 || kernel.chainsWritten != 3 || strings.Contains(lastInput, ":KUBE-SERVICES") {
+		t.Errorf("%s: one endpoint replaced: %d restores, %d chains declared:\n%s", backend, kernel.restores, kernel.chainsWritten, lastInput)
+	}
+
+	feedService(p, 20)
+	kernel.restores, kernel.chainsWritten = 0, 0
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	// svc-20: KUBE-SVC, KUBE-EXT and two KUBE-SEP chains.
+	if kernel.restores != 1 || kernel.chainsWritten != 4 || strings.Contains(lastInput, ":KUBE-SERVICES") || strings.Contains(lastInput, ":KUBE-NODEPORTS") {
+		t.Errorf("%s: one service added: %d restores, %d chains declared:\n%s", backend, kernel.restores, kernel.chainsWritten, lastInput)
+	}
+}
+
+// inputRecorder keeps the last restore input.
+type inputRecorder struct {
+	*countingKernel
+	last *string
+}
+
+func (r *inputRecorder) Restore(input []byte) error {
+	*r.last = string(input)
+	return r.countingKernel.Restore(input)
 }

@@ -58,8 +58,13 @@ func (kt kernelTable) has(c Chain) bool {
 
 // holds tells whether the table holds the chain with exactly these rules.
 func (kt kernelTable) holds(c OwnChain) bool {
-	fp, ok := kt.fingerprints[c.Name]
-	return ok && fp == chainFingerprint(c.Rules)
+	return kt.holdsPrint(c.Name, chainFingerprint(c.Rules))
+}
+
+// holdsPrint tells whether the table holds the chain with this fingerprint.
+func (kt kernelTable) holdsPrint(c Chain, fingerprint uint64) bool {
+	fp, ok := kt.fingerprints[c]
+	return ok && fp == fingerprint
 }
 
 // diffSharedChain adds to in what turns the kernel's content of a shared

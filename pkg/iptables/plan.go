@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"bytes"
-	"slices"
 	"strings"
 )
 
@@ -112,36 +111,71 @@ func (in *restoreInput) counts() map[Table]int {
 	return out
 }
 
+// appliedService is what one service port has in the kernel: its chains
+// by fingerprint, not their rules, which at 10k services would be most of
+// the proxier's memory, and its shared rules, which deleting them needs.
+type appliedService struct {
+	chains []appliedChain
+	shared []SharedRule
+}
+
+type appliedChain struct {
+	name        Chain
+	fingerprint uint64
+	rules       int
+}
+
+// summarize records a service port's rules as applied.
+func summarize(r ServiceRules) appliedService {
+	a := appliedService{chains: make([]appliedChain, len(r.Chains)), shared: r.Shared}
+	for i, c := range r.Chains {
+		a.chains[i] = appliedChain{name: c.Name, fingerprint: chainFingerprint(c.Rules), rules: len(c.Rules)}
+	}
+	return a
+}
+
+// ruleCounts counts the rules per table.
+func (a appliedService) ruleCounts() map[Table]int {
+	counts := map[Table]int{}
+	for _, c := range a.chains {
+		counts[TableNAT] += c.rules
+	}
+	for _, s := range a.shared {
+		counts[s.Table]++
+	}
+	return counts
+}
+
 // diffService adds to in what turns old into updated for one service port:
 // only its changed chains are rewritten, and only its changed shared rules
 // are deleted or inserted.
-func diffService(in *restoreInput, old, updated ServiceRules) {
-	oldChains := make(map[Chain][]Rule, len(old.Chains))
-	for _, c := range old.Chains {
-		oldChains[c.Name] = c.Rules
+func diffService(in *restoreInput, old, updated appliedService, rules ServiceRules) {
+	oldChains := make(map[Chain]uint64, len(old.chains))
+	for _, c := range old.chains {
+		oldChains[c.name] = c.fingerprint
 	}
-	kept := make(map[Chain]bool, len(updated.Chains))
-	for _, c := range updated.Chains {
-		kept[c.Name] = true
-		if rules, ok := oldChains[c.Name]; !ok || !slices.Equal(rules, c.Rules) {
-			in.writeChain(TableNAT, c)
+	kept := make(map[Chain]bool, len(updated.chains))
+	for i, c := range updated.chains {
+		kept[c.name] = true
+		if fp, ok := oldChains[c.name]; !ok || fp != c.fingerprint {
+			in.writeChain(TableNAT, rules.Chains[i])
 		}
 	}
-	for _, c := range old.Chains {
-		if !kept[c.Name] {
-			in.deleteChain(TableNAT, c.Name)
+	for _, c := range old.chains {
+		if !kept[c.name] {
+			in.deleteChain(TableNAT, c.name)
 		}
 	}
-	oldShared := countRules(old.Shared)
-	newShared := countRules(updated.Shared)
-	for _, r := range old.Shared {
+	oldShared := countRules(old.shared)
+	newShared := countRules(updated.shared)
+	for _, r := range old.shared {
 		if newShared[r] > 0 {
 			newShared[r]--
 			continue
 		}
 		in.removeShared(r)
 	}
-	for _, r := range updated.Shared {
+	for _, r := range updated.shared {
 		if oldShared[r] > 0 {
 			oldShared[r]--
 			continue

@@ -84,7 +84,7 @@ type Proxier struct {
 	ready        chan struct{}
 	needFullSync bool
 	// applied is what each service port has in the kernel now.
-	applied    map[state.ServicePortName]ServiceRules
+	applied    map[state.ServicePortName]appliedService
 	ruleCounts map[Table]int
 	// lastReconcile is when every conntrack flow was last checked.
 	lastReconcile time.Time
@@ -100,7 +100,7 @@ func New(cfg Config) *Proxier {
 		node:         cfg.Node,
 		needFullSync: true,
 		ready:        make(chan struct{}),
-		applied:      map[state.ServicePortName]ServiceRules{},
+		applied:      map[state.ServicePortName]appliedService{},
 		ruleCounts:   map[Table]int{},
 	}
 	p.runner = runner.New(p.sync, cfg.MinSyncPeriod, cfg.SyncPeriod)
@@ -258,11 +258,11 @@ func (p *Proxier) partialSync(changes state.Changes) error {
 		return nil
 	}
 	in := newRestoreInput()
-	updated := make(map[state.ServicePortName]ServiceRules, len(changes.ServicePorts))
+	updated := make(map[state.ServicePortName]appliedService, len(changes.ServicePorts))
 	for name := range changes.ServicePorts {
 		rules, _ := p.rulesFor(name)
-		diffService(in, p.applied[name], rules)
-		updated[name] = rules
+		updated[name] = summarize(rules)
+		diffService(in, p.applied[name], updated[name], rules)
 	}
 	if !in.empty() {
 		if err := p.cfg.Kernel.Restore(in.bytes()); err != nil {
@@ -318,13 +318,16 @@ func (p *Proxier) fullSync() error {
 		return err
 	}
 
-	desired, ordered := p.desiredServices()
+	names, ordered := p.desiredServices()
+	desired := make(map[state.ServicePortName]appliedService, len(names))
 	wanted := map[Chain]bool{}
 	var levels [4][]OwnChain
-	for _, rules := range ordered {
-		for _, c := range rules.Chains {
+	for i, rules := range ordered {
+		summary := summarize(rules)
+		desired[names[i]] = summary
+		for j, c := range rules.Chains {
 			wanted[c.Name] = true
-			if !kernel[TableNAT].holds(c) {
+			if !kernel[TableNAT].holdsPrint(c.Name, summary.chains[j].fingerprint) {
 				levels[chainLevel(c.Name)] = append(levels[chainLevel(c.Name)], c)
 			}
 		}
@@ -370,20 +373,17 @@ func (p *Proxier) fullSync() error {
 	return nil
 }
 
-// desiredServices decides every service port's rules, also listed in a
-// stable order, so that the same state always gives the same rule set.
-func (p *Proxier) desiredServices() (map[state.ServicePortName]ServiceRules, []ServiceRules) {
+// desiredServices decides every service port's rules, in a stable order,
+// so that the same state always gives the same rule set.
+func (p *Proxier) desiredServices() ([]state.ServicePortName, []ServiceRules) {
 	names := slices.SortedFunc(maps.Keys(p.state.Services), func(a, b state.ServicePortName) int {
 		return strings.Compare(a.String()+string(a.Protocol), b.String()+string(b.Protocol))
 	})
-	desired := make(map[state.ServicePortName]ServiceRules, len(names))
-	ordered := make([]ServiceRules, 0, len(names))
-	for _, name := range names {
-		rules, _ := p.rulesFor(name)
-		desired[name] = rules
-		ordered = append(ordered, rules)
+	ordered := make([]ServiceRules, len(names))
+	for i, name := range names {
+		ordered[i], _ = p.rulesFor(name)
 	}
-	return desired, ordered
+	return names, ordered
 }
 
 // sharedChainContents gathers the services' rules into the shared chains,
@@ -431,36 +431,24 @@ func (p *Proxier) readKernel() (map[Table]kernelTable, error) {
 // builtinChains are the kernel's own chains, which hold our jumps.
 var builtinChains = map[Chain]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
 
-func (p *Proxier) setApplied(name state.ServicePortName, rules ServiceRules) {
-	old := p.applied[name]
-	for t, n := range ruleCount(rules) {
+func (p *Proxier) setApplied(name state.ServicePortName, applied appliedService) {
+	for t, n := range applied.ruleCounts() {
 		p.ruleCounts[t] += n
 	}
-	for t, n := range ruleCount(old) {
+	for t, n := range p.applied[name].ruleCounts() {
 		p.ruleCounts[t] -= n
 	}
-	if len(rules.Chains) == 0 && len(rules.Shared) == 0 {
+	if len(applied.chains) == 0 && len(applied.shared) == 0 {
 		delete(p.applied, name)
 		return
 	}
-	p.applied[name] = rules
-}
-
-func ruleCount(r ServiceRules) map[Table]int {
-	counts := map[Table]int{}
-	for _, c := range r.Chains {
-		counts[TableNAT] += len(c.Rules)
-	}
-	for _, s := range r.Shared {
-		counts[s.Table]++
-	}
-	return counts
+	p.applied[name] = applied
 }
 
 func (p *Proxier) countAllRules(static StaticRules) {
 	p.ruleCounts = map[Table]int{}
-	for _, rules := range p.applied {
-		for t, n := range ruleCount(rules) {
+	for _, applied := range p.applied {
+		for t, n := range applied.ruleCounts() {
 			p.ruleCounts[t] += n
 		}
 	}
