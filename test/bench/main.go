@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -106,11 +107,13 @@ func run(ctx context.Context, opts options, out, log io.Writer) error {
 	for _, n := range opts.services {
 		for _, e := range opts.endpoints {
 			results, err := benchShape(ctx, opts, n, e, log)
+			if results != nil {
+				fmt.Fprintf(out, "\n### %d services x %d endpoints\n\n", n, e)
+				writeTable(out, opts.backends, results)
+			}
 			if err != nil {
 				return fmt.Errorf("N=%d E=%d: %w", n, e, err)
 			}
-			fmt.Fprintf(out, "\n### %d services x %d endpoints\n\n", n, e)
-			writeTable(out, opts.backends, results)
 		}
 	}
 	return nil
@@ -136,16 +139,19 @@ func benchShape(ctx context.Context, opts options, n, e int, log io.Writer) (map
 	}
 	logf("created %d services and %d EndpointSlices in %s", n, n, time.Since(start).Round(time.Millisecond))
 	all := map[framework.IPTablesBackend]map[string]results{}
+	var failed error
 	for _, backend := range opts.backends {
 		all[backend] = map[string]results{}
 		for _, proxy := range opts.proxies {
 			logf("%s kube-proxy, iptables-%s", proxy, backend)
 			r, err := b.measure(ctx, proxy, backend)
-			if err != nil {
-				return nil, fmt.Errorf("%s, %s: %w", proxy, backend, err)
-			}
 			all[backend][proxy] = r
+			if err != nil {
+				// Keep what the other runs measure: a table with gaps beats none.
+				logf("%s, %s failed: %v", proxy, backend, err)
+				failed = errors.Join(failed, fmt.Errorf("%s, %s: %w", proxy, backend, err))
+			}
 		}
 	}
-	return all, nil
+	return all, failed
 }

@@ -1,0 +1,10 @@
+package framework
+
+import "testing"
+
+func TestEndpointChain(t *testing.T) {
+	// The example of the project's kube-proxy facts.
+	if got := EndpointChain("ns1", "svc1", "p80", "tcp", "10.180.0.1:80"); got != "KUBE-SEP-SXIVWICOYRO3J4NJ" {
+		t.Errorf("EndpointChain = %s, want KUBE-SEP-SXIVWICOYRO3J4NJ", got)
+	}
+}
