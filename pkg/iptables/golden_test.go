@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"flag"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -264,4 +265,47 @@ func diffLines(want, got string) string {
 		}
 	}
 	return b.String()
+}
+
+// failingKernel is a recordingKernel whose next restore fails.
+type failingKernel struct {
+	recordingKernel
+	failNext bool
+}
+
+func (k *failingKernel) Restore(input []byte) error {
+	if k.failNext {
+		k.failNext = false
+		return fmt.Errorf("iptables-restore: line 3 failed")
+	}
+	return k.recordingKernel.Restore(input)
+}
+
+// A partial sync that fails is followed at once by a full sync, which
+// writes the whole rule set again.
+func TestFailedPartialSyncFallsBackToAFullSync(t *testing.T) {
+	kernel := &failingKernel{}
+	p := New(Config{Family: v1.IPv4Protocol, Kernel: kernel, Params: Params{MasqueradeBit: 14},
+		Node: state.Node{Name: nodeName}, MinSyncPeriod: time.Second, SyncPeriod: time.Minute})
+	p.OnService(svc("web", nil), false)
+	p.OnEndpointSlice(slice("web", v1.ProtocolTCP, local1), false)
+	p.OnServicesSynced()
+	p.OnEndpointSlicesSynced()
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	p.OnEndpointSlice(slice("web", v1.ProtocolTCP, local1, local2), false)
+	kernel.written.Reset()
+	kernel.failNext = true
+	if err := p.sync(); err != nil {
+		t.Fatalf("the fallback full sync failed: %v", err)
+	}
+	for _, want := range []string{":KUBE-PROXY-CANARY", ":KUBE-SVC-7X3VEG6HU4XBR2VS", "10.244.0.6:8080", "-I PREROUTING 1"} {
+		if !strings.Contains(kernel.written.String(), want) {
+			t.Errorf("after the failed partial sync, the full sync did not write %q:\n%s", want, kernel.written.String())
+		}
+	}
+	if p.needFullSync {
+		t.Error("a full sync is still pending after the fallback succeeded")
+	}
 }
