@@ -267,16 +267,25 @@ func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeP
 	services := factory.Core().V1().Services().Informer()
 	slices_ := factory.Discovery().V1().EndpointSlices().Informer()
 	nodes := nodeFactory.Core().V1().Nodes().Informer()
-	_, _ = services.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	// The registrations' HasSynced, not the informers': it turns true only
+	// once the handler has been given every listed object, so the first
+	// sync sees all of them.
+	servicesHandled, err := services.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { onObject(o, false, proxier.OnService) },
 		UpdateFunc: func(_, o any) { onObject(o, false, proxier.OnService) },
 		DeleteFunc: func(o any) { onObject(o, true, proxier.OnService) },
 	})
-	_, _ = slices_.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	if err != nil {
+		return err
+	}
+	slicesHandled, err := slices_.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { onObject(o, false, proxier.OnEndpointSlice) },
 		UpdateFunc: func(_, o any) { onObject(o, false, proxier.OnEndpointSlice) },
 		DeleteFunc: func(o any) { onObject(o, true, proxier.OnEndpointSlice) },
 	})
+	if err != nil {
+		return err
+	}
 	var podCIDRs []string
 	if node != nil {
 		podCIDRs = node.Spec.PodCIDRs
@@ -305,12 +314,12 @@ func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeP
 	factory.Start(ctx.Done())
 	nodeFactory.Start(ctx.Done())
 	go func() {
-		if cache.WaitForCacheSync(ctx.Done(), services.HasSynced) {
+		if cache.WaitForCacheSync(ctx.Done(), servicesHandled.HasSynced) {
 			proxier.OnServicesSynced()
 		}
 	}()
 	go func() {
-		if cache.WaitForCacheSync(ctx.Done(), slices_.HasSynced) {
+		if cache.WaitForCacheSync(ctx.Done(), slicesHandled.HasSynced) {
 			proxier.OnEndpointSlicesSynced()
 		}
 	}()
