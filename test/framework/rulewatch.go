@@ -3,6 +3,8 @@ package framework
 import (
 	"crypto/sha256"
 	"encoding/base32"
+	"fmt"
+	"strings"
 )
 
 // HasNATChain tells whether the namespace's IPv4 nat table holds chain,
@@ -11,6 +13,24 @@ import (
 // (which at 10,000 services does not keep up at all).
 func (n *Netns) HasNATChain(b IPTablesBackend, chain string) bool {
 	return n.Command("iptables-"+string(b), "-w", "-t", "nat", "-S", chain).Run() == nil
+}
+
+// NATChains lists the chains of the namespace's IPv4 nat table with one
+// iptables-save. With iptables-legacy that costs what listing one chain
+// does, a copy of the whole table, so it is the way to look for many.
+func (n *Netns) NATChains(b IPTablesBackend) (map[string]bool, error) {
+	out, err := n.Command("iptables-"+string(b)+"-save", "-t", "nat").Output()
+	if err != nil {
+		return nil, fmt.Errorf("iptables-%s-save -t nat: %w", b, err)
+	}
+	chains := map[string]bool{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if rest, ok := strings.CutPrefix(line, ":"); ok {
+			name, _, _ := strings.Cut(rest, " ")
+			chains[name] = true
+		}
+	}
+	return chains, nil
 }
 
 // EndpointChain is the KUBE-SEP chain kube-proxy (upstream's and ours)
