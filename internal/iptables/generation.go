@@ -10,17 +10,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Generation returns a number that changes whenever the rules this
-// runner's backend and family keep may have changed, read without starting
-// a program: on nft the kernel's ruleset generation, which every change to
-// any nftables table increments; on legacy the size and rule count of the
-// filter table. Checking it first lets kube-proxy look for flushed rules
-// every second while costing nearly nothing when nothing changes.
-func (r *Runner) Generation() (uint64, error) {
+// Generation returns a number that changes whenever the rules of one table
+// of this runner's backend and family may have changed, read without
+// starting a program: on nft the kernel's ruleset generation, which every
+// change to any nftables table increments; on legacy the size and rule
+// count of that table. Checking it first lets kube-proxy look for flushed
+// rules often while costing nearly nothing when nothing changes; on legacy
+// even a one-chain listing copies the whole table.
+func (r *Runner) Generation(table string) (uint64, error) {
 	if r.backend == NFT {
 		return nftGeneration()
 	}
-	return legacyFilterInfo(r.ipv6)
+	return legacyTableInfo(r.ipv6, table)
 }
 
 // Netlink constants of nftables (linux/netfilter/nf_tables.h, nfnetlink.h).
@@ -88,7 +89,7 @@ type iptGetinfo struct {
 // iptSoGetInfo is IPT_SO_GET_INFO and IP6T_SO_GET_INFO.
 const iptSoGetInfo = 64
 
-func legacyFilterInfo(ipv6 bool) (uint64, error) {
+func legacyTableInfo(ipv6 bool, table string) (uint64, error) {
 	domain, level := unix.AF_INET, unix.IPPROTO_IP
 	if ipv6 {
 		domain, level = unix.AF_INET6, unix.IPPROTO_IPV6
@@ -99,12 +100,12 @@ func legacyFilterInfo(ipv6 bool) (uint64, error) {
 	}
 	defer unix.Close(fd)
 	var info iptGetinfo
-	copy(info.Name[:], "filter")
+	copy(info.Name[:], table)
 	size := uint32(unsafe.Sizeof(info))
 	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), iptSoGetInfo,
 		uintptr(unsafe.Pointer(&info)), uintptr(unsafe.Pointer(&size)), 0)
 	if errno != 0 {
-		return 0, fmt.Errorf("reading the legacy filter table: %w", errno)
+		return 0, fmt.Errorf("reading the legacy %s table: %w", table, errno)
 	}
 	return uint64(info.NumEntries)<<32 | uint64(info.Size), nil
 }

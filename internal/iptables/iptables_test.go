@@ -27,14 +27,16 @@ func TestBackendOverride(t *testing.T) {
 // what DetectBackend picks there.
 const detectHelperEnv = "RAPIDPROXY_TEST_DETECT_BACKEND"
 
-// generationHelperEnv makes the test binary print Generation() for a
-// backend ("nft", "legacy"; "6" appended for IPv6) inside a namespace.
+// generationHelperEnv makes the test binary print Generation() of a table
+// for a backend ("nft", "legacy"; "6" appended for IPv6), as
+// "BACKEND[6]/TABLE", inside a namespace.
 const generationHelperEnv = "RAPIDPROXY_TEST_GENERATION"
 
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(generationHelperEnv); spec != "" {
-		ipv6 := strings.HasSuffix(spec, "6")
-		g, err := New(ipv6, Backend(strings.TrimSuffix(spec, "6"))).Generation()
+		backend, table, _ := strings.Cut(spec, "/")
+		ipv6 := strings.HasSuffix(backend, "6")
+		g, err := New(ipv6, Backend(strings.TrimSuffix(backend, "6"))).Generation(table)
 		if err != nil {
 			os.Stderr.WriteString(err.Error())
 			os.Exit(1)
@@ -94,7 +96,7 @@ func TestBackendFollowsTheHost(t *testing.T) {
 	}
 }
 
-// The generation changes with a rule change, and only then.
+// A table's generation changes with a rule change in it, and only then.
 func TestGenerationFollowsRuleChanges(t *testing.T) {
 	testutil.RequireCommands(t, "iptables-legacy", "iptables-nft")
 	self, err := os.Executable()
@@ -104,28 +106,30 @@ func TestGenerationFollowsRuleChanges(t *testing.T) {
 	netns := testutil.NewNetns(t)
 	for _, b := range []Backend{NFT, Legacy} {
 		for _, ipv6 := range []bool{false, true} {
-			spec, tool := string(b), "iptables-"+string(b)
-			if ipv6 {
-				spec, tool = spec+"6", "ip6tables-"+string(b)
-			}
-			generation := func() string {
-				t.Helper()
-				cmd := exec.Command("ip", "netns", "exec", netns, self)
-				cmd.Env = append(os.Environ(), generationHelperEnv+"="+spec)
-				out, err := cmd.CombinedOutput()
-				if err != nil {
-					t.Fatalf("%s: %v: %s", tool, err, out)
+			for table, chain := range map[string]string{"filter": "INPUT", "nat": "PREROUTING"} {
+				spec, tool := string(b), "iptables-"+string(b)
+				if ipv6 {
+					spec, tool = spec+"6", "ip6tables-"+string(b)
 				}
-				return string(out)
-			}
-			testutil.InNetns(t, netns, tool, "-A", "INPUT", "-j", "ACCEPT")
-			before := generation()
-			if again := generation(); again != before {
-				t.Errorf("%s: the generation moved without a change: %s -> %s", tool, before, again)
-			}
-			testutil.InNetns(t, netns, tool, "-F")
-			if after := generation(); after == before {
-				t.Errorf("%s: the generation did not move with a flush: %s", tool, before)
+				generation := func() string {
+					t.Helper()
+					cmd := exec.Command("ip", "netns", "exec", netns, self)
+					cmd.Env = append(os.Environ(), generationHelperEnv+"="+spec+"/"+table)
+					out, err := cmd.CombinedOutput()
+					if err != nil {
+						t.Fatalf("%s -t %s: %v: %s", tool, table, err, out)
+					}
+					return string(out)
+				}
+				testutil.InNetns(t, netns, tool, "-t", table, "-A", chain, "-j", "ACCEPT")
+				before := generation()
+				if again := generation(); again != before {
+					t.Errorf("%s -t %s: the generation moved without a change: %s -> %s", tool, table, before, again)
+				}
+				testutil.InNetns(t, netns, tool, "-t", table, "-F")
+				if after := generation(); after == before {
+					t.Errorf("%s -t %s: the generation did not move with a flush: %s", tool, table, before)
+				}
 			}
 		}
 	}

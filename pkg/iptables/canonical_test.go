@@ -155,7 +155,7 @@ func sampleRuleSet(t *testing.T, family v1.IPFamily) map[Table][]OwnChain {
 	for table, cs := range static.Chains {
 		chains[table] = append(chains[table], cs...)
 	}
-	var generated []ServiceRules
+	var generated [][]SharedRule
 	endpoints := []*state.Endpoint{
 		{IP: addr("10.244.0.5", "fd00:244::5"), Port: 8080, Ready: true, Serving: true, IsLocal: true, NodeName: "node-1"},
 		{IP: addr("10.244.0.6", "fd00:244::6"), Port: 8080, Ready: true, Serving: true, NodeName: "node-2"},
@@ -179,7 +179,7 @@ func sampleRuleSet(t *testing.T, family v1.IPFamily) map[Table][]OwnChain {
 		}
 		rules := params.ServiceRules(svc, state.Select(svc, eps, state.Node{Name: "node-1"}))
 		chains[TableNAT] = append(chains[TableNAT], rules.Chains...)
-		generated = append(generated, rules)
+		generated = append(generated, rules.Shared)
 	}
 	for table, cs := range sharedChainContents(static, generated) {
 		chains[table] = append(chains[table], cs...)

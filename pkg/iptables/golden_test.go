@@ -36,7 +36,7 @@ func (k *recordingKernel) Save(table string) ([]byte, error) { return nil, nil }
 
 func (k *recordingKernel) ListRules(table, chain string) ([]string, error) { return nil, nil }
 
-func (k *recordingKernel) Generation() (uint64, error) { return 0, nil }
+func (k *recordingKernel) Generation(string) (uint64, error) { return 0, nil }
 
 // goldenCase is one feature: its services and endpoints, and what differs
 // from the default node settings.

@@ -170,6 +170,41 @@ func TestRestartOverRulesInPlaceWritesOnlyWhatDiffers(t *testing.T) {
 	}
 }
 
+// A full sync split into small inputs writes them so that each one holds
+// on its own (the kernel refuses a jump to a chain not yet there), and
+// leaves the same rules as one input does: an unsplit restart over them
+// writes nothing.
+func TestSplitFullSyncGivesTheSameRules(t *testing.T) {
+	if !runInNetns(t) {
+		return
+	}
+	backend, err := iptablesrunner.DetectBackend()
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := iptablesrunner.New(false, backend)
+	split := &countingKernel{Kernel: real}
+	p := newTestProxier(t, split)
+	p.cfg.ChainsPerRestore = 7
+	feed(p, 30)
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	// 30 services: 60 SEP, 30 SVC and 30 EXT chains, 7 a batch at most.
+	if split.restores < 120/7 {
+		t.Errorf("%s: the split sync took %d restores, want at least %d", backend, split.restores, 120/7)
+	}
+	whole := &countingKernel{Kernel: real}
+	again := newTestProxier(t, whole)
+	feed(again, 30)
+	if err := again.sync(); err != nil {
+		t.Fatal(err)
+	}
+	if whole.restores != 0 {
+		t.Errorf("%s: an unsplit sync over the split one wrote %d chains", backend, whole.chainsWritten)
+	}
+}
+
 // Each flush probe notices its own kind of flush, and a full sync puts
 // everything back.
 func TestFlushProbesNoticeFlushesAndAFullSyncRepairs(t *testing.T) {

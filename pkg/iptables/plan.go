@@ -14,8 +14,24 @@ type restoreInput struct {
 	tables map[Table]*tableInput
 }
 
+// tableInput holds one table's lines as text, section by section: at 10k
+// services a full sync writes some 200k lines, and one string each would
+// double the memory they take.
 type tableInput struct {
-	declare, deleteRules, appendRules, insertRules, deleteChains []string
+	declare, deleteRules, appendRules, insertRules, deleteChains section
+}
+
+type section struct {
+	text  bytes.Buffer
+	lines int
+}
+
+func (s *section) add(parts ...string) {
+	for _, p := range parts {
+		s.text.WriteString(p)
+	}
+	s.text.WriteByte('\n')
+	s.lines++
 }
 
 func newRestoreInput() *restoreInput { return &restoreInput{tables: map[Table]*tableInput{}} }
@@ -32,17 +48,17 @@ func (in *restoreInput) table(t Table) *tableInput {
 // writeChain declares a chain and gives it exactly these rules.
 func (in *restoreInput) writeChain(t Table, c OwnChain) {
 	ti := in.table(t)
-	ti.declare = append(ti.declare, ":"+string(c.Name)+" - [0:0]")
+	ti.declare.add(":", string(c.Name), " - [0:0]")
 	for _, r := range c.Rules {
-		ti.appendRules = append(ti.appendRules, "-A "+string(c.Name)+" "+string(r))
+		ti.appendRules.add("-A ", string(c.Name), " ", string(r))
 	}
 }
 
 // deleteChain flushes a chain and deletes it.
 func (in *restoreInput) deleteChain(t Table, c Chain) {
 	ti := in.table(t)
-	ti.declare = append(ti.declare, ":"+string(c)+" - [0:0]")
-	ti.deleteChains = append(ti.deleteChains, "-X "+string(c))
+	ti.declare.add(":", string(c), " - [0:0]")
+	ti.deleteChains.add("-X ", string(c))
 }
 
 func (in *restoreInput) addShared(r SharedRule) {
@@ -51,20 +67,17 @@ func (in *restoreInput) addShared(r SharedRule) {
 		in.insertFirst(r.Table, r.Chain, r.Rule)
 		return
 	}
-	ti := in.table(r.Table)
-	ti.insertRules = append(ti.insertRules, "-A "+string(r.Chain)+" "+string(r.Rule))
+	in.table(r.Table).insertRules.add("-A ", string(r.Chain), " ", string(r.Rule))
 }
 
 // insertFirst puts a rule at the top of a chain, where the jumps from the
 // built-in chains go, ahead of other programs' rules.
 func (in *restoreInput) insertFirst(t Table, c Chain, r Rule) {
-	ti := in.table(t)
-	ti.insertRules = append(ti.insertRules, "-I "+string(c)+" 1 "+string(r))
+	in.table(t).insertRules.add("-I ", string(c), " 1 ", string(r))
 }
 
 func (in *restoreInput) removeShared(r SharedRule) {
-	ti := in.table(r.Table)
-	ti.deleteRules = append(ti.deleteRules, "-D "+string(r.Chain)+" "+string(r.Rule))
+	in.table(r.Table).deleteRules.add("-D ", string(r.Chain), " ", string(r.Rule))
 }
 
 // empty tells whether there is nothing to restore.
@@ -77,25 +90,37 @@ func (in *restoreInput) empty() bool {
 	return true
 }
 
+func (ti *tableInput) sections() []*section {
+	return []*section{&ti.declare, &ti.deleteRules, &ti.appendRules, &ti.insertRules, &ti.deleteChains}
+}
+
 func (ti *tableInput) lines() int {
-	return len(ti.declare) + len(ti.deleteRules) + len(ti.appendRules) + len(ti.insertRules) + len(ti.deleteChains)
+	n := 0
+	for _, s := range ti.sections() {
+		n += s.lines
+	}
+	return n
 }
 
 // bytes renders the input; filter goes before nat so that a service losing
 // its endpoints is rejected before its nat rules disappear.
 func (in *restoreInput) bytes() []byte {
 	var b bytes.Buffer
+	size := 0
+	for _, ti := range in.tables {
+		for _, s := range ti.sections() {
+			size += s.text.Len()
+		}
+	}
+	b.Grow(size + 64)
 	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
 		ti := in.tables[t]
 		if ti == nil || ti.lines() == 0 {
 			continue
 		}
 		b.WriteString("*" + string(t) + "\n")
-		for _, part := range [][]string{ti.declare, ti.deleteRules, ti.appendRules, ti.insertRules, ti.deleteChains} {
-			for _, line := range part {
-				b.WriteString(line)
-				b.WriteByte('\n')
-			}
+		for _, s := range ti.sections() {
+			b.Write(s.text.Bytes())
 		}
 		b.WriteString("COMMIT\n")
 	}
@@ -106,7 +131,7 @@ func (in *restoreInput) bytes() []byte {
 func (in *restoreInput) counts() map[Table]int {
 	out := map[Table]int{}
 	for t, ti := range in.tables {
-		out[t] = len(ti.appendRules) + len(ti.insertRules)
+		out[t] = ti.appendRules.lines + ti.insertRules.lines
 	}
 	return out
 }
@@ -207,3 +232,63 @@ func chainLevel(c Chain) int {
 		return 3
 	}
 }
+
+// chainBatches takes a full sync's service chains. Unsplit, they go into
+// the final input, where every chain is declared before any rule is
+// written, so their order does not matter. Split, each level (see
+// chainLevel) collects its own chains; after a service's chains are in, a
+// level holding a batch's worth is restored, after every lower level, so
+// that no input jumps to a chain that is not written yet. Either way only
+// text is kept, never the services' rules.
+type chainBatches struct {
+	final   *restoreInput
+	size    int
+	restore func(*restoreInput) error
+	levels  [4]*restoreInput
+	counts  [4]int
+}
+
+// newChainBatches restores inputs of about size chains; 0 keeps every
+// chain for the final input.
+func newChainBatches(final *restoreInput, size int, restore func(*restoreInput) error) *chainBatches {
+	return &chainBatches{final: final, size: size, restore: restore}
+}
+
+// addService takes the chains of one service that need writing.
+func (b *chainBatches) addService(chains []OwnChain) error {
+	if b.size <= 0 {
+		for _, c := range chains {
+			b.final.writeChain(TableNAT, c)
+		}
+		return nil
+	}
+	full := -1
+	for _, c := range chains {
+		level := chainLevel(c.Name)
+		if b.levels[level] == nil {
+			b.levels[level] = newRestoreInput()
+		}
+		b.levels[level].writeChain(TableNAT, c)
+		b.counts[level]++
+		if b.counts[level] >= b.size {
+			full = max(full, level)
+		}
+	}
+	return b.restoreUpTo(full)
+}
+
+func (b *chainBatches) restoreUpTo(level int) error {
+	for l := 0; l <= level; l++ {
+		if b.counts[l] == 0 {
+			continue
+		}
+		if err := b.restore(b.levels[l]); err != nil {
+			return err
+		}
+		b.levels[l], b.counts[l] = nil, 0
+	}
+	return nil
+}
+
+// flush restores every chain not restored yet.
+func (b *chainBatches) flush() error { return b.restoreUpTo(len(b.levels) - 1) }

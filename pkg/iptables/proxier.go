@@ -30,9 +30,9 @@ type Kernel interface {
 	// ListRules returns a chain's rules without "-A CHAIN"; an error
 	// when the chain does not exist.
 	ListRules(table, chain string) ([]string, error)
-	// Generation changes whenever the rules may have changed; reading it
-	// is far cheaper than listing rules.
-	Generation() (uint64, error)
+	// Generation changes whenever the rules of the table may have
+	// changed; reading it is far cheaper than listing rules.
+	Generation(table string) (uint64, error)
 }
 
 // Conntrack forgets flows that would keep going to a wrong place after a
@@ -279,13 +279,15 @@ func (p *Proxier) partialSync(changes state.Changes) error {
 // fullSync brings the whole rule set in line, whatever the kernel holds:
 // our rules from before, upstream's, or none. It reads the kernel once and
 // writes only the chains whose content differs, so a restart over rules
-// already in place writes next to nothing. On the nft backend the work is
-// split into several restore inputs, each valid on its own: fixed chains
-// first, then the per-service chains level by level (endpoints before the
-// chains that jump to them), then the differences in the shared chains,
-// which switch traffic over atomically per table, with the removal of
-// chains nothing uses any more and the jumps from the built-in chains.
-// On the legacy backend all of it is one input.
+// already in place writes next to nothing. Each service's rules are
+// decided, written out as restore text and dropped, so the rules of every
+// service are never held at once. On the nft backend the work is split
+// into several restore inputs, each valid on its own: fixed chains first,
+// then the per-service chains in batches (see chainBatches), then the
+// differences in the shared chains, which switch traffic over atomically
+// per table, with the removal of chains nothing uses any more and the
+// jumps from the built-in chains. On the legacy backend all of it is one
+// input.
 func (p *Proxier) fullSync() error {
 	kernel, err := p.readKernel()
 	if err != nil {
@@ -293,77 +295,71 @@ func (p *Proxier) fullSync() error {
 	}
 	static := p.cfg.Params.StaticRules()
 	split := p.cfg.ChainsPerRestore > 0
-	// step ends one input when the work is split.
-	step := func(in *restoreInput) (*restoreInput, error) {
-		if !split {
-			return in, nil
-		}
-		return newRestoreInput(), p.restore(in)
-	}
 
-	in := newRestoreInput()
+	final := newRestoreInput()
+	fixed := final
+	if split {
+		fixed = newRestoreInput()
+	}
 	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
 		if !kernel[t].has(chainCanary) {
-			in.writeChain(t, OwnChain{Name: chainCanary})
+			fixed.writeChain(t, OwnChain{Name: chainCanary})
 		}
 	}
 	for t, chains := range static.Chains {
 		for _, c := range chains {
 			if !kernel[t].holds(c) {
-				in.writeChain(t, c)
+				fixed.writeChain(t, c)
 			}
 		}
 	}
-	if in, err = step(in); err != nil {
+	if split {
+		if err := p.restore(fixed); err != nil {
+			return err
+		}
+	}
+
+	batches := newChainBatches(final, p.cfg.ChainsPerRestore, p.restore)
+	desired := make(map[state.ServicePortName]appliedService, len(p.state.Services))
+	wanted := map[Chain]bool{}
+	var shared [][]SharedRule
+	for _, name := range p.serviceOrder() {
+		rules, _ := p.rulesFor(name)
+		summary := summarize(rules)
+		desired[name] = summary
+		shared = append(shared, rules.Shared)
+		var differ []OwnChain
+		for i, c := range rules.Chains {
+			wanted[c.Name] = true
+			if !kernel[TableNAT].holdsPrint(c.Name, summary.chains[i].fingerprint) {
+				differ = append(differ, c)
+			}
+		}
+		if err := batches.addService(differ); err != nil {
+			return err
+		}
+	}
+	if err := batches.flush(); err != nil {
 		return err
 	}
 
-	names, ordered := p.desiredServices()
-	desired := make(map[state.ServicePortName]appliedService, len(names))
-	wanted := map[Chain]bool{}
-	var levels [4][]OwnChain
-	for i, rules := range ordered {
-		summary := summarize(rules)
-		desired[names[i]] = summary
-		for j, c := range rules.Chains {
-			wanted[c.Name] = true
-			if !kernel[TableNAT].holdsPrint(c.Name, summary.chains[j].fingerprint) {
-				levels[chainLevel(c.Name)] = append(levels[chainLevel(c.Name)], c)
-			}
-		}
-	}
-	for _, level := range levels {
-		batchSize := p.cfg.ChainsPerRestore
-		if !split {
-			batchSize = len(level)
-		}
-		for batch := range slices.Chunk(level, max(1, batchSize)) {
-			for _, c := range batch {
-				in.writeChain(TableNAT, c)
-			}
-			if in, err = step(in); err != nil {
-				return err
-			}
-		}
-	}
-
-	for t, chains := range sharedChainContents(static, ordered) {
+	for t, chains := range sharedChainContents(static, shared) {
 		for i, want := range chains {
 			current, exists := kernel[t].rules[want.Name], kernel[t].has(want.Name)
-			diffSharedChain(in, t, current, exists, want, len(static.Shared[t][i].Rules))
+			diffSharedChain(final, t, current, exists, want, len(static.Shared[t][i].Rules))
 		}
 	}
 	for _, c := range slices.Sorted(maps.Keys(kernel[TableNAT].fingerprints)) {
 		if IsServiceChain(c) && !wanted[c] {
-			in.deleteChain(TableNAT, c)
+			final.deleteChain(TableNAT, c)
 		}
 	}
 	for _, j := range static.Jumps {
 		if !containsRule(kernel[j.Table].rules[j.From], j.Rule) {
-			in.insertFirst(j.Table, j.From, j.Rule)
+			final.insertFirst(j.Table, j.From, j.Rule)
 		}
 	}
-	if err := p.restore(in); err != nil {
+	if err := p.restore(final); err != nil {
 		return err
 	}
 	p.applied = desired
@@ -373,25 +369,20 @@ func (p *Proxier) fullSync() error {
 	return nil
 }
 
-// desiredServices decides every service port's rules, in a stable order,
-// so that the same state always gives the same rule set.
-func (p *Proxier) desiredServices() ([]state.ServicePortName, []ServiceRules) {
-	names := slices.SortedFunc(maps.Keys(p.state.Services), func(a, b state.ServicePortName) int {
+// serviceOrder is every service port in a stable order, so that the same
+// state always gives the same rule set.
+func (p *Proxier) serviceOrder() []state.ServicePortName {
+	return slices.SortedFunc(maps.Keys(p.state.Services), func(a, b state.ServicePortName) int {
 		return strings.Compare(a.String()+string(a.Protocol), b.String()+string(b.Protocol))
 	})
-	ordered := make([]ServiceRules, len(names))
-	for i, name := range names {
-		ordered[i], _ = p.rulesFor(name)
-	}
-	return names, ordered
 }
 
 // sharedChainContents gathers the services' rules into the shared chains,
 // ahead of each chain's fixed tail (the NodePort jump must stay last).
-func sharedChainContents(static StaticRules, services []ServiceRules) map[Table][]OwnChain {
+func sharedChainContents(static StaticRules, services [][]SharedRule) map[Table][]OwnChain {
 	gathered := map[Table]map[Chain][]Rule{}
 	for _, rules := range services {
-		for _, r := range rules.Shared {
+		for _, r := range rules {
 			if gathered[r.Table] == nil {
 				gathered[r.Table] = map[Chain][]Rule{}
 			}
@@ -529,14 +520,12 @@ type flushProbe struct {
 	every int
 }
 
-// flushProbes: the filter FORWARD jump is checked every second when the
-// rules changed (gone with `iptables -F`, a firewall reload or a reset of
-// the whole ruleset); each check is a process start, so the others run
-// once per sync period: the
-// mangle canary (gone when a program deletes the tables' chains, what
-// upstream checks) and the nat PREROUTING jump (the nat table can be large,
-// and reading even one of its chains costs iptables-legacy a copy of the
-// whole table).
+// flushProbes: the filter FORWARD jump is checked every second (gone with
+// `iptables -F`, a firewall reload or a reset of the whole ruleset); the
+// others once per sync period: the mangle canary (gone when a program
+// deletes the tables' chains, what upstream checks) and the nat PREROUTING
+// jump (the nat table can be large, and reading even one of its chains
+// costs iptables-legacy a copy of the whole table).
 func (p *Proxier) flushProbes() []flushProbe {
 	slow := max(1, int(p.cfg.SyncPeriod/flushCheckInterval))
 	probes := []flushProbe{{table: TableMangle, chain: chainCanary, every: slow}}
@@ -568,13 +557,11 @@ func (p *Proxier) flushed(probe flushProbe) bool {
 }
 
 // watchForFlush runs the flush probes and forces a full sync, which
-// restores everything, when one finds our rules gone. The every-second
-// probes run only when the rules' generation moved since the last check.
+// restores everything, when one finds our rules gone.
 func (p *Proxier) watchForFlush(ctx context.Context) {
-	probes := p.flushProbes()
+	watch := p.newFlushWatch()
 	ticker := time.NewTicker(flushCheckInterval)
 	defer ticker.Stop()
-	var lastGeneration uint64
 	for tick := 0; ; tick++ {
 		select {
 		case <-ctx.Done():
@@ -588,22 +575,51 @@ func (p *Proxier) watchForFlush(ctx context.Context) {
 		if !written {
 			continue
 		}
-		generation, err := p.cfg.Kernel.Generation()
-		changed := err != nil || generation != lastGeneration
-		lastGeneration = generation
-		for _, probe := range probes {
-			if (probe.every == 1 && !changed) || tick%probe.every != 0 || !p.flushed(probe) {
-				continue
-			}
-			klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", probe.table, "chain", probe.chain)
-			metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
-			p.mu.Lock()
-			p.needFullSync = true
-			p.mu.Unlock()
-			p.queue()
-			break
+		probe, flushed := watch.check(tick)
+		if !flushed {
+			continue
+		}
+		klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", probe.table, "chain", probe.chain)
+		metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
+		p.mu.Lock()
+		p.needFullSync = true
+		p.mu.Unlock()
+		p.queue()
+	}
+}
+
+// flushWatch runs each flush probe (a process start, and on legacy a copy
+// of the table) only when its table's generation moved since the probe
+// last looked: nothing can have been flushed from a table that did not
+// change.
+type flushWatch struct {
+	p      *Proxier
+	probes []flushProbe
+	seen   []uint64
+}
+
+func (p *Proxier) newFlushWatch() *flushWatch {
+	probes := p.flushProbes()
+	return &flushWatch{p: p, probes: probes, seen: make([]uint64, len(probes))}
+}
+
+// check runs the probes due at this tick and returns the first that finds
+// our rules gone.
+func (w *flushWatch) check(tick int) (flushProbe, bool) {
+	for i, probe := range w.probes {
+		if tick%probe.every != 0 {
+			continue
+		}
+		generation, err := w.p.cfg.Kernel.Generation(string(probe.table))
+		if err == nil && generation == w.seen[i] {
+			continue
+		}
+		w.seen[i] = generation
+		if w.p.flushed(probe) {
+			return probe, true
 		}
 	}
+	return flushProbe{}, false
 }
 
 // splitArgs splits a rule into arguments, unquoting the quoted comments.
