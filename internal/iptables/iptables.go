@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -101,18 +102,47 @@ func (r *Runner) Available() error {
 	if _, err := exec.LookPath(r.tool("-restore")); err != nil {
 		return fmt.Errorf("%s is not installed (Debian package iptables)", r.tool("-restore"))
 	}
-	if out, err := exec.Command(r.tool("-save"), "-t", "nat").CombinedOutput(); err != nil {
-		return fmt.Errorf("%s does not work here: %w: %s", r.tool("-save"), err, strings.TrimSpace(string(out)))
+	// One built-in chain of the nat table: a whole-table read takes
+	// seconds at 10k services, and starting up must not wait for it.
+	if out, err := exec.Command(r.tool(""), "-w", "-t", "nat", "-S", "POSTROUTING").CombinedOutput(); err != nil {
+		return fmt.Errorf("%s does not work here: %w: %s", r.tool(""), err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
 
-// RandomFullySupported tells whether MASQUERADE --random-fully works here,
-// by asking the tools to check a rule that uses it.
+// RandomFullySupported tells whether MASQUERADE --random-fully works here:
+// iptables has it from 1.6.2 on, as upstream decides by the version too
+// (asking the tools to check a rule costs a whole nat table read).
 func (r *Runner) RandomFullySupported() bool {
-	out, _ := exec.Command(r.tool(""), "-w", "-t", "nat", "-C", "POSTROUTING", "-j", "MASQUERADE", "--random-fully").CombinedOutput()
-	// "Bad rule" means the option parsed and the rule is simply absent.
-	return strings.Contains(string(out), "Bad rule") || strings.Contains(string(out), "does a matching rule exist")
+	out, err := exec.Command(r.tool(""), "--version").Output()
+	if err != nil {
+		return false
+	}
+	return versionAtLeast(string(out), 1, 6, 2)
+}
+
+// versionAtLeast tells whether `iptables --version` output ("iptables
+// v1.8.9 (nf_tables)") names at least major.minor.patch.
+func versionAtLeast(out string, want ...int) bool {
+	_, rest, ok := strings.Cut(out, " v")
+	if !ok {
+		return false
+	}
+	version, _, _ := strings.Cut(strings.TrimSpace(rest), " ")
+	parts := strings.Split(version, ".")
+	for i, w := range want {
+		n := 0 // "1.6" is 1.6.0
+		if i < len(parts) {
+			var err error
+			if n, err = strconv.Atoi(parts[i]); err != nil {
+				return false
+			}
+		}
+		if n != w {
+			return n > w
+		}
+	}
+	return true
 }
 
 // BackendEnv overrides the backend choice: "legacy" or "nft".

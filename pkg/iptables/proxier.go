@@ -1,9 +1,11 @@
 package iptables
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -238,6 +240,12 @@ func (p *Proxier) sync() error {
 	}
 	p.afterSync(changes)
 	klog.V(2).InfoS("Synced iptables rules", "ipFamily", family, "full", full, "changedServicePorts", len(changes.ServicePorts), "elapsed", time.Since(start))
+	if full {
+		// A full sync's restore text (tens of MB at 10k services) is
+		// garbage now; hand it back to the node at once instead of
+		// holding it until the runtime's background scavenger gets there.
+		debug.FreeOSMemory()
+	}
 	return nil
 }
 
@@ -373,7 +381,8 @@ func (p *Proxier) fullSync() error {
 // state always gives the same rule set.
 func (p *Proxier) serviceOrder() []state.ServicePortName {
 	return slices.SortedFunc(maps.Keys(p.state.Services), func(a, b state.ServicePortName) int {
-		return strings.Compare(a.String()+string(a.Protocol), b.String()+string(b.Protocol))
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
+			cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 	})
 }
 
