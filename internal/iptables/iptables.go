@@ -6,6 +6,7 @@ package iptables
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"slices"
@@ -53,11 +54,11 @@ func (r *Runner) tool(suffix string) string {
 // Restore feeds input to iptables-restore without flushing other
 // programs' rules. Each table in the input is applied atomically; when one
 // fails, the error names the line iptables complained about.
-func (r *Runner) Restore(input []byte) error {
+func (r *Runner) Restore(input io.Reader) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	cmd := exec.Command(r.tool("-restore"), "-w", "--noflush", "--counters")
-	cmd.Stdin = bytes.NewReader(input)
+	cmd.Stdin = input
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {

@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"bufio"
-	"bytes"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -19,29 +18,29 @@ import (
 // savedForms pairs a rule as written with its form as iptables-save
 // (1.8.9, both backends) prints it back.
 var savedForms = []struct{ written, saved string }{
-		{`-m comment --comment "ns/svc:p cluster IP" -m tcp -p tcp -d 10.96.0.10 --dport 80 -j KUBE-SVC-X`,
-			`-d 10.96.0.10/32 -p tcp -m comment --comment "ns/svc:p cluster IP" -m tcp --dport 80 -j KUBE-SVC-X`},
-		{`-m comment --comment "a" -m sctp -p sctp -d 10.96.0.11 --dport 80 -j KUBE-SVC-X`,
-			`-d 10.96.0.11/32 -p sctp -m comment --comment a -m sctp --dport 80 -j KUBE-SVC-X`},
-		{`-m comment --comment "ns/svc:p cluster IP" -m tcp -p tcp -d 10.96.0.10 --dport 80 ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ`,
-			`! -s 10.244.0.0/16 -d 10.96.0.10/32 -p tcp -m comment --comment "ns/svc:p cluster IP" -m tcp --dport 80 -j KUBE-MARK-MASQ`},
-		{`-m comment --comment "ns/svc:p -> 10.244.0.5:8080" -m recent --name KUBE-SEP-A --rcheck --seconds 10800 --reap -j KUBE-SEP-A`,
-			`-m comment --comment "ns/svc:p -> 10.244.0.5:8080" -m recent --rcheck --seconds 10800 --reap --name KUBE-SEP-A --mask 255.255.255.255 --rsource -j KUBE-SEP-A`},
-		{`-m comment --comment "ns/svc:p -> 10.244.0.5:8080" -m statistic --mode random --probability 0.3333333333 -j KUBE-SEP-A`,
-			`-m comment --comment "ns/svc:p -> 10.244.0.5:8080" -m statistic --mode random --probability 0.33333333349 -j KUBE-SEP-A`},
-		{`-m comment --comment "ns/svc:p" -s 10.244.0.5 -j KUBE-MARK-MASQ`,
-			`-s 10.244.0.5/32 -m comment --comment "ns/svc:p" -j KUBE-MARK-MASQ`},
-		{`-m comment --comment "ns/svc:p" -m recent --name KUBE-SEP-A --set -m tcp -p tcp -j DNAT --to-destination 10.244.0.5:8080`,
-			`-p tcp -m comment --comment "ns/svc:p" -m recent --set --name KUBE-SEP-A --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.244.0.5:8080`},
-		{`-j MARK --or-mark 0x004000`, `-j MARK --set-xmark 0x4000/0x4000`},
-		{`-j MARK --xor-mark 0x004000`, `-j MARK --set-xmark 0x4000/0x0`},
-		{`-m mark ! --mark 0x004000/0x004000 -j RETURN`, `-m mark ! --mark 0x4000/0x4000 -j RETURN`},
-		{`-m comment --comment "ns/svc:p has no endpoints" -m tcp -p tcp -d 10.96.0.12 --dport 80 -j REJECT`,
-			`-d 10.96.0.12/32 -p tcp -m comment --comment "ns/svc:p has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable`},
-		{`-m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`,
-			`! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`},
-		{`-m comment --comment "x" -m tcp -p tcp -d fd00:10:96::a --dport 80 -j KUBE-SVC-X`,
-			`-d fd00:10:96::a/128 -p tcp -m comment --comment x -m tcp --dport 80 -j KUBE-SVC-X`},
+	{`-m comment --comment "ns/svc:p cluster IP" -m tcp -p tcp -d 10.96.0.10 --dport 80 -j KUBE-SVC-X`,
+		`-d 10.96.0.10/32 -p tcp -m comment --comment "ns/svc:p cluster IP" -m tcp --dport 80 -j KUBE-SVC-X`},
+	{`-m comment --comment "a" -m sctp -p sctp -d 10.96.0.11 --dport 80 -j KUBE-SVC-X`,
+		`-d 10.96.0.11/32 -p sctp -m comment --comment a -m sctp --dport 80 -j KUBE-SVC-X`},
+	{`-m comment --comment "ns/svc:p cluster IP" -m tcp -p tcp -d 10.96.0.10 --dport 80 ! -s 10.244.0.0/16 -j KUBE-MARK-MASQ`,
+		`! -s 10.244.0.0/16 -d 10.96.0.10/32 -p tcp -m comment --comment "ns/svc:p cluster IP" -m tcp --dport 80 -j KUBE-MARK-MASQ`},
+	{`-m comment --comment "ns/svc:p -> 10.244.0.5:8080" -m recent --name KUBE-SEP-A --rcheck --seconds 10800 --reap -j KUBE-SEP-A`,
+		`-m comment --comment "ns/svc:p -> 10.244.0.5:8080" -m recent --rcheck --seconds 10800 --reap --name KUBE-SEP-A --mask 255.255.255.255 --rsource -j KUBE-SEP-A`},
+	{`-m comment --comment "ns/svc:p -> 10.244.0.5:8080" -m statistic --mode random --probability 0.3333333333 -j KUBE-SEP-A`,
+		`-m comment --comment "ns/svc:p -> 10.244.0.5:8080" -m statistic --mode random --probability 0.33333333349 -j KUBE-SEP-A`},
+	{`-m comment --comment "ns/svc:p" -s 10.244.0.5 -j KUBE-MARK-MASQ`,
+		`-s 10.244.0.5/32 -m comment --comment "ns/svc:p" -j KUBE-MARK-MASQ`},
+	{`-m comment --comment "ns/svc:p" -m recent --name KUBE-SEP-A --set -m tcp -p tcp -j DNAT --to-destination 10.244.0.5:8080`,
+		`-p tcp -m comment --comment "ns/svc:p" -m recent --set --name KUBE-SEP-A --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.244.0.5:8080`},
+	{`-j MARK --or-mark 0x004000`, `-j MARK --set-xmark 0x4000/0x4000`},
+	{`-j MARK --xor-mark 0x004000`, `-j MARK --set-xmark 0x4000/0x0`},
+	{`-m mark ! --mark 0x004000/0x004000 -j RETURN`, `-m mark ! --mark 0x4000/0x4000 -j RETURN`},
+	{`-m comment --comment "ns/svc:p has no endpoints" -m tcp -p tcp -d 10.96.0.12 --dport 80 -j REJECT`,
+		`-d 10.96.0.12/32 -p tcp -m comment --comment "ns/svc:p has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable`},
+	{`-m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`,
+		`! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`},
+	{`-m comment --comment "x" -m tcp -p tcp -d fd00:10:96::a --dport 80 -j KUBE-SVC-X`,
+		`-d fd00:10:96::a/128 -p tcp -m comment --comment x -m tcp --dport 80 -j KUBE-SVC-X`},
 }
 
 func TestCanonicalRuleUndoesSaveFormatting(t *testing.T) {
@@ -101,9 +100,9 @@ func TestGeneratedRulesSurviveARoundTripThroughTheKernel(t *testing.T) {
 				tool = "ip6tables-" + backend
 			}
 			restore := exec.Command("ip", "netns", "exec", netns, tool+"-restore", "--noflush")
-			restore.Stdin = bytes.NewReader(in.bytes())
+			restore.Stdin = in.reader()
 			if out, err := restore.CombinedOutput(); err != nil {
-				t.Fatalf("%s: restoring: %v: %s\n%s", tool, err, out, in.bytes())
+				t.Fatalf("%s: restoring: %v: %s\n%s", tool, err, out, in)
 			}
 			for table, cs := range chains {
 				// Standard output only: iptables-nft-save warns about legacy tables on stderr.

@@ -42,7 +42,7 @@ func Cleanup(k Kernel) (int, error) {
 	if in.empty() {
 		return 0, nil
 	}
-	return removed, k.Restore(in.bytes())
+	return removed, k.Restore(in.reader())
 }
 
 // jumpTarget is the chain a rule jumps or goes to, "" if none.

@@ -3,6 +3,7 @@ package iptables
 import (
 	"flag"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -26,10 +27,10 @@ type recordingKernel struct {
 	written strings.Builder
 }
 
-func (k *recordingKernel) Restore(input []byte) error {
+func (k *recordingKernel) Restore(input io.Reader) error {
 	k.written.WriteString("# restore\n")
-	k.written.Write(input)
-	return nil
+	_, err := io.Copy(&k.written, input)
+	return err
 }
 
 func (k *recordingKernel) Save(table string) ([]byte, error) { return nil, nil }
@@ -273,7 +274,7 @@ type failingKernel struct {
 	failNext bool
 }
 
-func (k *failingKernel) Restore(input []byte) error {
+func (k *failingKernel) Restore(input io.Reader) error {
 	if k.failNext {
 		k.failNext = false
 		return fmt.Errorf("iptables-restore: line 3 failed")

@@ -1,7 +1,9 @@
 package iptables
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -52,14 +54,18 @@ type countingKernel struct {
 	chainsWritten int
 }
 
-func (k *countingKernel) Restore(input []byte) error {
+func (k *countingKernel) Restore(input io.Reader) error {
+	text, err := io.ReadAll(input)
+	if err != nil {
+		return err
+	}
 	k.restores++
-	for _, line := range strings.Split(string(input), "\n") {
+	for _, line := range strings.Split(string(text), "\n") {
 		if strings.HasPrefix(line, ":") {
 			k.chainsWritten++
 		}
 	}
-	return k.Kernel.Restore(input)
+	return k.Kernel.Restore(bytes.NewReader(text))
 }
 
 func newTestProxier(t *testing.T, kernel Kernel) *Proxier {
@@ -299,7 +305,11 @@ type inputRecorder struct {
 	last *string
 }
 
-func (r *inputRecorder) Restore(input []byte) error {
-	*r.last = string(input)
-	return r.countingKernel.Restore(input)
+func (r *inputRecorder) Restore(input io.Reader) error {
+	text, err := io.ReadAll(input)
+	if err != nil {
+		return err
+	}
+	*r.last = string(text)
+	return r.countingKernel.Restore(bytes.NewReader(text))
 }

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"bytes"
+	"io"
 	"strings"
 )
 
@@ -102,29 +103,30 @@ func (ti *tableInput) lines() int {
 	return n
 }
 
-// bytes renders the input; filter goes before nat so that a service losing
-// its endpoints is rejected before its nat rules disappear.
-func (in *restoreInput) bytes() []byte {
-	var b bytes.Buffer
-	size := 0
-	for _, ti := range in.tables {
-		for _, s := range ti.sections() {
-			size += s.text.Len()
-		}
-	}
-	b.Grow(size + 64)
+// reader renders the input without copying it; filter goes before nat so
+// that a service losing its endpoints is rejected before its nat rules
+// disappear.
+func (in *restoreInput) reader() io.Reader {
+	var parts []io.Reader
 	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
 		ti := in.tables[t]
 		if ti == nil || ti.lines() == 0 {
 			continue
 		}
-		b.WriteString("*" + string(t) + "\n")
+		parts = append(parts, strings.NewReader("*"+string(t)+"\n"))
 		for _, s := range ti.sections() {
-			b.Write(s.text.Bytes())
+			parts = append(parts, bytes.NewReader(s.text.Bytes()))
 		}
-		b.WriteString("COMMIT\n")
+		parts = append(parts, strings.NewReader("COMMIT\n"))
 	}
-	return b.Bytes()
+	return io.MultiReader(parts...)
+}
+
+// String renders the input, for tests and errors.
+func (in *restoreInput) String() string {
+	var b strings.Builder
+	io.Copy(&b, in.reader())
+	return b.String()
 }
 
 // counts returns the rules written per table, for the metrics.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"runtime/debug"
 	"slices"
@@ -26,7 +27,7 @@ import (
 // Kernel is what the proxier needs from the iptables tools of one family.
 type Kernel interface {
 	// Restore applies iptables-restore --noflush input, atomically per table.
-	Restore(input []byte) error
+	Restore(input io.Reader) error
 	// Save returns iptables-save output for one table.
 	Save(table string) ([]byte, error)
 	// ListRules returns a chain's rules without "-A CHAIN"; an error
@@ -273,7 +274,7 @@ func (p *Proxier) partialSync(changes state.Changes) error {
 		diffService(in, p.applied[name], updated[name], rules)
 	}
 	if !in.empty() {
-		if err := p.cfg.Kernel.Restore(in.bytes()); err != nil {
+		if err := p.cfg.Kernel.Restore(in.reader()); err != nil {
 			return err
 		}
 	}
@@ -411,7 +412,7 @@ func (p *Proxier) restore(in *restoreInput) error {
 	if in.empty() {
 		return nil
 	}
-	return p.cfg.Kernel.Restore(in.bytes())
+	return p.cfg.Kernel.Restore(in.reader())
 }
 
 // readKernel reads the three tables kube-proxy writes to, keeping the
