@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"strings"
 )
@@ -235,34 +236,49 @@ func chainLevel(c Chain) int {
 	}
 }
 
-// chainBatches takes a full sync's service chains. Unsplit, they go into
-// the final input, where every chain is declared before any rule is
-// written, so their order does not matter. Split, each level (see
+// chainBatches writes a full sync's service chains, ahead of the input
+// that makes the shared chains jump to them. Split, each level (see
 // chainLevel) collects its own chains; after a service's chains are in, a
 // level holding a batch's worth is restored, after every lower level, so
-// that no input jumps to a chain that is not written yet. Either way only
+// that no input jumps to a chain that is not written yet. Unsplit, every
+// chain goes into one restore that reads the text as it is made, each
+// service's chains declared before their rules. Either way only a little
 // text is kept, never the services' rules.
 type chainBatches struct {
-	final   *restoreInput
-	size    int
-	restore func(*restoreInput) error
-	levels  [4]*restoreInput
-	counts  [4]int
+	kernel Kernel
+	size   int
+	levels [4]*restoreInput
+	counts [4]int
+	stream *restoreStream
 }
 
-// newChainBatches restores inputs of about size chains; 0 keeps every
-// chain for the final input.
-func newChainBatches(final *restoreInput, size int, restore func(*restoreInput) error) *chainBatches {
-	return &chainBatches{final: final, size: size, restore: restore}
+// newChainBatches restores inputs of about size chains; 0 streams them
+// all into one.
+func newChainBatches(kernel Kernel, size int) *chainBatches {
+	return &chainBatches{kernel: kernel, size: size}
 }
 
 // addService takes the chains of one service that need writing.
 func (b *chainBatches) addService(chains []OwnChain) error {
-	if b.size <= 0 {
-		for _, c := range chains {
-			b.final.writeChain(TableNAT, c)
-		}
+	if len(chains) == 0 {
 		return nil
+	}
+	if b.size <= 0 {
+		if b.stream == nil {
+			b.stream = startRestoreStream(b.kernel)
+			if err := b.stream.write([]byte("*" + TableNAT + "\n")); err != nil {
+				return err
+			}
+		}
+		in := newRestoreInput()
+		for _, c := range chains {
+			in.writeChain(TableNAT, c)
+		}
+		var parts [][]byte
+		for _, sec := range in.table(TableNAT).sections() {
+			parts = append(parts, sec.text.Bytes())
+		}
+		return b.stream.write(parts...)
 	}
 	full := -1
 	for _, c := range chains {
@@ -284,7 +300,7 @@ func (b *chainBatches) restoreUpTo(level int) error {
 		if b.counts[l] == 0 {
 			continue
 		}
-		if err := b.restore(b.levels[l]); err != nil {
+		if err := b.kernel.Restore(b.levels[l].reader()); err != nil {
 			return err
 		}
 		b.levels[l], b.counts[l] = nil, 0
@@ -293,4 +309,53 @@ func (b *chainBatches) restoreUpTo(level int) error {
 }
 
 // flush restores every chain not restored yet.
-func (b *chainBatches) flush() error { return b.restoreUpTo(len(b.levels) - 1) }
+func (b *chainBatches) flush() error {
+	if b.stream != nil {
+		if err := b.stream.write([]byte("COMMIT\n")); err != nil {
+			return err
+		}
+		return b.stream.finish()
+	}
+	return b.restoreUpTo(len(b.levels) - 1)
+}
+
+// restoreStream is one restore whose input is written while it runs.
+type restoreStream struct {
+	pipe *io.PipeWriter
+	done chan error
+}
+
+func startRestoreStream(kernel Kernel) *restoreStream {
+	r, w := io.Pipe()
+	s := &restoreStream{pipe: w, done: make(chan error, 1)}
+	go func() {
+		err := kernel.Restore(r)
+		// Unblocks the writer if the restore ended before reading it all.
+		r.CloseWithError(errors.Join(err, errRestoreEnded))
+		s.done <- err
+	}()
+	return s
+}
+
+var errRestoreEnded = errors.New("the restore ended before its input")
+
+// write passes input on; after an error the stream is finished.
+func (s *restoreStream) write(parts ...[]byte) error {
+	for _, part := range parts {
+		if _, err := s.pipe.Write(part); err != nil {
+			return s.end(err)
+		}
+	}
+	return nil
+}
+
+// finish ends the input and returns the restore's result.
+func (s *restoreStream) finish() error { return s.end(nil) }
+
+func (s *restoreStream) end(writeErr error) error {
+	s.pipe.Close()
+	if err := <-s.done; err != nil {
+		return err
+	}
+	return writeErr
+}

@@ -290,26 +290,20 @@ func (p *Proxier) partialSync(changes state.Changes) error {
 // writes only the chains whose content differs, so a restart over rules
 // already in place writes next to nothing. Each service's rules are
 // decided, written out as restore text and dropped, so the rules of every
-// service are never held at once. On the nft backend the work is split
-// into several restore inputs, each valid on its own: fixed chains first,
-// then the per-service chains in batches (see chainBatches), then the
-// differences in the shared chains, which switch traffic over atomically
-// per table, with the removal of chains nothing uses any more and the
-// jumps from the built-in chains. On the legacy backend all of it is one
-// input.
+// service are never held at once. The restore inputs are each valid on
+// their own: the fixed chains; the per-service chains (see chainBatches:
+// in batches on nft, one streamed input on legacy), which nothing jumps
+// to yet; then the differences in the shared chains, which switch traffic
+// over atomically per table, with the removal of chains nothing uses any
+// more and the jumps from the built-in chains.
 func (p *Proxier) fullSync() error {
 	kernel, err := p.readKernel()
 	if err != nil {
 		return err
 	}
 	static := p.cfg.Params.StaticRules()
-	split := p.cfg.ChainsPerRestore > 0
 
-	final := newRestoreInput()
-	fixed := final
-	if split {
-		fixed = newRestoreInput()
-	}
+	fixed := newRestoreInput()
 	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
 		if !kernel[t].has(chainCanary) {
 			fixed.writeChain(t, OwnChain{Name: chainCanary})
@@ -322,13 +316,11 @@ func (p *Proxier) fullSync() error {
 			}
 		}
 	}
-	if split {
-		if err := p.restore(fixed); err != nil {
-			return err
-		}
+	if err := p.restore(fixed); err != nil {
+		return err
 	}
 
-	batches := newChainBatches(final, p.cfg.ChainsPerRestore, p.restore)
+	batches := newChainBatches(p.cfg.Kernel, p.cfg.ChainsPerRestore)
 	desired := make(map[state.ServicePortName]appliedService, len(p.state.Services))
 	wanted := map[Chain]bool{}
 	var shared [][]SharedRule
@@ -351,6 +343,8 @@ func (p *Proxier) fullSync() error {
 	if err := batches.flush(); err != nil {
 		return err
 	}
+
+	final := newRestoreInput()
 
 	for t, chains := range sharedChainContents(static, shared) {
 		for i, want := range chains {
