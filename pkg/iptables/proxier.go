@@ -60,14 +60,15 @@ type Config struct {
 	ServiceHealth *healthcheck.ServiceHealth
 	Conntrack     Conntrack
 	// ChainsPerRestore splits a full sync's service chains into inputs of
-	// at most this many chains; 0 writes them in one.
+	// about this many chains; 0 streams them into one.
 	ChainsPerRestore int
 }
 
 // ChainsPerRestoreNFT bounds the chains one restore input declares on the
 // nft backend, where the cost of a --noflush restore grows with the square
 // of that number, so a large first sync is split. The legacy backend
-// rewrites the whole table on every restore, so there one input is best.
+// rewrites the whole table on every restore, so there one streamed input
+// is best.
 const ChainsPerRestoreNFT = 1500
 
 // Proxier programs iptables for one IP family.
