@@ -239,20 +239,49 @@ func TestInformersFeedTheProxier(t *testing.T) {
 }
 
 func TestTrimForCacheKeepsOnlyWhatIsRead(t *testing.T) {
-	slice := &discovery.EndpointSlice{ObjectMeta: metav1.ObjectMeta{
-		Name:          "s",
-		Labels:        map[string]string{discovery.LabelServiceName: "svc"},
-		Annotations:   map[string]string{v1.EndpointsLastChangeTriggerTime: "2026-01-01T00:00:00Z", "big": strings.Repeat("x", 1000)},
-		ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager"}},
-	}}
+	ready, node, zone := true, "node-1", "z1"
+	slice := &discovery.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:            "s",
+			Labels:          map[string]string{discovery.LabelServiceName: "svc", discovery.LabelManagedBy: "endpointslice-controller.k8s.io"},
+			Annotations:     map[string]string{v1.EndpointsLastChangeTriggerTime: "2026-01-01T00:00:00Z", "big": strings.Repeat("x", 1000)},
+			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager"}},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "Service", Name: "svc"}},
+		},
+		Endpoints: []discovery.Endpoint{{
+			Addresses: []string{"10.244.0.5"}, Conditions: discovery.EndpointConditions{Ready: &ready},
+			NodeName: &node, Zone: &zone, Hostname: &node,
+			TargetRef: &v1.ObjectReference{Kind: "Pod", Name: "web-1"},
+		}},
+	}
 	got, err := trimForCache(slice)
 	if err != nil {
 		t.Fatal(err)
 	}
 	trimmed := got.(*discovery.EndpointSlice)
-	if len(trimmed.ManagedFields) != 0 || len(trimmed.Annotations) != 1 || trimmed.Labels[discovery.LabelServiceName] != "svc" {
+	if len(trimmed.ManagedFields) != 0 || len(trimmed.OwnerReferences) != 0 || len(trimmed.Annotations) != 1 ||
+		len(trimmed.Labels) != 1 || trimmed.Labels[discovery.LabelServiceName] != "svc" {
 		t.Errorf("trimmed to %+v", trimmed.ObjectMeta)
 	}
+	ep := trimmed.Endpoints[0]
+	if ep.TargetRef != nil || ep.Hostname != nil || ep.Addresses[0] != "10.244.0.5" || !*ep.Conditions.Ready || *ep.NodeName != node || *ep.Zone != zone {
+		t.Errorf("endpoint trimmed to %+v", ep)
+	}
+
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "svc", Labels: map[string]string{"app": "web"}},
+		Spec: v1.ServiceSpec{Selector: map[string]string{"app": "web"}, ClusterIP: "10.96.0.10",
+			Ports: []v1.ServicePort{{Port: 80}}},
+	}
+	got, err = trimForCache(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if trimmedSvc := got.(*v1.Service); trimmedSvc.Labels != nil || trimmedSvc.Spec.Selector != nil ||
+		trimmedSvc.Spec.ClusterIP != "10.96.0.10" || len(trimmedSvc.Spec.Ports) != 1 {
+		t.Errorf("service trimmed to %+v", trimmedSvc)
+	}
+
 	if _, err := trimForCache(cache.DeletedFinalStateUnknown{Key: "x"}); err != nil {
 		t.Errorf("a tombstone: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -334,19 +335,41 @@ func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeP
 
 // trimForCache drops what kube-proxy never reads from the Services and
 // EndpointSlices it caches (a third or more of each object, at 10k
-// services tens of megabytes): managed fields, and every annotation but
-// the trigger time that network programming latency is measured from.
+// services tens of megabytes): managed fields, owner references, every
+// annotation but the trigger time that network programming latency is
+// measured from, the labels (the informers' selectors are applied by the
+// API server; a slice keeps the one naming its service), a Service's pod
+// selector, and each endpoint's target reference, hostname and deprecated
+// topology.
 func trimForCache(o any) (any, error) {
 	obj, ok := o.(metav1.Object)
 	if !ok {
 		return o, nil
 	}
 	obj.SetManagedFields(nil)
+	obj.SetOwnerReferences(nil)
 	if annotations := obj.GetAnnotations(); len(annotations) > 0 {
 		trigger, found := annotations[v1.EndpointsLastChangeTriggerTime]
 		obj.SetAnnotations(nil)
 		if found {
 			obj.SetAnnotations(map[string]string{v1.EndpointsLastChangeTriggerTime: trigger})
+		}
+	}
+	switch v := o.(type) {
+	case *v1.Service:
+		v.Labels = nil
+		v.Spec.Selector = nil
+	case *discovery.EndpointSlice:
+		service, found := v.Labels[discovery.LabelServiceName]
+		switch {
+		case !found:
+			v.Labels = nil
+		case len(v.Labels) > 1:
+			v.Labels = map[string]string{discovery.LabelServiceName: service}
+		}
+		for i := range v.Endpoints {
+			ep := &v.Endpoints[i]
+			ep.TargetRef, ep.Hostname, ep.DeprecatedTopology = nil, nil, nil
 		}
 	}
 	return o, nil

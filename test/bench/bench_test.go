@@ -18,10 +18,10 @@ func TestBenchSmoke(t *testing.T) {
 		t.Skip("starts a local cluster")
 	}
 	testutil.RequireRoot(t)
-	testutil.RequireCommands(t, "nft", "iptables-nft", "xtables-nft-multi")
+	testutil.RequireCommands(t, "nft", "iptables-nft", "xtables-nft-multi", "iptables-legacy", "xtables-legacy-multi")
 	opts := options{
 		services: []int{20}, endpoints: []int{2},
-		backends: []framework.IPTablesBackend{framework.IPTablesNFT},
+		backends: []framework.IPTablesBackend{framework.IPTablesNFT, framework.IPTablesLegacy},
 		proxies:  []string{ours, upstream},
 		cap:      2 * time.Minute, idle: 2 * time.Second,
 		changes: 2, churnRate: 5, churnFor: 2 * time.Second,
@@ -44,14 +44,17 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("table has %d rows, want %d:\n%s", len(tableRows), len(rows)+1, out.String())
 	}
 	for _, line := range tableRows[1:] {
-		// measure, ours, upstream, ratio (which is "-" when upstream's value is 0).
+		// measure, then per backend: ours, upstream, ratio (which is "-"
+		// when upstream's value is 0).
 		cells := strings.Split(strings.Trim(line, "| "), " | ")
-		if len(cells) != 4 {
-			t.Fatalf("row %q has %d cells, want 4", line, len(cells))
+		if len(cells) != 1+3*len(opts.backends) {
+			t.Fatalf("row %q has %d cells, want %d", line, len(cells), 1+3*len(opts.backends))
 		}
-		for _, c := range cells[1:3] {
-			if c == "-" || c == "" || strings.Contains(c, "NaN") {
-				t.Errorf("empty cell in row %q", line)
+		for b := range opts.backends {
+			for _, c := range cells[1+3*b : 3+3*b] {
+				if c == "-" || c == "" || strings.Contains(c, "NaN") {
+					t.Errorf("empty cell in row %q", line)
+				}
 			}
 		}
 	}

@@ -27,6 +27,7 @@ var rows = []row{
 	{"addWall", "service add: API write -> sync done, median (s)", 3},
 	{"deleteSync", "service delete: sync duration, median (s)", 3},
 	{"deleteWall", "service delete: API write -> sync done, median (s)", 3},
+	{"restoreFloor", "floor: one service chain rewritten by iptables-restore alone, median (s)", 3},
 	{"churnP50", "churn: API write -> DNAT rule in the kernel, p50 (s)", 3},
 	{"churnP99", "churn: API write -> DNAT rule in the kernel, p99 (s)", 3},
 	{"peakRSS", "peak RSS, VmHWM (MB)", 0},

@@ -39,6 +39,15 @@ func (n *Netns) NATChains(b IPTablesBackend) (map[string]bool, error) {
 // Its appearance means the endpoint's DNAT rule is in the kernel: a
 // restore adds the chain and its rules at once.
 func EndpointChain(namespace, service, port, protocol, endpoint string) string {
-	sum := sha256.Sum256([]byte(namespace + "/" + service + ":" + port + protocol + endpoint))
-	return "KUBE-SEP-" + base32.StdEncoding.EncodeToString(sum[:])[:16]
+	return "KUBE-SEP-" + chainHash(namespace+"/"+service+":"+port+protocol+endpoint)
+}
+
+// ServiceChain is a service port's KUBE-SVC chain, hashed the same way.
+func ServiceChain(namespace, service, port, protocol string) string {
+	return "KUBE-SVC-" + chainHash(namespace+"/"+service+":"+port+protocol)
+}
+
+func chainHash(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return base32.StdEncoding.EncodeToString(sum[:])[:16]
 }
