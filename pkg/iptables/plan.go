@@ -96,6 +96,15 @@ func (ti *tableInput) sections() []*section {
 	return []*section{&ti.declare, &ti.deleteRules, &ti.appendRules, &ti.insertRules, &ti.deleteChains}
 }
 
+// body is the table's lines, section by section.
+func (ti *tableInput) body() [][]byte {
+	var parts [][]byte
+	for _, s := range ti.sections() {
+		parts = append(parts, s.text.Bytes())
+	}
+	return parts
+}
+
 func (ti *tableInput) lines() int {
 	n := 0
 	for _, s := range ti.sections() {
@@ -236,87 +245,133 @@ func chainLevel(c Chain) int {
 	}
 }
 
-// chainBatches writes a full sync's service chains, ahead of the input
-// that makes the shared chains jump to them. Split, each level (see
-// chainLevel) collects its own chains; after a service's chains are in, a
-// level holding a batch's worth is restored, after every lower level, so
-// that no input jumps to a chain that is not written yet. Unsplit, every
-// chain goes into one restore that reads the text as it is made, each
-// service's chains declared before their rules. Either way only a little
+// fullSyncWriter writes a full sync's inputs so that each holds on its
+// own and no rule ever jumps to a chain not complete yet: the fixed
+// chains, then the service chains (which nothing jumps to yet), then the
+// final input (the shared chains' differences, unused chains' removal, the
+// built-in jumps).
+//
+// Split (nft, where a --noflush restore is quadratic in the chains it
+// declares), the fixed chains are one input, each chain level (see
+// chainLevel) collects its own chains and, once a service's chains are in,
+// a level holding a batch's worth is restored after every lower level; the
+// final input comes last. Unsplit (legacy, where every restore rewrites
+// the whole table), all of it is one restore that reads the text while it
+// is generated: the nat table with the fixed, service and final chains in
+// that order, then the other tables (so a service losing its last endpoint
+// meanwhile gets its filter REJECT a moment after its nat rules go, where
+// a partial sync does it the other way round). Either way only a little
 // text is kept, never the services' rules.
-type chainBatches struct {
+type fullSyncWriter struct {
 	kernel Kernel
 	size   int
+	fixed  *restoreInput
 	levels [4]*restoreInput
 	counts [4]int
 	stream *restoreStream
 }
 
-// newChainBatches restores inputs of about size chains; 0 streams them
-// all into one.
-func newChainBatches(kernel Kernel, size int) *chainBatches {
-	return &chainBatches{kernel: kernel, size: size}
+// newFullSyncWriter writes service chains in inputs of about size chains,
+// or, with size 0, streams everything into one.
+func newFullSyncWriter(kernel Kernel, size int, fixed *restoreInput) (*fullSyncWriter, error) {
+	w := &fullSyncWriter{kernel: kernel, size: size, fixed: fixed}
+	if size > 0 && !fixed.empty() {
+		return w, kernel.Restore(fixed.reader())
+	}
+	return w, nil
 }
 
 // addService takes the chains of one service that need writing.
-func (b *chainBatches) addService(chains []OwnChain) error {
+func (w *fullSyncWriter) addService(chains []OwnChain) error {
 	if len(chains) == 0 {
 		return nil
 	}
-	if b.size <= 0 {
-		if b.stream == nil {
-			b.stream = startRestoreStream(b.kernel)
-			if err := b.stream.write([]byte("*" + TableNAT + "\n")); err != nil {
-				return err
-			}
-		}
+	if w.size <= 0 {
 		in := newRestoreInput()
 		for _, c := range chains {
 			in.writeChain(TableNAT, c)
 		}
-		var parts [][]byte
-		for _, sec := range in.table(TableNAT).sections() {
-			parts = append(parts, sec.text.Bytes())
+		if err := w.startNAT(); err != nil {
+			return err
 		}
-		return b.stream.write(parts...)
+		return w.stream.write(in.table(TableNAT).body()...)
 	}
 	full := -1
 	for _, c := range chains {
 		level := chainLevel(c.Name)
-		if b.levels[level] == nil {
-			b.levels[level] = newRestoreInput()
+		if w.levels[level] == nil {
+			w.levels[level] = newRestoreInput()
 		}
-		b.levels[level].writeChain(TableNAT, c)
-		b.counts[level]++
-		if b.counts[level] >= b.size {
+		w.levels[level].writeChain(TableNAT, c)
+		w.counts[level]++
+		if w.counts[level] >= w.size {
 			full = max(full, level)
 		}
 	}
-	return b.restoreUpTo(full)
+	return w.restoreUpTo(full)
 }
 
-func (b *chainBatches) restoreUpTo(level int) error {
+func (w *fullSyncWriter) restoreUpTo(level int) error {
 	for l := 0; l <= level; l++ {
-		if b.counts[l] == 0 {
+		if w.counts[l] == 0 {
 			continue
 		}
-		if err := b.kernel.Restore(b.levels[l].reader()); err != nil {
+		if err := w.kernel.Restore(w.levels[l].reader()); err != nil {
 			return err
 		}
-		b.levels[l], b.counts[l] = nil, 0
+		w.levels[l], w.counts[l] = nil, 0
 	}
 	return nil
 }
 
-// flush restores every chain not restored yet.
-func (b *chainBatches) flush() error {
-	if b.stream != nil {
-		if err := b.stream.write([]byte("COMMIT\n")); err != nil {
+// startNAT starts the streamed restore with the nat table's fixed chains.
+func (w *fullSyncWriter) startNAT() error {
+	if w.stream != nil {
+		return nil
+	}
+	w.stream = startRestoreStream(w.kernel)
+	return w.stream.write(append([][]byte{[]byte("*" + TableNAT + "\n")}, w.fixed.table(TableNAT).body()...)...)
+}
+
+// finish writes the final input after every service chain.
+func (w *fullSyncWriter) finish(final *restoreInput) error {
+	if w.size > 0 {
+		if err := w.restoreUpTo(len(w.levels) - 1); err != nil {
 			return err
 		}
-		return b.stream.finish()
+		if final.empty() {
+			return nil
+		}
+		return w.kernel.Restore(final.reader())
 	}
-	return b.restoreUpTo(len(b.levels) - 1)
+	if w.stream == nil && final.table(TableNAT).lines()+w.fixed.table(TableNAT).lines() > 0 {
+		if err := w.startNAT(); err != nil {
+			return err
+		}
+	}
+	if w.stream != nil {
+		if err := w.stream.write(append(final.table(TableNAT).body(), []byte("COMMIT\n"))...); err != nil {
+			return err
+		}
+	}
+	for _, t := range []Table{TableFilter, TableMangle} {
+		fixed, rest := w.fixed.table(t), final.table(t)
+		if fixed.lines()+rest.lines() == 0 {
+			continue
+		}
+		if w.stream == nil {
+			w.stream = startRestoreStream(w.kernel)
+		}
+		parts := append([][]byte{[]byte("*" + t + "\n")}, fixed.body()...)
+		parts = append(append(parts, rest.body()...), []byte("COMMIT\n"))
+		if err := w.stream.write(parts...); err != nil {
+			return err
+		}
+	}
+	if w.stream == nil {
+		return nil
+	}
+	return w.stream.finish()
 }
 
 // restoreStream is one restore whose input is written while it runs.

@@ -291,12 +291,12 @@ func (p *Proxier) partialSync(changes state.Changes) error {
 // writes only the chains whose content differs, so a restart over rules
 // already in place writes next to nothing. Each service's rules are
 // decided, written out as restore text and dropped, so the rules of every
-// service are never held at once. The restore inputs are each valid on
-// their own: the fixed chains; the per-service chains (see chainBatches:
-// in batches on nft, one streamed input on legacy), which nothing jumps
-// to yet; then the differences in the shared chains, which switch traffic
-// over atomically per table, with the removal of chains nothing uses any
-// more and the jumps from the built-in chains.
+// service are never held at once. What is written, in this order (see
+// fullSyncWriter: several inputs on nft, one streamed input on legacy):
+// the fixed chains; the per-service chains, which nothing jumps to yet;
+// then the differences in the shared chains, which switch traffic over
+// atomically per table, with the removal of chains nothing uses any more
+// and the jumps from the built-in chains.
 func (p *Proxier) fullSync() error {
 	kernel, err := p.readKernel()
 	if err != nil {
@@ -317,11 +317,10 @@ func (p *Proxier) fullSync() error {
 			}
 		}
 	}
-	if err := p.restore(fixed); err != nil {
+	writer, err := newFullSyncWriter(p.cfg.Kernel, p.cfg.ChainsPerRestore, fixed)
+	if err != nil {
 		return err
 	}
-
-	batches := newChainBatches(p.cfg.Kernel, p.cfg.ChainsPerRestore)
 	desired := make(map[state.ServicePortName]appliedService, len(p.state.Services))
 	wanted := map[Chain]bool{}
 	var shared [][]SharedRule
@@ -337,16 +336,12 @@ func (p *Proxier) fullSync() error {
 				differ = append(differ, c)
 			}
 		}
-		if err := batches.addService(differ); err != nil {
+		if err := writer.addService(differ); err != nil {
 			return err
 		}
 	}
-	if err := batches.flush(); err != nil {
-		return err
-	}
 
 	final := newRestoreInput()
-
 	for t, chains := range sharedChainContents(static, shared) {
 		for i, want := range chains {
 			current, exists := kernel[t].rules[want.Name], kernel[t].has(want.Name)
@@ -363,7 +358,7 @@ func (p *Proxier) fullSync() error {
 			final.insertFirst(j.Table, j.From, j.Rule)
 		}
 	}
-	if err := p.restore(final); err != nil {
+	if err := writer.finish(final); err != nil {
 		return err
 	}
 	p.applied = desired
