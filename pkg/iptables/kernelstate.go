@@ -56,15 +56,11 @@ func (kt kernelTable) has(c Chain) bool {
 	return ok
 }
 
-// holds tells whether the table holds the chain with exactly these rules.
+// holds tells whether the table holds the chain with exactly these rules;
+// the rules are put in canonical form only when the chain exists at all.
 func (kt kernelTable) holds(c OwnChain) bool {
-	return kt.holdsPrint(c.Name, chainFingerprint(c.Rules))
-}
-
-// holdsPrint tells whether the table holds the chain with this fingerprint.
-func (kt kernelTable) holdsPrint(c Chain, fingerprint uint64) bool {
-	fp, ok := kt.fingerprints[c]
-	return ok && fp == fingerprint
+	fp, ok := kt.fingerprints[c.Name]
+	return ok && fp == chainFingerprint(c.Rules)
 }
 
 // diffSharedChain adds to in what turns the kernel's content of a shared

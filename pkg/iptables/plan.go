@@ -157,7 +157,9 @@ type appliedService struct {
 }
 
 type appliedChain struct {
-	name        Chain
+	name Chain
+	// fingerprint is of the rules' text as generated: it is compared with
+	// the next generation only, never with what the kernel prints.
 	fingerprint uint64
 	rules       int
 }
@@ -166,9 +168,23 @@ type appliedChain struct {
 func summarize(r ServiceRules) appliedService {
 	a := appliedService{chains: make([]appliedChain, len(r.Chains)), shared: r.Shared}
 	for i, c := range r.Chains {
-		a.chains[i] = appliedChain{name: c.Name, fingerprint: chainFingerprint(c.Rules), rules: len(c.Rules)}
+		a.chains[i] = appliedChain{name: c.Name, fingerprint: textFingerprint(c.Rules), rules: len(c.Rules)}
 	}
 	return a
+}
+
+// textFingerprint identifies a chain's rules as generated, rule order
+// included: FNV-1a, byte by byte, so that hashing allocates nothing.
+func textFingerprint(rules []Rule) uint64 {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	for _, r := range rules {
+		for i := 0; i < len(r); i++ {
+			h = (h ^ uint64(r[i])) * prime
+		}
+		h = (h ^ '\n') * prime
+	}
+	return h
 }
 
 // ruleCounts counts the rules per table.

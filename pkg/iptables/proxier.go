@@ -330,9 +330,9 @@ func (p *Proxier) fullSync() error {
 		desired[name] = summary
 		shared = append(shared, rules.Shared)
 		var differ []OwnChain
-		for i, c := range rules.Chains {
+		for _, c := range rules.Chains {
 			wanted[c.Name] = true
-			if !kernel[TableNAT].holdsPrint(c.Name, summary.chains[i].fingerprint) {
+			if !kernel[TableNAT].holds(c) {
 				differ = append(differ, c)
 			}
 		}
