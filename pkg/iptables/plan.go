@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"io"
@@ -390,15 +391,17 @@ func (w *fullSyncWriter) finish(final *restoreInput) error {
 	return w.stream.finish()
 }
 
-// restoreStream is one restore whose input is written while it runs.
+// restoreStream is one restore whose input is written while it runs,
+// through a buffer, so the restore reads it in large pieces.
 type restoreStream struct {
 	pipe *io.PipeWriter
+	buf  *bufio.Writer
 	done chan error
 }
 
 func startRestoreStream(kernel Kernel) *restoreStream {
 	r, w := io.Pipe()
-	s := &restoreStream{pipe: w, done: make(chan error, 1)}
+	s := &restoreStream{pipe: w, buf: bufio.NewWriterSize(w, 1<<16), done: make(chan error, 1)}
 	go func() {
 		err := kernel.Restore(r)
 		// Unblocks the writer if the restore ended before reading it all.
@@ -413,7 +416,7 @@ var errRestoreEnded = errors.New("the restore ended before its input")
 // write passes input on; after an error the stream is finished.
 func (s *restoreStream) write(parts ...[]byte) error {
 	for _, part := range parts {
-		if _, err := s.pipe.Write(part); err != nil {
+		if _, err := s.buf.Write(part); err != nil {
 			return s.end(err)
 		}
 	}
@@ -421,7 +424,7 @@ func (s *restoreStream) write(parts ...[]byte) error {
 }
 
 // finish ends the input and returns the restore's result.
-func (s *restoreStream) finish() error { return s.end(nil) }
+func (s *restoreStream) finish() error { return s.end(s.buf.Flush()) }
 
 func (s *restoreStream) end(writeErr error) error {
 	s.pipe.Close()
