@@ -2,8 +2,13 @@ package iptables
 
 import (
 	"errors"
+	"fmt"
 	"maps"
+	"strings"
 	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // probeKernel answers each table's generation and lists chains with the
@@ -74,5 +79,49 @@ func TestFlushProbesRunOnlyWhenTheirTableChanged(t *testing.T) {
 	probe, flushed := watch.check(2*slow + 2)
 	if !flushed || probe.table != TableFilter || probe.chain != "FORWARD" {
 		t.Errorf("a filter flush: got %v %s/%s, want the FORWARD probe to fire", flushed, probe.table, probe.chain)
+	}
+}
+
+// Above LargeClusterEndpoints the endpoint chains and the jumps to them
+// carry no comment, as upstream writes them; crossing the line either way
+// rewrites them in a full sync.
+func TestLargeClusterLeavesEndpointCommentsOut(t *testing.T) {
+	kernel := &recordingKernel{}
+	p := newTestProxier(t, kernel)
+	feed(p, LargeClusterEndpoints/2) // two endpoints each: exactly at the line
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	if written := kernel.written.String(); !strings.Contains(written, `-A KUBE-SEP-`) || strings.Count(written, `--comment "ns/svc-`) < 3*LargeClusterEndpoints {
+		t.Fatalf("at %d endpoints the endpoint rules lack their comments", LargeClusterEndpoints)
+	}
+
+	kernel.written.Reset()
+	feedService(p, LargeClusterEndpoints/2)
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	written := kernel.written.String()
+	if strings.Count(written, ":KUBE-SEP-") != LargeClusterEndpoints+2 {
+		t.Errorf("crossing the line rewrote %d endpoint chains, want all %d", strings.Count(written, ":KUBE-SEP-"), LargeClusterEndpoints+2)
+	}
+	for _, line := range strings.Split(written, "\n") {
+		isEndpointRule := strings.HasPrefix(line, "-A KUBE-SEP-")
+		isJump := strings.HasPrefix(line, "-A KUBE-SVC-") && strings.Contains(line, "-j KUBE-SEP-")
+		if (isEndpointRule || isJump) && strings.Contains(line, "--comment") {
+			t.Fatalf("in a large cluster: %s", line)
+		}
+	}
+	if !strings.Contains(written, `cluster IP" -m tcp`) {
+		t.Error("in a large cluster the other rules lost their comments too")
+	}
+
+	kernel.written.Reset()
+	p.OnService(&v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: fmt.Sprintf("svc-%d", LargeClusterEndpoints/2)}}, true)
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(kernel.written.String(), `-m comment --comment "ns/svc-1:p" -s `) != 2 {
+		t.Errorf("back at the line, the endpoint rules did not get their comments back")
 	}
 }

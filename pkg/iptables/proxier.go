@@ -206,6 +206,12 @@ func (p *Proxier) sync() error {
 	metrics.ServiceChangesTotal.Add(float64(pendingServices))
 	metrics.EndpointChangesTotal.Add(float64(pendingEndpoints))
 
+	// Crossing the large-cluster line changes every endpoint chain's
+	// rules: a full sync rewrites them all at once.
+	if large := p.largeCluster(); large != p.cfg.Params.LargeCluster {
+		p.cfg.Params.LargeCluster = large
+		p.needFullSync = true
+	}
 	full := p.needFullSync
 	var err error
 	if !full {
@@ -249,6 +255,16 @@ func (p *Proxier) sync() error {
 		debug.FreeOSMemory()
 	}
 	return nil
+}
+
+// largeCluster tells whether the services have more endpoints in all than
+// LargeClusterEndpoints, counted as upstream does.
+func (p *Proxier) largeCluster() bool {
+	total := 0
+	for name := range p.state.Services {
+		total += len(p.state.Endpoints[name])
+	}
+	return total > LargeClusterEndpoints
 }
 
 // rulesFor decides one service port's rules from the current state.

@@ -56,6 +56,23 @@ type Params struct {
 	RandomFully bool
 	// TCPBeLiberal skips the drop of conntrack-INVALID packets.
 	TCPBeLiberal bool
+	// LargeCluster leaves the comments out of the endpoint chains and of
+	// the jumps to them, as upstream does above LargeClusterEndpoints: it
+	// makes the rule set markedly smaller, and keeps it equal to upstream's.
+	LargeCluster bool
+}
+
+// LargeClusterEndpoints is the number of endpoints, over all services,
+// above which the rules are written for a large cluster.
+const LargeClusterEndpoints = 1000
+
+// endpointComment is the comment of an endpoint chain's rules and of the
+// jumps to it; none in a large cluster.
+func (p *Params) endpointComment(text string) []string {
+	if p.LargeCluster {
+		return nil
+	}
+	return comment(text)
 }
 
 func (p *Params) masqueradeMark() string { return fmt.Sprintf("%#08x", 1<<p.MasqueradeBit) }
@@ -212,7 +229,7 @@ func (p *Params) ServiceRules(svc *state.ServicePort, sel state.Selection) Servi
 	}
 	for _, ep := range sel.All {
 		chain := names.endpointChain(ep)
-		svcComment := comment(name)
+		svcComment := p.endpointComment(name)
 		dnat := []string{"-m", proto, "-p", proto, "-j", "DNAT", "--to-destination", ep.String()}
 		var affinity []string
 		if svc.AffinityTimeoutSeconds > 0 {
@@ -240,7 +257,7 @@ func (p *Params) spreadRules(svc *state.ServicePort, names serviceChains, eps []
 	if svc.AffinityTimeoutSeconds > 0 {
 		for _, ep := range eps {
 			chain := names.endpointChain(ep)
-			rules = append(rules, rule(comment(name+" -> "+ep.String()),
+			rules = append(rules, rule(p.endpointComment(name+" -> "+ep.String()),
 				[]string{"-m", "recent", "--name", string(chain), "--rcheck", "--seconds", strconv.Itoa(int(svc.AffinityTimeoutSeconds)), "--reap"},
 				jump(chain)))
 		}
@@ -250,7 +267,7 @@ func (p *Params) spreadRules(svc *state.ServicePort, names serviceChains, eps []
 		if left := len(eps) - i; left > 1 {
 			random = []string{"-m", "statistic", "--mode", "random", "--probability", fmt.Sprintf("%0.10f", 1/float64(left))}
 		}
-		rules = append(rules, rule(comment(name+" -> "+ep.String()), random, jump(names.endpointChain(ep))))
+		rules = append(rules, rule(p.endpointComment(name+" -> "+ep.String()), random, jump(names.endpointChain(ep))))
 	}
 	return rules
 }
