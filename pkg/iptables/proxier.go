@@ -342,8 +342,7 @@ func (p *Proxier) fullSync() error {
 	var shared [][]SharedRule
 	for _, name := range p.serviceOrder() {
 		rules, _ := p.rulesFor(name)
-		summary := summarize(rules)
-		desired[name] = summary
+		desired[name] = summarize(rules)
 		shared = append(shared, rules.Shared)
 		var differ []OwnChain
 		for _, c := range rules.Chains {
@@ -412,13 +411,6 @@ func sharedChainContents(static StaticRules, services [][]SharedRule) map[Table]
 		}
 	}
 	return out
-}
-
-func (p *Proxier) restore(in *restoreInput) error {
-	if in.empty() {
-		return nil
-	}
-	return p.cfg.Kernel.Restore(in.reader())
 }
 
 // readKernel reads the three tables kube-proxy writes to, keeping the
