@@ -125,8 +125,8 @@ func (in *restoreInput) reader() io.Reader {
 			continue
 		}
 		parts = append(parts, strings.NewReader("*"+string(t)+"\n"))
-		for _, s := range ti.sections() {
-			parts = append(parts, bytes.NewReader(s.text.Bytes()))
+		for _, b := range ti.body() {
+			parts = append(parts, bytes.NewReader(b))
 		}
 		parts = append(parts, strings.NewReader("COMMIT\n"))
 	}
