@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,13 +66,13 @@ func (r *Runner) Restore(input io.Reader) error {
 	return nil
 }
 
-// Save returns iptables-save output for one table.
-func (r *Runner) Save(table string) ([]byte, error) {
+// Save returns iptables-save output of every table.
+func (r *Runner) Save() ([]byte, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out, err := exec.Command(r.tool("-save"), "-t", table).Output()
+	out, err := exec.Command(r.tool("-save")).Output()
 	if err != nil {
-		return nil, fmt.Errorf("%s -t %s: %w", r.tool("-save"), table, exitDetail(err))
+		return nil, fmt.Errorf("%s: %w", r.tool("-save"), exitDetail(err))
 	}
 	return out, nil
 }
@@ -149,11 +148,11 @@ func versionAtLeast(out string, want ...int) bool {
 // BackendEnv overrides the backend choice: "legacy" or "nft".
 const BackendEnv = "KUBE_PROXY_IPTABLES_BACKEND"
 
-// markerChains are chains only kube-proxy and the kubelet create; the
-// small mangle table holding one tells the backend in use without reading
-// the nat table, which iptables-nft-save needs tens of seconds for at 10k
-// services.
-var markerChains = []string{":KUBE-IPTABLES-HINT ", ":KUBE-KUBELET-CANARY ", ":KUBE-PROXY-CANARY "}
+// markerChains are chains only kube-proxy and the kubelet create in the
+// mangle table; finding one tells the backend in use. Each is looked up
+// alone: iptables-nft-save, even of the small mangle table, fetches the
+// whole ruleset (1.3 s at 100k chains), where listing one chain takes ms.
+var markerChains = []string{"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY", "KUBE-PROXY-CANARY"}
 
 // DetectBackend picks the backend the host's other programs use, as
 // upstream's images do: the override if set, else the one whose mangle
@@ -167,17 +166,24 @@ func DetectBackend() (Backend, error) {
 	default:
 		return "", fmt.Errorf("%s=%q: want %q or %q", BackendEnv, b, Legacy, NFT)
 	}
-	save := func(b Backend, args ...string) string {
+	tools := func(b Backend) []string { return []string{"iptables-" + string(b), "ip6tables-" + string(b)} }
+	hasMarker := func(b Backend) bool {
+		for _, tool := range tools(b) {
+			for _, chain := range markerChains {
+				if exec.Command(tool, "-w", "-t", "mangle", "-S", chain).Run() == nil {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	save := func(b Backend) string {
 		var all strings.Builder
-		for _, tool := range []string{"iptables-" + string(b) + "-save", "ip6tables-" + string(b) + "-save"} {
-			out, _ := exec.Command(tool, args...).Output()
+		for _, tool := range tools(b) {
+			out, _ := exec.Command(tool + "-save").Output()
 			all.Write(out)
 		}
 		return all.String()
-	}
-	hasMarker := func(b Backend) bool {
-		mangle := save(b, "-t", "mangle")
-		return slices.ContainsFunc(markerChains, func(m string) bool { return strings.Contains(mangle, m) })
 	}
 	legacyMarked, nftMarked := hasMarker(Legacy), hasMarker(NFT)
 	if legacyMarked != nftMarked {

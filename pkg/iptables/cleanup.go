@@ -17,22 +17,22 @@ func isKubeProxyChain(c Chain) bool { return cleanupChains[c] || IsServiceChain(
 // tables, and the rules of other chains that jump to them, in one restore
 // input per table. It returns how many chains it removed.
 func Cleanup(k Kernel) (int, error) {
+	save, err := k.Save()
+	if err != nil {
+		return 0, err
+	}
+	tables := readTables(save, func(_ Table, c Chain) bool { return !isKubeProxyChain(c) })
 	in := newRestoreInput()
 	removed := 0
 	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
-		save, err := k.Save(string(t))
-		if err != nil {
-			return removed, err
-		}
-		kt := readTable(save, func(c Chain) bool { return !isKubeProxyChain(c) })
-		for chain, rules := range kt.rules {
+		for chain, rules := range tables[t].rules {
 			for _, r := range rules {
 				if isKubeProxyChain(jumpTarget(string(r))) {
 					in.removeShared(SharedRule{Table: t, Chain: chain, Rule: r})
 				}
 			}
 		}
-		for c := range kt.fingerprints {
+		for c := range tables[t].fingerprints {
 			if isKubeProxyChain(c) {
 				in.deleteChain(t, c)
 				removed++

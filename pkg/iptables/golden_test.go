@@ -33,7 +33,7 @@ func (k *recordingKernel) Restore(input io.Reader) error {
 	return err
 }
 
-func (k *recordingKernel) Save(table string) ([]byte, error) { return nil, nil }
+func (k *recordingKernel) Save() ([]byte, error) { return nil, nil }
 
 func (k *recordingKernel) ListRules(table, chain string) ([]string, error) { return nil, nil }
 
@@ -47,8 +47,8 @@ type goldenCase struct {
 	params   func(*Params)
 	services []*v1.Service
 	slices   []*discovery.EndpointSlice
-	// chainsPerRestore splits the sync as on the nft backend.
-	chainsPerRestore int
+	// chainRefsPerRestore splits the sync as on the nft backend.
+	chainRefsPerRestore int
 }
 
 const nodeName = "node-1"
@@ -120,7 +120,7 @@ var goldenCases = []goldenCase{
 	{name: "nodeport", services: []*v1.Service{svc("web", func(s *v1.Service) {
 		s.Spec.Type, s.Spec.Ports[0].NodePort = v1.ServiceTypeNodePort, 30080
 	})}, slices: []*discovery.EndpointSlice{slice("web", v1.ProtocolTCP, local1, remote1)}},
-	{name: "nodeport-split-as-on-nft", chainsPerRestore: ChainsPerRestoreNFT, services: []*v1.Service{svc("web", func(s *v1.Service) {
+	{name: "nodeport-split-as-on-nft", chainRefsPerRestore: ChainRefsPerRestoreNFT, services: []*v1.Service{svc("web", func(s *v1.Service) {
 		s.Spec.Type, s.Spec.Ports[0].NodePort = v1.ServiceTypeLoadBalancer, 30080
 		s.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24"}
 		s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "192.0.2.20"}}
@@ -214,7 +214,7 @@ func TestGoldenRuleSets(t *testing.T) {
 			}
 			kernel := &recordingKernel{}
 			p := New(Config{Family: family, Kernel: kernel, Params: params, Node: state.Node{Name: nodeName},
-				MinSyncPeriod: time.Second, SyncPeriod: time.Minute, ChainsPerRestore: tc.chainsPerRestore})
+				MinSyncPeriod: time.Second, SyncPeriod: time.Minute, ChainRefsPerRestore: tc.chainRefsPerRestore})
 			for _, s := range tc.services {
 				p.OnService(s, false)
 			}

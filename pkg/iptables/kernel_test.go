@@ -159,7 +159,7 @@ func TestRestartOverRulesInPlaceWritesOnlyWhatDiffers(t *testing.T) {
 	if err := third.sync(); err != nil {
 		t.Fatal(err)
 	}
-	save, err := real.Save("nat")
+	save, err := real.Save()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,12 +191,13 @@ func TestSplitFullSyncGivesTheSameRules(t *testing.T) {
 	real := iptablesrunner.New(false, backend)
 	split := &countingKernel{Kernel: real}
 	p := newTestProxier(t, split)
-	p.cfg.ChainsPerRestore = 7
+	p.cfg.ChainRefsPerRestore = 7
 	feed(p, 30)
 	if err := p.sync(); err != nil {
 		t.Fatal(err)
 	}
-	// 30 services: 60 SEP, 30 SVC and 30 EXT chains, 7 a batch at most.
+	// 30 services: 60 SEP, 30 SVC and 30 EXT chains, 7 chain names a batch
+	// at most.
 	if split.restores < 120/7 {
 		t.Errorf("%s: the split sync took %d restores, want at least %d", backend, split.restores, 120/7)
 	}

@@ -17,16 +17,29 @@ type kernelTable struct {
 	rules        map[Chain][]Rule
 }
 
-// readTable parses iptables-save output of one table; keepRules says
-// which chains' rules to keep.
-func readTable(save []byte, keepRules func(Chain) bool) kernelTable {
-	kt := kernelTable{fingerprints: map[Chain]uint64{}, rules: map[Chain][]Rule{}}
+// readTables parses iptables-save output of every table; keepRules says
+// which chains' rules to keep. A table missing from the output is empty.
+func readTables(save []byte, keepRules func(Table, Chain) bool) map[Table]kernelTable {
+	tables := map[Table]kernelTable{}
+	var table Table
+	var kt kernelTable
 	hashes := map[Chain]hash.Hash64{}
+	closeTable := func() {
+		for c, h := range hashes {
+			kt.fingerprints[c] = h.Sum64()
+		}
+		hashes = map[Chain]hash.Hash64{}
+	}
 	sc := bufio.NewScanner(bytes.NewReader(save))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Bytes()
 		switch {
+		case len(line) > 1 && line[0] == '*':
+			closeTable()
+			table = Table(line[1:])
+			kt = kernelTable{fingerprints: map[Chain]uint64{}, rules: map[Chain][]Rule{}}
+			tables[table] = kt
 		case len(line) > 1 && line[0] == ':':
 			if i := bytes.IndexByte(line, ' '); i > 1 {
 				hashes[Chain(line[1:i])] = fnv.New64a()
@@ -39,15 +52,18 @@ func readTable(save []byte, keepRules func(Chain) bool) kernelTable {
 			}
 			h.Write([]byte(canonicalRule(Rule(rest))))
 			h.Write([]byte{'\n'})
-			if keepRules(Chain(chain)) {
+			if keepRules(table, Chain(chain)) {
 				kt.rules[Chain(chain)] = append(kt.rules[Chain(chain)], Rule(rest))
 			}
 		}
 	}
-	for c, h := range hashes {
-		kt.fingerprints[c] = h.Sum64()
+	closeTable()
+	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
+		if _, ok := tables[t]; !ok {
+			tables[t] = kernelTable{fingerprints: map[Chain]uint64{}, rules: map[Chain][]Rule{}}
+		}
 	}
-	return kt
+	return tables
 }
 
 // has tells whether the table holds the chain.

@@ -246,6 +246,18 @@ func countRules(rules []SharedRule) map[SharedRule]int {
 	return m
 }
 
+// chainRefs is how many chain names a chain brings into a restore input:
+// its own and, for all but endpoint chains (whose rules only jump to
+// KUBE-MARK-MASQ), about one per rule, since those rules jump to the
+// service's other chains. iptables-nft-restore's cost grows with the square
+// of the distinct chain names in one input, jump targets included.
+func chainRefs(c OwnChain) int {
+	if chainLevel(c.Name) == 0 {
+		return 1
+	}
+	return 1 + len(c.Rules)
+}
+
 // chainLevel orders chains for a full sync split over several inputs:
 // each level only jumps to chains of lower levels, so writing level by
 // level never leaves a jump to a chain that is not complete yet.
@@ -268,10 +280,11 @@ func chainLevel(c Chain) int {
 // final input (the shared chains' differences, unused chains' removal, the
 // built-in jumps).
 //
-// Split (nft, where a --noflush restore is quadratic in the chains it
-// declares), the fixed chains are one input, each chain level (see
+// Split (nft, where a --noflush restore is quadratic in the chain names it
+// refers to), the fixed chains are one input, each chain level (see
 // chainLevel) collects its own chains and, once a service's chains are in,
-// a level holding a batch's worth is restored after every lower level; the
+// a level referring to a batch's worth of names (see chainRefs) is
+// restored after every lower level; the
 // final input comes last. Unsplit (legacy, where every restore rewrites
 // the whole table), all of it is one restore that reads the text while it
 // is generated: the nat table with the fixed, service and final chains in
@@ -284,12 +297,12 @@ type fullSyncWriter struct {
 	size   int
 	fixed  *restoreInput
 	levels [4]*restoreInput
-	counts [4]int
+	refs   [4]int
 	stream *restoreStream
 }
 
-// newFullSyncWriter writes service chains in inputs of about size chains,
-// or, with size 0, streams everything into one.
+// newFullSyncWriter writes service chains in inputs referring to about size
+// chain names, or, with size 0, streams everything into one.
 func newFullSyncWriter(kernel Kernel, size int, fixed *restoreInput) (*fullSyncWriter, error) {
 	w := &fullSyncWriter{kernel: kernel, size: size, fixed: fixed}
 	if size > 0 && !fixed.empty() {
@@ -320,8 +333,8 @@ func (w *fullSyncWriter) addService(chains []OwnChain) error {
 			w.levels[level] = newRestoreInput()
 		}
 		w.levels[level].writeChain(TableNAT, c)
-		w.counts[level]++
-		if w.counts[level] >= w.size {
+		w.refs[level] += chainRefs(c)
+		if w.refs[level] >= w.size {
 			full = max(full, level)
 		}
 	}
@@ -330,13 +343,13 @@ func (w *fullSyncWriter) addService(chains []OwnChain) error {
 
 func (w *fullSyncWriter) restoreUpTo(level int) error {
 	for l := 0; l <= level; l++ {
-		if w.counts[l] == 0 {
+		if w.refs[l] == 0 {
 			continue
 		}
 		if err := w.kernel.Restore(w.levels[l].reader()); err != nil {
 			return err
 		}
-		w.levels[l], w.counts[l] = nil, 0
+		w.levels[l], w.refs[l] = nil, 0
 	}
 	return nil
 }

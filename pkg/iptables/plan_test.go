@@ -2,10 +2,16 @@ package iptables
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // earlyFailingKernel fails its restores (an unsplit full sync is one,
@@ -35,5 +41,54 @@ func TestStreamedRestoreThatFailsEarlyEndsTheSync(t *testing.T) {
 	}
 	if !p.needFullSync {
 		t.Error("after a failed full sync, the next sync is not a full one")
+	}
+}
+
+var serviceChainName = regexp.MustCompile(`KUBE-(SEP|SVC|SVL|EXT|FW)-[A-Z0-9]+`)
+
+// A split full sync bounds the chain names each input refers to, jump
+// targets included, not only the chains it declares: a service with many
+// endpoints has one SVC chain that jumps to all of them.
+func TestSplitFullSyncBoundsTheChainNamesOfEachInput(t *testing.T) {
+	const limit, services, endpoints = 50, 5, 40
+	kernel := &recordingKernel{}
+	p := newTestProxier(t, kernel)
+	p.cfg.ChainRefsPerRestore = limit
+	ready := true
+	for i := range services {
+		name := fmt.Sprintf("svc-%d", i)
+		p.OnService(&v1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+			Spec: v1.ServiceSpec{ClusterIP: fmt.Sprintf("10.96.0.%d", i+1),
+				Ports: []v1.ServicePort{{Name: "p", Port: 80, Protocol: v1.ProtocolTCP}}},
+		}, false)
+		slice := &discovery.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name + "-x", Labels: map[string]string{discovery.LabelServiceName: name}},
+			AddressType: discovery.AddressTypeIPv4,
+			Ports:       []discovery.EndpointPort{{Name: ptr("p"), Port: ptr(int32(8080)), Protocol: ptr(v1.ProtocolTCP)}},
+		}
+		for e := range endpoints {
+			slice.Endpoints = append(slice.Endpoints, discovery.Endpoint{
+				Addresses: []string{fmt.Sprintf("10.244.%d.%d", i, e+1)}, Conditions: discovery.EndpointConditions{Ready: &ready}})
+		}
+		p.OnEndpointSlice(slice, false)
+	}
+	p.OnServicesSynced()
+	p.OnEndpointSlicesSynced()
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	// A batch closes after the service that fills it, so it may exceed the
+	// limit by one service's names: its SVC chain and the chains it jumps to.
+	const most = limit + 1 + endpoints + 1
+	inputs := strings.Split(kernel.written.String(), "# restore\n")[1:]
+	for i, input := range inputs {
+		names := map[string]bool{}
+		for _, name := range serviceChainName.FindAllString(input, -1) {
+			names[name] = true
+		}
+		if len(names) > most {
+			t.Errorf("restore %d of %d refers to %d service chains, want at most %d", i+1, len(inputs), len(names), most)
+		}
 	}
 }

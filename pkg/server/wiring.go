@@ -200,17 +200,17 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 			Node:          state.Node{Name: nodeName, Zone: zone},
 			MinSyncPeriod: minSync, SyncPeriod: sync,
 			Health: health, ServiceHealth: sh, Conntrack: conntrack.Cleaner{},
-			ChainsPerRestore: chainsPerRestore(backend),
+			ChainRefsPerRestore: chainRefsPerRestore(backend),
 		}))
 		klog.InfoS("Using iptables proxier", "ipFamily", family, "backend", backend)
 	}
 	return proxiers, nil
 }
 
-// chainsPerRestore is how a full sync splits its work for the backend.
-func chainsPerRestore(b iptablesrunner.Backend) int {
+// chainRefsPerRestore is how a full sync splits its work for the backend.
+func chainRefsPerRestore(b iptablesrunner.Backend) int {
 	if b == iptablesrunner.NFT {
-		return iptables.ChainsPerRestoreNFT
+		return iptables.ChainRefsPerRestoreNFT
 	}
 	return 0
 }

@@ -150,17 +150,7 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	defer kp.Stop()
 	var profiled sync.WaitGroup
 	if profile {
-		profiled.Add(1)
-		go func() {
-			defer profiled.Done()
-			path := b.profilePath(backend, "first-sync")
-			query := fmt.Sprintf("profile?seconds=%d", int(b.opts.profileFor.Seconds()))
-			if err := fetchProfile(ctx, kp, query, path); err != nil {
-				b.logf("CPU profile: %v", err)
-			} else {
-				b.logf("CPU profile of the first %s written to %s", b.opts.profileFor, path)
-			}
-		}()
+		b.profileCPU(ctx, kp, backend, "first-sync", &profiled)
 	}
 	first, err := b.firstSync(ctx, kp, start)
 	if err != nil {
@@ -221,10 +211,14 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 		return r, err
 	}
 	defer kp.Stop()
+	if profile {
+		b.profileCPU(ctx, kp, backend, "restart", &profiled)
+	}
 	restart, err := b.firstSync(ctx, kp, start)
 	if err != nil {
 		return r, err
 	}
+	profiled.Wait()
 	r["restartSync"] = restart
 	b.logf("  restart sync %s s", restart.format(3))
 	if restart.capped {
@@ -581,6 +575,22 @@ func quantile(values []float64, q float64) float64 {
 // carries the ip_family label, in both proxies).
 func familyValue(m framework.Metrics, name string, labels ...string) (float64, bool) {
 	return m.Get(name, append(labels, "ip_family=IPv4")...)
+}
+
+// profileCPU writes a CPU profile of kp's first profileFor, taken in the
+// background; done tells when it is written.
+func (b *bench) profileCPU(ctx context.Context, kp *framework.KubeProxy, backend framework.IPTablesBackend, what string, done *sync.WaitGroup) {
+	done.Add(1)
+	go func() {
+		defer done.Done()
+		path := b.profilePath(backend, what)
+		query := fmt.Sprintf("profile?seconds=%d", int(b.opts.profileFor.Seconds()))
+		if err := fetchProfile(ctx, kp, query, path); err != nil {
+			b.logf("CPU profile: %v", err)
+		} else {
+			b.logf("CPU profile of the first %s written to %s", b.opts.profileFor, path)
+		}
+	}()
 }
 
 func (b *bench) profilePath(backend framework.IPTablesBackend, what string) string {
