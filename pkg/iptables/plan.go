@@ -24,17 +24,45 @@ type tableInput struct {
 	declare, deleteRules, appendRules, insertRules, deleteChains section
 }
 
+// section is text in chunks, each twice the last up to chunkSize: growing
+// one buffer would copy it at each doubling and leave the old copies to
+// the collector, tens of MB at 10k services.
 type section struct {
-	text  bytes.Buffer
-	lines int
+	chunks [][]byte
+	lines  int
 }
 
+const firstChunkSize, chunkSize = 512, 64 << 10
+
 func (s *section) add(parts ...string) {
+	n := 1
 	for _, p := range parts {
-		s.text.WriteString(p)
+		n += len(p)
 	}
-	s.text.WriteByte('\n')
+	if len(s.chunks) == 0 || cap(s.chunks[len(s.chunks)-1])-len(s.chunks[len(s.chunks)-1]) < n {
+		size := chunkSize
+		if len(s.chunks) == 0 {
+			size = firstChunkSize
+		} else if last := cap(s.chunks[len(s.chunks)-1]); last < chunkSize {
+			size = 2 * last
+		}
+		s.chunks = append(s.chunks, make([]byte, 0, max(size, n)))
+	}
+	last := &s.chunks[len(s.chunks)-1]
+	for _, p := range parts {
+		*last = append(*last, p...)
+	}
+	*last = append(*last, '\n')
 	s.lines++
+}
+
+// reset empties the section, keeping its first chunk for reuse.
+func (s *section) reset() {
+	if len(s.chunks) > 0 {
+		s.chunks = s.chunks[:1]
+		s.chunks[0] = s.chunks[0][:0]
+	}
+	s.lines = 0
 }
 
 func newRestoreInput() *restoreInput { return &restoreInput{tables: map[Table]*tableInput{}} }
@@ -101,7 +129,7 @@ func (ti *tableInput) sections() []*section {
 func (ti *tableInput) body() [][]byte {
 	var parts [][]byte
 	for _, s := range ti.sections() {
-		parts = append(parts, s.text.Bytes())
+		parts = append(parts, s.chunks...)
 	}
 	return parts
 }
@@ -284,14 +312,18 @@ func chainLevel(c Chain) int {
 // refers to), the fixed chains are one input, each chain level (see
 // chainLevel) collects its own chains and, once a service's chains are in,
 // a level referring to a batch's worth of names (see chainRefs) is
-// restored after every lower level; the
-// final input comes last. Unsplit (legacy, where every restore rewrites
-// the whole table), all of it is one restore that reads the text while it
-// is generated: the nat table with the fixed, service and final chains in
-// that order, then the other tables (so a service losing its last endpoint
-// meanwhile gets its filter REJECT a moment after its nat rules go, where
-// a partial sync does it the other way round). Either way only a little
-// text is kept, never the services' rules.
+// restored after every lower level; the final input comes last. Only a
+// batch's text is kept at a time.
+//
+// Unsplit (legacy, where every restore rewrites the whole table), all of
+// it is one restore that reads the text while it is generated: the nat
+// table with the fixed chains, the service chains' declarations as they
+// come, their rules once all are declared, the final chains; then the
+// other tables (so a service losing its last endpoint meanwhile gets its
+// filter REJECT a moment after its nat rules go, where a partial sync does
+// it the other way round). Only the rules' text is held back: libiptc
+// builds a 10k-service table in 2.2 s with every chain declared first,
+// 2.65 s with each chain's rules right after its declaration.
 type fullSyncWriter struct {
 	kernel Kernel
 	size   int
@@ -299,12 +331,13 @@ type fullSyncWriter struct {
 	levels [4]*restoreInput
 	refs   [4]int
 	stream *restoreStream
+	held   *restoreInput // unsplit: the service chains' rules, until the end
 }
 
 // newFullSyncWriter writes service chains in inputs referring to about size
 // chain names, or, with size 0, streams everything into one.
 func newFullSyncWriter(kernel Kernel, size int, fixed *restoreInput) (*fullSyncWriter, error) {
-	w := &fullSyncWriter{kernel: kernel, size: size, fixed: fixed}
+	w := &fullSyncWriter{kernel: kernel, size: size, fixed: fixed, held: newRestoreInput()}
 	if size > 0 && !fixed.empty() {
 		return w, kernel.Restore(fixed.reader())
 	}
@@ -317,14 +350,16 @@ func (w *fullSyncWriter) addService(chains []OwnChain) error {
 		return nil
 	}
 	if w.size <= 0 {
-		in := newRestoreInput()
-		for _, c := range chains {
-			in.writeChain(TableNAT, c)
-		}
 		if err := w.startNAT(); err != nil {
 			return err
 		}
-		return w.stream.write(in.table(TableNAT).body()...)
+		for _, c := range chains {
+			w.held.writeChain(TableNAT, c)
+		}
+		declare := &w.held.table(TableNAT).declare
+		err := w.stream.write(declare.chunks...)
+		declare.reset()
+		return err
 	}
 	full := -1
 	for _, c := range chains {
@@ -380,7 +415,8 @@ func (w *fullSyncWriter) finish(final *restoreInput) error {
 		}
 	}
 	if w.stream != nil {
-		if err := w.stream.write(append(final.table(TableNAT).body(), []byte("COMMIT\n"))...); err != nil {
+		parts := append(w.held.table(TableNAT).body(), final.table(TableNAT).body()...)
+		if err := w.stream.write(append(parts, []byte("COMMIT\n"))...); err != nil {
 			return err
 		}
 	}

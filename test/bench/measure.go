@@ -171,6 +171,15 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	if v, ok := familyValue(m, "kubeproxy_sync_proxy_rules_iptables_total", "table=nat"); ok {
 		r["natRules"] = cell{value: v}
 	}
+	if b.opts.profileDir != "" {
+		// Both proxies' rules, to compare what each leaves in the kernel.
+		path := filepath.Join(b.opts.profileDir, fmt.Sprintf("%s-%s-N%d-E%d-rules.txt", proxy, backend, b.n, b.e))
+		if out, err := node.Exec("iptables-" + string(backend) + "-save"); err != nil {
+			b.logf("saving the rules: %v", err)
+		} else if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+			b.logf("saving the rules: %v", err)
+		}
+	}
 
 	// Idle: settle first, as both may sync again just after starting.
 	if err := sleep(ctx, 5*time.Second); err != nil {
