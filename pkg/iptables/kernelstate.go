@@ -17,6 +17,10 @@ type kernelTable struct {
 	rules        map[Chain][]Rule
 }
 
+func newKernelTable() kernelTable {
+	return kernelTable{fingerprints: map[Chain]uint64{}, rules: map[Chain][]Rule{}}
+}
+
 // readTables parses iptables-save output of every table; keepRules says
 // which chains' rules to keep. A table missing from the output is empty.
 func readTables(save []byte, keepRules func(Table, Chain) bool) map[Table]kernelTable {
@@ -38,7 +42,7 @@ func readTables(save []byte, keepRules func(Table, Chain) bool) map[Table]kernel
 		case len(line) > 1 && line[0] == '*':
 			closeTable()
 			table = Table(line[1:])
-			kt = kernelTable{fingerprints: map[Chain]uint64{}, rules: map[Chain][]Rule{}}
+			kt = newKernelTable()
 			tables[table] = kt
 		case len(line) > 1 && line[0] == ':':
 			if i := bytes.IndexByte(line, ' '); i > 1 {
@@ -60,7 +64,7 @@ func readTables(save []byte, keepRules func(Table, Chain) bool) map[Table]kernel
 	closeTable()
 	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
 		if _, ok := tables[t]; !ok {
-			tables[t] = kernelTable{fingerprints: map[Chain]uint64{}, rules: map[Chain][]Rule{}}
+			tables[t] = newKernelTable()
 		}
 	}
 	return tables

@@ -173,7 +173,7 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	}
 	if b.opts.profileDir != "" {
 		// Both proxies' rules, to compare what each leaves in the kernel.
-		path := filepath.Join(b.opts.profileDir, fmt.Sprintf("%s-%s-N%d-E%d-rules.txt", proxy, backend, b.n, b.e))
+		path := b.outputPath(proxy, backend, "rules.txt")
 		if out, err := node.Exec("iptables-" + string(backend) + "-save"); err != nil {
 			b.logf("saving the rules: %v", err)
 		} else if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
@@ -204,7 +204,7 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	if profile {
 		// The heap after the first sync: what is kept (inuse_space) and
 		// everything allocated since the start (alloc_space).
-		path := b.profilePath(backend, "heap")
+		path := b.outputPath(ours, backend, "heap.pprof")
 		if err := fetchProfile(ctx, kp, "heap", path); err != nil {
 			b.logf("heap profile: %v", err)
 		} else {
@@ -592,7 +592,7 @@ func (b *bench) profileCPU(ctx context.Context, kp *framework.KubeProxy, backend
 	done.Add(1)
 	go func() {
 		defer done.Done()
-		path := b.profilePath(backend, what)
+		path := b.outputPath(ours, backend, what+".pprof")
 		query := fmt.Sprintf("profile?seconds=%d", int(b.opts.profileFor.Seconds()))
 		if err := fetchProfile(ctx, kp, query, path); err != nil {
 			b.logf("CPU profile: %v", err)
@@ -602,8 +602,9 @@ func (b *bench) profileCPU(ctx context.Context, kp *framework.KubeProxy, backend
 	}()
 }
 
-func (b *bench) profilePath(backend framework.IPTablesBackend, what string) string {
-	return filepath.Join(b.opts.profileDir, fmt.Sprintf("ours-%s-N%d-E%d-%s.pprof", backend, b.n, b.e, what))
+// outputPath names a file of -profile-dir for one proxy, backend and shape.
+func (b *bench) outputPath(proxy string, backend framework.IPTablesBackend, name string) string {
+	return filepath.Join(b.opts.profileDir, fmt.Sprintf("%s-%s-N%d-E%d-%s", proxy, backend, b.n, b.e, name))
 }
 
 // fetchProfile saves the process's pprof profile named by query, for
