@@ -1,10 +1,9 @@
 package iptables
 
 import (
-	"bufio"
 	"bytes"
-	"errors"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -78,8 +77,13 @@ func (in *restoreInput) table(t Table) *tableInput {
 
 // writeChain declares a chain and gives it exactly these rules.
 func (in *restoreInput) writeChain(t Table, c OwnChain) {
+	in.table(t).declare.add(":", string(c.Name), " - [0:0]")
+	in.appendRules(t, c)
+}
+
+// appendRules writes a chain's rules without declaring it.
+func (in *restoreInput) appendRules(t Table, c OwnChain) {
 	ti := in.table(t)
-	ti.declare.add(":", string(c.Name), " - [0:0]")
 	for _, r := range c.Rules {
 		ti.appendRules.add("-A ", string(c.Name), " ", string(r))
 	}
@@ -142,21 +146,36 @@ func (ti *tableInput) lines() int {
 	return n
 }
 
-// reader renders the input without copying it; filter goes before nat so
-// that a service losing its endpoints is rejected before its nat rules
-// disappear.
+// reader renders the input without copying it.
 func (in *restoreInput) reader() io.Reader {
+	if r := joinInputs(in); r != nil {
+		return r
+	}
+	return strings.NewReader("")
+}
+
+// joinInputs renders inputs as one, each table holding their lines in
+// turn, or nil if they are all empty. filter goes before nat so that a
+// service losing its endpoints is rejected before its nat rules disappear.
+func joinInputs(inputs ...*restoreInput) io.Reader {
 	var parts []io.Reader
 	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
-		ti := in.tables[t]
-		if ti == nil || ti.lines() == 0 {
+		var body []io.Reader
+		for _, in := range inputs {
+			if ti := in.tables[t]; ti != nil && ti.lines() > 0 {
+				for _, b := range ti.body() {
+					body = append(body, bytes.NewReader(b))
+				}
+			}
+		}
+		if len(body) == 0 {
 			continue
 		}
 		parts = append(parts, strings.NewReader("*"+string(t)+"\n"))
-		for _, b := range ti.body() {
-			parts = append(parts, bytes.NewReader(b))
-		}
-		parts = append(parts, strings.NewReader("COMMIT\n"))
+		parts = append(append(parts, body...), strings.NewReader("COMMIT\n"))
+	}
+	if len(parts) == 0 {
+		return nil
 	}
 	return io.MultiReader(parts...)
 }
@@ -316,26 +335,28 @@ func chainLevel(c Chain) int {
 // batch's text is kept at a time.
 //
 // Unsplit (legacy, where every restore rewrites the whole table), all of
-// it is one restore that reads the text while it is generated: the nat
-// table with the fixed chains, the service chains' declarations as they
-// come, their rules once all are declared, the final chains; then the
-// other tables (so a service losing its last endpoint meanwhile gets its
-// filter REJECT a moment after its nat rules go, where a partial sync does
-// it the other way round). Only the rules' text is held back: libiptc
-// builds a 10k-service table in 2.2 s with every chain declared first,
-// 2.65 s with each chain's rules right after its declaration.
+// it is one restore, each table with the fixed chains, then every service
+// chain declared, then their rules, then the final lines. libiptc keeps a
+// table's chains in a sorted list and finds where a new one goes by
+// walking from the nearest index entry, so the declarations go in
+// descending order, each at the list's head: at 1k services x 100
+// endpoints that restore takes 4.1 s instead of 6.8 s in random order,
+// and the chains' rules after all declarations take 2.2 s instead of
+// 2.65 s at 10k x 5.
 type fullSyncWriter struct {
 	kernel Kernel
 	size   int
 	fixed  *restoreInput
 	levels [4]*restoreInput
 	refs   [4]int
-	stream *restoreStream
-	held   *restoreInput // unsplit: the service chains' rules, until the end
+
+	// Unsplit: the service chains to declare and their rules.
+	declared []Chain
+	held     *restoreInput
 }
 
 // newFullSyncWriter writes service chains in inputs referring to about size
-// chain names, or, with size 0, streams everything into one.
+// chain names, or, with size 0, all in one input at the end.
 func newFullSyncWriter(kernel Kernel, size int, fixed *restoreInput) (*fullSyncWriter, error) {
 	w := &fullSyncWriter{kernel: kernel, size: size, fixed: fixed, held: newRestoreInput()}
 	if size > 0 && !fixed.empty() {
@@ -346,20 +367,12 @@ func newFullSyncWriter(kernel Kernel, size int, fixed *restoreInput) (*fullSyncW
 
 // addService takes the chains of one service that need writing.
 func (w *fullSyncWriter) addService(chains []OwnChain) error {
-	if len(chains) == 0 {
-		return nil
-	}
 	if w.size <= 0 {
-		if err := w.startNAT(); err != nil {
-			return err
-		}
 		for _, c := range chains {
-			w.held.writeChain(TableNAT, c)
+			w.declared = append(w.declared, c.Name)
+			w.held.appendRules(TableNAT, c)
 		}
-		declare := &w.held.table(TableNAT).declare
-		err := w.stream.write(declare.chunks...)
-		declare.reset()
-		return err
+		return nil
 	}
 	full := -1
 	for _, c := range chains {
@@ -389,15 +402,6 @@ func (w *fullSyncWriter) restoreUpTo(level int) error {
 	return nil
 }
 
-// startNAT starts the streamed restore with the nat table's fixed chains.
-func (w *fullSyncWriter) startNAT() error {
-	if w.stream != nil {
-		return nil
-	}
-	w.stream = startRestoreStream(w.kernel)
-	return w.stream.write(append([][]byte{[]byte("*" + TableNAT + "\n")}, w.fixed.table(TableNAT).body()...)...)
-}
-
 // finish writes the final input after every service chain.
 func (w *fullSyncWriter) finish(final *restoreInput) error {
 	if w.size > 0 {
@@ -409,76 +413,15 @@ func (w *fullSyncWriter) finish(final *restoreInput) error {
 		}
 		return w.kernel.Restore(final.reader())
 	}
-	if w.stream == nil && final.table(TableNAT).lines()+w.fixed.table(TableNAT).lines() > 0 {
-		if err := w.startNAT(); err != nil {
-			return err
-		}
+	slices.SortFunc(w.declared, func(a, b Chain) int { return strings.Compare(string(b), string(a)) })
+	declare := &w.held.table(TableNAT).declare
+	for _, c := range w.declared {
+		declare.add(":", string(c), " - [0:0]")
 	}
-	if w.stream != nil {
-		parts := append(w.held.table(TableNAT).body(), final.table(TableNAT).body()...)
-		if err := w.stream.write(append(parts, []byte("COMMIT\n"))...); err != nil {
-			return err
-		}
-	}
-	for _, t := range []Table{TableFilter, TableMangle} {
-		fixed, rest := w.fixed.table(t), final.table(t)
-		if fixed.lines()+rest.lines() == 0 {
-			continue
-		}
-		if w.stream == nil {
-			w.stream = startRestoreStream(w.kernel)
-		}
-		parts := append([][]byte{[]byte("*" + t + "\n")}, fixed.body()...)
-		parts = append(append(parts, rest.body()...), []byte("COMMIT\n"))
-		if err := w.stream.write(parts...); err != nil {
-			return err
-		}
-	}
-	if w.stream == nil {
+	w.declared = nil
+	in := joinInputs(w.fixed, w.held, final)
+	if in == nil {
 		return nil
 	}
-	return w.stream.finish()
-}
-
-// restoreStream is one restore whose input is written while it runs,
-// through a buffer, so the restore reads it in large pieces.
-type restoreStream struct {
-	pipe *io.PipeWriter
-	buf  *bufio.Writer
-	done chan error
-}
-
-func startRestoreStream(kernel Kernel) *restoreStream {
-	r, w := io.Pipe()
-	s := &restoreStream{pipe: w, buf: bufio.NewWriterSize(w, 1<<16), done: make(chan error, 1)}
-	go func() {
-		err := kernel.Restore(r)
-		// Unblocks the writer if the restore ended before reading it all.
-		r.CloseWithError(errors.Join(err, errRestoreEnded))
-		s.done <- err
-	}()
-	return s
-}
-
-var errRestoreEnded = errors.New("the restore ended before its input")
-
-// write passes input on; after an error the stream is finished.
-func (s *restoreStream) write(parts ...[]byte) error {
-	for _, part := range parts {
-		if _, err := s.buf.Write(part); err != nil {
-			return s.end(err)
-		}
-	}
-	return nil
-}
-
-// finish ends the input and returns the restore's result.
-func (s *restoreStream) finish() error { return s.end(s.buf.Flush()) }
-
-func (s *restoreStream) end(writeErr error) error {
-	s.pipe.Close()
-	if err := <-s.done; err != nil {
-		return err
-	}
-	return writeErr
+	return w.kernel.Restore(in)
 }

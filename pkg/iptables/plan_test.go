@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// earlyFailingKernel fails its restores (an unsplit full sync is one,
-// streamed) after reading a little, as iptables-restore does at a bad line.
+// earlyFailingKernel fails its restores after reading a little, as
+// iptables-restore does at a bad line.
 type earlyFailingKernel struct{ recordingKernel }
 
 func (k *earlyFailingKernel) Restore(input io.Reader) error {
@@ -23,12 +24,12 @@ func (k *earlyFailingKernel) Restore(input io.Reader) error {
 	return errors.New("iptables-restore: line 2 failed")
 }
 
-// A streamed restore that fails early ends the sync with its error, and
-// the writer does not wait for a reader that is gone.
-func TestStreamedRestoreThatFailsEarlyEndsTheSync(t *testing.T) {
+// A full sync whose one restore fails early ends with the restore's error
+// and is tried again.
+func TestFullSyncRestoreThatFailsEarlyEndsTheSync(t *testing.T) {
 	kernel := &earlyFailingKernel{}
 	p := newTestProxier(t, kernel)
-	feed(p, 500) // far more text than a pipe holds
+	feed(p, 500)
 	done := make(chan error, 1)
 	go func() { done <- p.sync() }()
 	select {
@@ -90,6 +91,42 @@ func TestSplitFullSyncBoundsTheChainNamesOfEachInput(t *testing.T) {
 		if len(names) > most {
 			t.Errorf("restore %d of %d refers to %d service chains, want at most %d", i+1, len(inputs), len(names), most)
 		}
+	}
+}
+
+// An unsplit (legacy) full sync declares every service chain before any
+// of their rules, in descending name order: libiptc then puts each new
+// chain at the head of its sorted list instead of walking to its place.
+func TestUnsplitFullSyncDeclaresServiceChainsInDescendingOrder(t *testing.T) {
+	kernel := &recordingKernel{}
+	p := newTestProxier(t, kernel)
+	feed(p, 50)
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	inputs := strings.Split(kernel.written.String(), "# restore\n")[1:]
+	if len(inputs) != 1 {
+		t.Fatalf("%d restores, want 1", len(inputs))
+	}
+	nat := inputs[0][strings.Index(inputs[0], "*nat\n"):]
+	var declared []string
+	firstRule := -1
+	for i, line := range strings.Split(nat, "\n") {
+		if name, ok := strings.CutPrefix(line, ":"); ok && serviceChainName.MatchString(name) {
+			if firstRule >= 0 {
+				t.Fatalf("line %d declares %s after a service chain's rule", i, name)
+			}
+			declared = append(declared, strings.Fields(name)[0])
+		}
+		if strings.HasPrefix(line, "-A ") && serviceChainName.MatchString(strings.Fields(line)[1]) && firstRule < 0 {
+			firstRule = i
+		}
+	}
+	if len(declared) < 150 { // 50 services: SVC, EXT and two SEP chains each
+		t.Fatalf("%d service chains declared, want at least 150", len(declared))
+	}
+	if !slices.IsSortedFunc(declared, func(a, b string) int { return strings.Compare(b, a) }) {
+		t.Errorf("service chains not declared in descending order: %v", declared)
 	}
 }
 

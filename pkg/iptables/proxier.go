@@ -61,7 +61,7 @@ type Config struct {
 	ServiceHealth *healthcheck.ServiceHealth
 	Conntrack     Conntrack
 	// ChainRefsPerRestore splits a full sync's service chains into inputs
-	// referring to about this many chain names; 0 streams them into one.
+	// referring to about this many chain names; 0 writes them all in one.
 	ChainRefsPerRestore int
 }
 
@@ -69,8 +69,8 @@ type Config struct {
 // to on the nft backend, declared or jumped to: iptables-nft-restore (1.8.9)
 // spends time in the square of that number, so a large first sync is split
 // (10k names in one input take ~1 s, 20k ~10 s; 1k take ~25 ms). The legacy
-// backend rewrites the whole table on every restore, so there one streamed
-// input is best.
+// backend rewrites the whole table on every restore, so there one input is
+// best.
 const ChainRefsPerRestoreNFT = 1000
 
 // Proxier programs iptables for one IP family.
@@ -310,7 +310,7 @@ func (p *Proxier) partialSync(changes state.Changes) error {
 // already in place writes next to nothing. Each service's rules are
 // decided, written out as restore text and dropped, so the rules of every
 // service are never held at once. What is written, in this order (see
-// fullSyncWriter: several inputs on nft, one streamed input on legacy):
+// fullSyncWriter: several inputs on nft, one input on legacy):
 // the fixed chains; the per-service chains, which nothing jumps to yet;
 // then the differences in the shared chains, which switch traffic over
 // atomically per table, with the removal of chains nothing uses any more

@@ -79,6 +79,11 @@ func main() {
 			}
 			opts.proxies = append(opts.proxies, p)
 		}
+		if opts.profileDir != "" {
+			if err := os.MkdirAll(opts.profileDir, 0o755); err != nil {
+				return err
+			}
+		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return run(ctx, opts, os.Stdout, os.Stderr)

@@ -631,9 +631,6 @@ func fetchProfile(ctx context.Context, kp *framework.KubeProxy, query, path stri
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
 	f, err := os.Create(path)
 	if err != nil {
 		return err
