@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -79,9 +80,18 @@ func (b *bench) freshAddress() (string, error) {
 	return address(initialAddresses + b.fresh - 1), nil
 }
 
-// createObjects creates every selector-less Service and its EndpointSlice.
+// createObjects creates every selector-less Service and its EndpointSlice,
+// logging the rate at each tenth: the apiserver's ClusterIP allocator counts
+// every allocated address at each allocation, so the rate falls as N grows.
 func (b *bench) createObjects(ctx context.Context) error {
+	var created atomic.Int64
+	start, tenth := time.Now(), max(b.n/10, 1)
 	return framework.Parallel(ctx, b.n, b.opts.workers, func(ctx context.Context, i int) error {
+		defer func() {
+			if done := int(created.Add(1)); done%tenth == 0 {
+				b.logf("  created %d of %d services after %s", done, b.n, time.Since(start).Round(time.Second))
+			}
+		}()
 		name := serviceName(i)
 		slice, err := b.client.DiscoveryV1().EndpointSlices(framework.DefaultNamespace).Create(ctx,
 			framework.ManualEndpointSlice(name, endpointPort, b.addresses(i)...), metav1.CreateOptions{})
