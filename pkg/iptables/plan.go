@@ -55,15 +55,6 @@ func (s *section) add(parts ...string) {
 	s.lines++
 }
 
-// reset empties the section, keeping its first chunk for reuse.
-func (s *section) reset() {
-	if len(s.chunks) > 0 {
-		s.chunks = s.chunks[:1]
-		s.chunks[0] = s.chunks[0][:0]
-	}
-	s.lines = 0
-}
-
 func newRestoreInput() *restoreInput { return &restoreInput{tables: map[Table]*tableInput{}} }
 
 func (in *restoreInput) table(t Table) *tableInput {
