@@ -24,7 +24,7 @@ func Cleanup(k Kernel) (int, error) {
 	tables := readTables(save, func(_ Table, c Chain) bool { return !isKubeProxyChain(c) })
 	in := newRestoreInput()
 	removed := 0
-	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
+	for _, t := range kubeTables {
 		for chain, rules := range tables[t].rules {
 			for _, r := range rules {
 				if isKubeProxyChain(jumpTarget(string(r))) {

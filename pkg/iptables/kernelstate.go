@@ -62,7 +62,7 @@ func readTables(save []byte, keepRules func(Table, Chain) bool) map[Table]kernel
 		}
 	}
 	closeTable()
-	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
+	for _, t := range kubeTables {
 		if _, ok := tables[t]; !ok {
 			tables[t] = newKernelTable()
 		}
@@ -85,11 +85,11 @@ func (kt kernelTable) holds(c OwnChain) bool {
 
 // diffSharedChain adds to in what turns the kernel's content of a shared
 // chain into want, whose last tail rules are fixed and must stay last:
-// rule deletions and insertions when the chain exists with the tail in
-// place, else a rewrite. The order of the other rules does not matter:
-// each matches its own destination.
-func diffSharedChain(in *restoreInput, t Table, current []Rule, exists bool, want OwnChain, tail int) {
-	if !exists || len(current) < tail || !sameRules(current[len(current)-tail:], want.Rules[len(want.Rules)-tail:]) {
+// rule deletions and insertions when the tail is in place, else a
+// rewrite. The order of the other rules does not matter: each matches its
+// own destination.
+func diffSharedChain(in *restoreInput, t Table, current []Rule, want OwnChain, tail int) {
+	if len(current) < tail || !sameRules(current[len(current)-tail:], want.Rules[len(want.Rules)-tail:]) {
 		in.writeChain(t, want)
 		return
 	}

@@ -24,6 +24,10 @@ const (
 	TableMangle Table = "mangle"
 )
 
+// kubeTables are the tables kube-proxy writes to, in the order it writes and
+// reads them.
+var kubeTables = []Table{TableMangle, TableFilter, TableNAT}
+
 // Chains shared by all services, named as upstream so that a node can move
 // between upstream kube-proxy and this project in either direction.
 const (

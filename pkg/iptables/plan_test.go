@@ -49,9 +49,10 @@ var serviceChainName = regexp.MustCompile(`KUBE-(SEP|SVC|SVL|EXT|FW)-[A-Z0-9]+`)
 
 // A split full sync bounds the chain names each input refers to, jump
 // targets included, not only the chains it declares: a service with many
-// endpoints has one SVC chain that jumps to all of them.
+// endpoints has one SVC chain that jumps to all of them, and a new
+// KUBE-SERVICES jumps to every service.
 func TestSplitFullSyncBoundsTheChainNamesOfEachInput(t *testing.T) {
-	const limit, services, endpoints = 50, 5, 40
+	const limit, services, endpoints = 50, 100, 40
 	kernel := &recordingKernel{}
 	p := newTestProxier(t, kernel)
 	p.cfg.ChainRefsPerRestore = limit

@@ -323,7 +323,7 @@ func (p *Proxier) fullSync() error {
 	static := p.cfg.Params.StaticRules()
 
 	fixed := newRestoreInput()
-	for _, t := range []Table{TableMangle, TableFilter, TableNAT} {
+	for _, t := range kubeTables {
 		if !kernel[t].has(chainCanary) {
 			fixed.writeChain(t, OwnChain{Name: chainCanary})
 		}
@@ -359,10 +359,17 @@ func (p *Proxier) fullSync() error {
 	}
 
 	final := newRestoreInput()
-	for t, chains := range sharedChainContents(static, shared) {
-		for i, want := range chains {
-			current, exists := kernel[t].rules[want.Name], kernel[t].has(want.Name)
-			diffSharedChain(final, t, current, exists, want, len(static.Shared[t][i].Rules))
+	contents := sharedChainContents(static, shared)
+	for _, t := range kubeTables {
+		for i, want := range contents[t] {
+			tail := len(static.Shared[t][i].Rules)
+			if !kernel[t].has(want.Name) {
+				if err := writer.addNewSharedChain(t, want, tail, final); err != nil {
+					return err
+				}
+				continue
+			}
+			diffSharedChain(final, t, kernel[t].rules[want.Name], want, tail)
 		}
 	}
 	for _, c := range slices.Sorted(maps.Keys(kernel[TableNAT].fingerprints)) {
