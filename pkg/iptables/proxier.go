@@ -209,10 +209,13 @@ func (p *Proxier) sync() error {
 	metrics.EndpointChangesTotal.Add(float64(pendingEndpoints))
 
 	// Crossing the large-cluster line changes every endpoint chain's
-	// rules: a full sync rewrites them all at once.
-	if large := p.largeCluster(); large != p.cfg.Params.LargeCluster {
-		p.cfg.Params.LargeCluster = large
-		p.needFullSync = true
+	// rules: a full sync rewrites them all at once. Counting walks every
+	// service, so an idle periodic sync skips it.
+	if len(changes.ServicePorts) > 0 {
+		if large := p.largeCluster(); large != p.cfg.Params.LargeCluster {
+			p.cfg.Params.LargeCluster = large
+			p.needFullSync = true
+		}
 	}
 	full := p.needFullSync
 	var err error

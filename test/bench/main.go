@@ -55,7 +55,7 @@ func main() {
 	flag.IntVar(&opts.changes, "changes", 20, "single changes of each kind (endpoint change, service add, service delete)")
 	flag.IntVar(&opts.churnRate, "churn-rate", 20, "endpoint changes per second during the churn")
 	flag.DurationVar(&opts.churnFor, "churn-for", 30*time.Second, "how long the churn lasts")
-	flag.StringVar(&opts.profileDir, "profile-dir", "", "if set, write there CPU profiles of our first sync and restart, a heap profile after the first sync (enableProfiling), and each proxy's iptables-save after its first sync")
+	flag.StringVar(&opts.profileDir, "profile-dir", "", "if set, write there CPU profiles of our first sync, restart and idle time, a heap profile after the first sync (enableProfiling), and each proxy's iptables-save after its first sync")
 	flag.DurationVar(&opts.profileFor, "profile-for", 20*time.Second, "length of that profile, from our process start")
 	flag.IntVar(&opts.workers, "workers", 32, "parallel API writers when creating the objects")
 	flag.Parse()

@@ -160,7 +160,7 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	defer kp.Stop()
 	var profiled sync.WaitGroup
 	if profile {
-		b.profileCPU(ctx, kp, backend, "first-sync", &profiled)
+		b.profileCPU(ctx, kp, backend, "first-sync", b.opts.profileFor, &profiled)
 	}
 	first, err := b.firstSync(ctx, kp, start)
 	if err != nil {
@@ -194,6 +194,10 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	// Idle: settle first, as both may sync again just after starting.
 	if err := sleep(ctx, 5*time.Second); err != nil {
 		return r, err
+	}
+	profiled.Wait() // a process takes one CPU profile at a time
+	if profile {
+		b.profileCPU(ctx, kp, backend, "idle", b.opts.idle, &profiled)
 	}
 	before, err := framework.ReadProcUsage(kp.Pid())
 	if err != nil {
@@ -231,7 +235,7 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	}
 	defer kp.Stop()
 	if profile {
-		b.profileCPU(ctx, kp, backend, "restart", &profiled)
+		b.profileCPU(ctx, kp, backend, "restart", b.opts.profileFor, &profiled)
 	}
 	restart, err := b.firstSync(ctx, kp, start)
 	if err != nil {
@@ -596,18 +600,18 @@ func familyValue(m framework.Metrics, name string, labels ...string) (float64, b
 	return m.Get(name, append(labels, "ip_family=IPv4")...)
 }
 
-// profileCPU writes a CPU profile of kp's first profileFor, taken in the
+// profileCPU writes a CPU profile of kp's next length, taken in the
 // background; done tells when it is written.
-func (b *bench) profileCPU(ctx context.Context, kp *framework.KubeProxy, backend framework.IPTablesBackend, what string, done *sync.WaitGroup) {
+func (b *bench) profileCPU(ctx context.Context, kp *framework.KubeProxy, backend framework.IPTablesBackend, what string, length time.Duration, done *sync.WaitGroup) {
 	done.Add(1)
 	go func() {
 		defer done.Done()
 		path := b.outputPath(ours, backend, what+".pprof")
-		query := fmt.Sprintf("profile?seconds=%d", int(b.opts.profileFor.Seconds()))
+		query := fmt.Sprintf("profile?seconds=%d", int(length.Seconds()))
 		if err := fetchProfile(ctx, kp, query, path); err != nil {
 			b.logf("CPU profile: %v", err)
 		} else {
-			b.logf("CPU profile of the first %s written to %s", b.opts.profileFor, path)
+			b.logf("CPU profile of %s (%s) written to %s", what, length, path)
 		}
 	}()
 }
