@@ -68,7 +68,7 @@ func (k *countingKernel) Restore(input io.Reader) error {
 	return k.Kernel.Restore(bytes.NewReader(text))
 }
 
-func newTestProxier(t *testing.T, kernel Kernel) *Proxier {
+func newTestProxier(t testing.TB, kernel Kernel) *Proxier {
 	t.Helper()
 	detector, err := localdetect.New(localdetect.Settings{Mode: "ClusterCIDR", CIDRs: []string{"10.244.0.0/16"}}, v1.IPv4Protocol)
 	if err != nil {
