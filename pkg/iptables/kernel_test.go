@@ -114,6 +114,34 @@ func feedService(p *Proxier, i int) {
 	}, false)
 }
 
+// feedClusterIPs gives the proxier n ClusterIP services with the given
+// number of ready endpoints each, as make bench creates them.
+func feedClusterIPs(p *Proxier, n, endpoints int) {
+	ready := true
+	for i := range n {
+		name := fmt.Sprintf("svc-%d", i)
+		p.OnService(&v1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+			Spec: v1.ServiceSpec{ClusterIP: fmt.Sprintf("10.%d.%d.%d", 96+i>>16, i>>8&0xff, i&0xff),
+				Ports: []v1.ServicePort{{Name: "p", Port: 80, Protocol: v1.ProtocolTCP}}},
+		}, false)
+		slice := &discovery.EndpointSlice{
+			ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name + "-x", Labels: map[string]string{discovery.LabelServiceName: name}},
+			AddressType: discovery.AddressTypeIPv4,
+			Ports:       []discovery.EndpointPort{{Name: ptr("p"), Port: ptr(int32(8080)), Protocol: ptr(v1.ProtocolTCP)}},
+		}
+		for e := range endpoints {
+			j := i*endpoints + e
+			slice.Endpoints = append(slice.Endpoints, discovery.Endpoint{
+				Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 128+j>>16, j>>8&0xff, j&0xff)},
+				Conditions: discovery.EndpointConditions{Ready: &ready}})
+		}
+		p.OnEndpointSlice(slice, false)
+	}
+	p.OnServicesSynced()
+	p.OnEndpointSlicesSynced()
+}
+
 func ptr[T any](v T) *T { return &v }
 
 // syncedProxier is a proxier that has synced n services into this

@@ -9,10 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // earlyFailingKernel fails its restores after reading a little, as
@@ -56,27 +52,7 @@ func TestSplitFullSyncBoundsTheChainNamesOfEachInput(t *testing.T) {
 	kernel := &recordingKernel{}
 	p := newTestProxier(t, kernel)
 	p.cfg.ChainRefsPerRestore = limit
-	ready := true
-	for i := range services {
-		name := fmt.Sprintf("svc-%d", i)
-		p.OnService(&v1.Service{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
-			Spec: v1.ServiceSpec{ClusterIP: fmt.Sprintf("10.96.0.%d", i+1),
-				Ports: []v1.ServicePort{{Name: "p", Port: 80, Protocol: v1.ProtocolTCP}}},
-		}, false)
-		slice := &discovery.EndpointSlice{
-			ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name + "-x", Labels: map[string]string{discovery.LabelServiceName: name}},
-			AddressType: discovery.AddressTypeIPv4,
-			Ports:       []discovery.EndpointPort{{Name: ptr("p"), Port: ptr(int32(8080)), Protocol: ptr(v1.ProtocolTCP)}},
-		}
-		for e := range endpoints {
-			slice.Endpoints = append(slice.Endpoints, discovery.Endpoint{
-				Addresses: []string{fmt.Sprintf("10.244.%d.%d", i, e+1)}, Conditions: discovery.EndpointConditions{Ready: &ready}})
-		}
-		p.OnEndpointSlice(slice, false)
-	}
-	p.OnServicesSynced()
-	p.OnEndpointSlicesSynced()
+	feedClusterIPs(p, services, endpoints)
 	if err := p.sync(); err != nil {
 		t.Fatal(err)
 	}
