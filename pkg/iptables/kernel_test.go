@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"strings"
@@ -275,6 +276,55 @@ func TestFlushProbesNoticeFlushesAndAFullSyncRepairs(t *testing.T) {
 			t.Fatalf("%s: full sync after %v: %v", backend, flush, err)
 		}
 	}
+}
+
+// listingKernel counts the chain listings per table.
+type listingKernel struct {
+	Kernel
+	listed map[string]int
+}
+
+func (k *listingKernel) ListRules(table, chain string) ([]string, error) {
+	k.listed[table]++
+	return k.Kernel.ListRules(table, chain)
+}
+
+// With the real tools, a sync of ours does not make the flush probes list
+// their chains again, while another program's write does (on nft, into
+// any table).
+func TestFlushProbesSkipOurOwnWritesOnTheRealKernel(t *testing.T) {
+	if !runInNetns(t) {
+		return
+	}
+	p, real, backend := syncedProxier(t, 3)
+	kernel := &listingKernel{Kernel: real, listed: map[string]int{}}
+	p.cfg.Kernel = kernel
+	slow := int(p.cfg.SyncPeriod / flushCheckInterval)
+	check := func(tick int, want map[string]int) {
+		t.Helper()
+		if probe, flushed := p.watch.check(tick); flushed {
+			t.Fatalf("%s: probe %s/%s fired with nothing flushed", backend, probe.table, probe.chain)
+		}
+		if !maps.Equal(kernel.listed, want) {
+			t.Errorf("%s: at tick %d listed %v, want %v", backend, tick, kernel.listed, want)
+		}
+	}
+	check(0, map[string]int{"mangle": 1, "filter": 1, "nat": 1})
+	feedService(p, 3)
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	check(slow, map[string]int{"mangle": 1, "filter": 1, "nat": 1})
+	foreign := []string{"-t", "nat", "-A", "PREROUTING", "-s", "192.0.2.1/32", "-j", "RETURN"}
+	if out, err := exec.Command("iptables-"+string(backend), foreign...).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v: %s", foreign, err, out)
+	}
+	want := map[string]int{"mangle": 1, "filter": 1, "nat": 2}
+	if backend == iptablesrunner.NFT {
+		// One generation counts the changes of the whole nftables ruleset.
+		want = map[string]int{"mangle": 2, "filter": 2, "nat": 2}
+	}
+	check(2*slow, want)
 }
 
 // A partial sync touches only what changed: one endpoint replaced rewrites
