@@ -430,10 +430,12 @@ func sharedChainContents(static StaticRules, services [][]SharedRule) map[Table]
 // readKernel reads the three tables kube-proxy writes to, keeping the
 // rules of the shared and built-in chains.
 func (p *Proxier) readKernel() (map[Table]kernelTable, error) {
+	before := p.watch.generations()
 	data, err := p.cfg.Kernel.Save()
 	if err != nil {
 		return nil, err
 	}
+	p.watch.fullSyncRead(before, p.watch.generations())
 	return readTables(data, func(t Table, c Chain) bool { return builtinChains[c] || slices.Contains(SharedChains[t], c) }), nil
 }
 
@@ -683,6 +685,21 @@ func (w *flushWatch) ownWrite(before, after []tableGeneration) {
 	for i := range w.probes {
 		if before[i].ok && after[i].ok && before[i].value == w.seen[i] {
 			w.seen[i] = after[i].value
+		}
+	}
+}
+
+// fullSyncRead records that a full sync read the tables, which did not
+// change while it read them: what the probes look for is either there or
+// written by that sync (and if the sync fails, the next full one writes
+// it, while the watch waits), so the probes need not list their chains
+// after the first sync or the recovery from a flush.
+func (w *flushWatch) fullSyncRead(before, after []tableGeneration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range w.probes {
+		if before[i].ok && after[i].ok && before[i].value == after[i].value {
+			w.seen[i] = before[i].value
 		}
 	}
 }
