@@ -175,8 +175,8 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	if err != nil {
 		return r, err
 	}
-	if v, ok := familyValue(m, "kubeproxy_sync_proxy_rules_duration_seconds_sum"); ok {
-		r["firstSyncOwn"] = cell{value: v}
+	if own, ok := firstSyncDuration(ctx); ok {
+		r["firstSyncOwn"] = cell{value: own}
 	}
 	if v, ok := familyValue(m, "kubeproxy_sync_proxy_rules_iptables_total", "table=nat"); ok {
 		r["natRules"] = cell{value: v}
@@ -247,8 +247,8 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	if restart.capped {
 		return r, nil
 	}
-	if s, err := readSyncState(); err == nil {
-		r["restartSyncOwn"] = cell{value: s.sum}
+	if own, ok := firstSyncDuration(ctx); ok {
+		r["restartSyncOwn"] = cell{value: own}
 	}
 
 	if err := b.singleChanges(ctx, kp, r); err != nil {
@@ -305,6 +305,21 @@ func (b *bench) firstSync(ctx context.Context, kp *framework.KubeProxy, start ti
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// firstSyncDuration is the duration a fresh process reports for its first
+// sync. Upstream sets the sync timestamp before it records the duration,
+// so the histogram may still be empty when the timestamp shows.
+func firstSyncDuration(ctx context.Context) (float64, bool) {
+	for range 100 {
+		if s, err := readSyncState(); err == nil && s.count > 0 {
+			return s.sum, true
+		}
+		if sleep(ctx, 100*time.Millisecond) != nil {
+			break
+		}
+	}
+	return 0, false
 }
 
 // syncState is what the proxy's metrics say about its IPv4 syncs.
