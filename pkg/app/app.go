@@ -24,7 +24,8 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/version"
 )
 
-// configPollInterval is how often the config file is checked for changes.
+// configPollInterval is how often the config file is checked for changes
+// where inotify is not to be had.
 const configPollInterval = time.Second
 
 // Run runs the kube-proxy command with the given arguments and returns the

@@ -224,37 +224,85 @@ func TestVersion(t *testing.T) {
 	}
 }
 
+// A changed config file ends the watch with an error, whether it is
+// rewritten in place or, as in a ConfigMap mount, reached through a
+// symlink that is swapped while the old file stays; both with inotify and
+// by polling.
 func TestConfigFileChangeEndsTheWatch(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "config.yaml")
-	writeFile(t, path, "a")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	watch, err := watchFile(path)
-	if err != nil {
-		t.Fatal(err)
+	rewrite := func(t *testing.T) (string, func()) {
+		path := filepath.Join(t.TempDir(), "config.yaml")
+		writeFile(t, path, "a")
+		return path, func() { writeFile(t, path, "changed") }
 	}
-	go func() { done <- watch.wait(ctx, 10*time.Millisecond) }()
-	writeFile(t, path, "changed")
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "was updated") {
-			t.Errorf("want a file-updated error, got %v", err)
+	swapSymlink := func(t *testing.T) (string, func()) {
+		dir := t.TempDir()
+		for _, version := range []string{"..v1", "..v2"} {
+			if err := os.Mkdir(filepath.Join(dir, version), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(dir, version, "config.conf"), "mode: "+version)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the change was never noticed")
+		symlink(t, "..v1", filepath.Join(dir, "..data"))
+		symlink(t, filepath.Join("..data", "config.conf"), filepath.Join(dir, "config.conf"))
+		return filepath.Join(dir, "config.conf"), func() {
+			symlink(t, "..v2", filepath.Join(dir, "..data_tmp"))
+			if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
+	waits := map[string]func(*fileWatch, context.Context) error{
+		"inotify": func(w *fileWatch, ctx context.Context) error { return w.wait(ctx, time.Hour) },
+		"poll":    func(w *fileWatch, ctx context.Context) error { return w.poll(ctx, 10*time.Millisecond) },
+	}
+	changes := map[string]func(*testing.T) (string, func()){"rewrite": rewrite, "symlink swap": swapSymlink}
+	for waitName, wait := range waits {
+		for changeName, setUp := range changes {
+			t.Run(waitName+"/"+changeName, func(t *testing.T) {
+				path, change := setUp(t)
+				watch, err := watchFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- wait(watch, t.Context()) }()
+				time.Sleep(50 * time.Millisecond) // let the watch start first
+				change()
+				select {
+				case err := <-done:
+					if err == nil || !strings.Contains(err.Error(), "was updated") {
+						t.Errorf("want a file-updated error, got %v", err)
+					}
+				case <-time.After(30 * time.Second):
+					t.Fatal("the change was never noticed")
+				}
+			})
+		}
+		// Unchanged: the watch ends quietly with its context.
+		t.Run(waitName+"/unchanged", func(t *testing.T) {
+			path, _ := rewrite(t)
+			watch, err := watchFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, stop := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- wait(watch, ctx) }()
+			// An unrelated file in the same directory wakes the watch but is no change.
+			writeFile(t, filepath.Join(filepath.Dir(path), "other"), "x")
+			time.Sleep(50 * time.Millisecond)
+			stop()
+			if err := <-done; err != nil {
+				t.Errorf("an unchanged file gave %v", err)
+			}
+		})
+	}
+}
 
-	// Unchanged: the watch ends quietly with its context.
-	writeFile(t, path, "steady")
-	quiet, stop := context.WithCancel(context.Background())
-	if watch, err = watchFile(path); err != nil {
+func symlink(t *testing.T, target, link string) {
+	t.Helper()
+	if err := os.Symlink(target, link); err != nil {
 		t.Fatal(err)
-	}
-	go func() { done <- watch.wait(quiet, 10*time.Millisecond) }()
-	stop()
-	if err := <-done; err != nil {
-		t.Errorf("an unchanged file gave %v", err)
 	}
 }
 
