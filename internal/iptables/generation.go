@@ -21,7 +21,16 @@ func (r *Runner) Generation(table string) (uint64, error) {
 	if r.backend == NFT {
 		return nftGeneration()
 	}
-	return legacyTableInfo(r.ipv6, table)
+	r.infoMu.Lock()
+	defer r.infoMu.Unlock()
+	if r.infoSocket < 0 {
+		fd, err := legacyInfoSocket(r.ipv6)
+		if err != nil {
+			return 0, err
+		}
+		r.infoSocket = fd
+	}
+	return legacyTableInfo(r.infoSocket, r.ipv6, table)
 }
 
 // Netlink constants of nftables (linux/netfilter/nf_tables.h, nfnetlink.h).
@@ -89,16 +98,21 @@ type iptGetinfo struct {
 // iptSoGetInfo is IPT_SO_GET_INFO and IP6T_SO_GET_INFO.
 const iptSoGetInfo = 64
 
-func legacyTableInfo(ipv6 bool, table string) (uint64, error) {
-	domain, level := unix.AF_INET, unix.IPPROTO_IP
+// legacyInfoSocket opens a socket of the family to ask the legacy tables'
+// sizes through.
+func legacyInfoSocket(ipv6 bool) (int, error) {
+	domain := unix.AF_INET
 	if ipv6 {
-		domain, level = unix.AF_INET6, unix.IPPROTO_IPV6
+		domain = unix.AF_INET6
 	}
-	fd, err := unix.Socket(domain, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
-	if err != nil {
-		return 0, err
+	return unix.Socket(domain, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+}
+
+func legacyTableInfo(fd int, ipv6 bool, table string) (uint64, error) {
+	level := unix.IPPROTO_IP
+	if ipv6 {
+		level = unix.IPPROTO_IPV6
 	}
-	defer unix.Close(fd)
 	var info iptGetinfo
 	copy(info.Name[:], table)
 	size := uint32(unsafe.Sizeof(info))

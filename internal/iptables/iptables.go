@@ -29,11 +29,17 @@ type Runner struct {
 	// Restores and checks are serialized: -w already waits for the
 	// xtables lock, this just keeps our own calls from queueing on it.
 	mu sync.Mutex
+
+	// infoSocket is the raw socket legacy table generations are read
+	// through, opened at the first read (-1 before) and kept: opening and
+	// closing one was most of the cost of a once-a-second flush probe.
+	infoMu     sync.Mutex
+	infoSocket int
 }
 
 // New returns a runner for the family and backend.
 func New(ipv6 bool, backend Backend) *Runner {
-	return &Runner{ipv6: ipv6, backend: backend}
+	return &Runner{ipv6: ipv6, backend: backend, infoSocket: -1}
 }
 
 // IPv6 tells the runner's family.
