@@ -59,7 +59,7 @@ func (k *probeKernel) ListRules(table, chain string) ([]string, error) {
 }
 
 // newProbedProxier is a proxier over a probeKernel holding all our jumps.
-func newProbedProxier(t *testing.T) (*Proxier, *probeKernel) {
+func newProbedProxier(t *testing.T) (testProxier, *probeKernel) {
 	kernel := &probeKernel{
 		generations: map[string]uint64{"mangle": 1, "filter": 1, "nat": 1},
 		flushed:     map[string]bool{}, listed: map[string]int{},
@@ -127,7 +127,9 @@ func TestFlushProbesSkipTheChangesOfOurOwnSyncs(t *testing.T) {
 	}
 	sync := func(full bool) {
 		t.Helper()
-		p.needFullSync = full
+		if full {
+			p.RequestFullSync()
+		}
 		if err := p.sync(); err != nil {
 			t.Fatal(err)
 		}

@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
-	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files of pkg/iptables/testdata")
@@ -213,8 +212,8 @@ func TestGoldenRuleSets(t *testing.T) {
 				tc.params(&params)
 			}
 			kernel := &recordingKernel{}
-			p := New(Config{Family: family, Kernel: kernel, Params: params, Node: state.Node{Name: nodeName},
-				MinSyncPeriod: time.Second, SyncPeriod: time.Minute, ChainRefsPerRestore: tc.chainRefsPerRestore})
+			p := newProxier(Config{Family: family, Kernel: kernel, Params: params,
+				SyncPeriod: time.Minute, ChainRefsPerRestore: tc.chainRefsPerRestore}, nodeName)
 			for _, s := range tc.services {
 				p.OnService(s, false)
 			}
@@ -286,8 +285,8 @@ func (k *failingKernel) Restore(input io.Reader) error {
 // writes the whole rule set again.
 func TestFailedPartialSyncFallsBackToAFullSync(t *testing.T) {
 	kernel := &failingKernel{}
-	p := New(Config{Family: v1.IPv4Protocol, Kernel: kernel, Params: Params{MasqueradeBit: 14},
-		Node: state.Node{Name: nodeName}, MinSyncPeriod: time.Second, SyncPeriod: time.Minute})
+	p := newProxier(Config{Family: v1.IPv4Protocol, Kernel: kernel, Params: Params{MasqueradeBit: 14},
+		SyncPeriod: time.Minute}, nodeName)
 	p.OnService(svc("web", nil), false)
 	p.OnEndpointSlice(slice("web", v1.ProtocolTCP, local1), false)
 	p.OnServicesSynced()
@@ -306,7 +305,7 @@ func TestFailedPartialSyncFallsBackToAFullSync(t *testing.T) {
 			t.Errorf("after the failed partial sync, the full sync did not write %q:\n%s", want, kernel.written.String())
 		}
 	}
-	if p.needFullSync {
+	if p.FullSyncPending() {
 		t.Error("a full sync is still pending after the fallback succeeded")
 	}
 }

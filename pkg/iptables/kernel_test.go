@@ -19,6 +19,7 @@ import (
 	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
+	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
@@ -69,23 +70,38 @@ func (k *countingKernel) Restore(input io.Reader) error {
 	return k.Kernel.Restore(bytes.NewReader(text))
 }
 
-func newTestProxier(t testing.TB, kernel Kernel) *Proxier {
+// testProxier is the proxy core running the iptables mode, as the
+// server wires them.
+type testProxier struct {
+	*proxy.Core
+	*Syncer
+}
+
+func newProxier(cfg Config, nodeName string) testProxier {
+	mode := New(cfg)
+	return testProxier{Core: proxy.NewCore(proxy.Config{
+		Family: cfg.Family, ModeName: "iptables", Node: state.Node{Name: nodeName},
+		MinSyncPeriod: time.Second, SyncPeriod: cfg.SyncPeriod,
+	}, mode), Syncer: mode}
+}
+
+func (p testProxier) sync() error { return p.SyncOnce() }
+
+func newTestProxier(t testing.TB, kernel Kernel) testProxier {
 	t.Helper()
 	detector, err := localdetect.New(localdetect.Settings{Mode: "ClusterCIDR", CIDRs: []string{"10.244.0.0/16"}}, v1.IPv4Protocol)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return New(Config{
-		Family: v1.IPv4Protocol, Kernel: kernel,
-		Params:        Params{MasqueradeBit: 14, LocalhostNodePorts: true, LocalDetector: detector},
-		Node:          state.Node{Name: "node-1"},
-		MinSyncPeriod: time.Second, SyncPeriod: time.Minute,
-	})
+	return newProxier(Config{
+		Family: v1.IPv4Protocol, Kernel: kernel, SyncPeriod: time.Minute,
+		Params: Params{MasqueradeBit: 14, LocalhostNodePorts: true, LocalDetector: detector},
+	}, "node-1")
 }
 
 // feed gives the proxier n services with two endpoints each, and says
 // both caches are complete.
-func feed(p *Proxier, n int) {
+func feed(p testProxier, n int) {
 	for i := range n {
 		feedService(p, i)
 	}
@@ -94,7 +110,7 @@ func feed(p *Proxier, n int) {
 }
 
 // feedService gives the proxier service i, a NodePort with two endpoints.
-func feedService(p *Proxier, i int) {
+func feedService(p testProxier, i int) {
 	name := fmt.Sprintf("svc-%d", i)
 	p.OnService(&v1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
@@ -117,7 +133,7 @@ func feedService(p *Proxier, i int) {
 
 // feedClusterIPs gives the proxier n ClusterIP services with the given
 // number of ready endpoints each, as make bench creates them.
-func feedClusterIPs(p *Proxier, n, endpoints int) {
+func feedClusterIPs(p testProxier, n, endpoints int) {
 	ready := true
 	for i := range n {
 		name := fmt.Sprintf("svc-%d", i)
@@ -147,7 +163,7 @@ func ptr[T any](v T) *T { return &v }
 
 // syncedProxier is a proxier that has synced n services into this
 // namespace's kernel with the backend chosen for the run.
-func syncedProxier(t *testing.T, n int) (*Proxier, Kernel, iptablesrunner.Backend) {
+func syncedProxier(t *testing.T, n int) (testProxier, Kernel, iptablesrunner.Backend) {
 	t.Helper()
 	backend, err := iptablesrunner.DetectBackend()
 	if err != nil {
@@ -271,7 +287,7 @@ func TestFlushProbesNoticeFlushesAndAFullSyncRepairs(t *testing.T) {
 		if fired != 1 {
 			t.Errorf("%s: after %v, %d probes fired, want 1", backend, flush, fired)
 		}
-		p.needFullSync = true
+		p.RequestFullSync()
 		if err := p.sync(); err != nil {
 			t.Fatalf("%s: full sync after %v: %v", backend, flush, err)
 		}

@@ -36,7 +36,7 @@ func TestFullSyncRestoreThatFailsEarlyEndsTheSync(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the sync is stuck writing to a restore that ended")
 	}
-	if !p.needFullSync {
+	if !p.FullSyncPending() {
 		t.Error("after a failed full sync, the next sync is not a full one")
 	}
 }

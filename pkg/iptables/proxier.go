@@ -3,10 +3,8 @@ package iptables
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"io"
 	"maps"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,13 +12,10 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 
-	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
-	"github.com/rapidproxy/rapidproxy/pkg/runner"
+	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
@@ -39,27 +34,13 @@ type Kernel interface {
 	Generation(table string) (uint64, error)
 }
 
-// Conntrack forgets flows that would keep going to a wrong place after a
-// UDP service's endpoints change.
-type Conntrack interface {
-	// ClearStale deletes the flows one sync's changes made stale.
-	ClearStale(family v1.IPFamily, services state.ServiceMap, ch state.Changes) error
-	// Reconcile deletes every stale flow, whatever made it stale.
-	Reconcile(family v1.IPFamily, services state.ServiceMap, endpoints state.EndpointsMap) error
-}
-
-// Config are a proxier's inputs besides the API objects.
+// Config are the iptables mode's inputs.
 type Config struct {
-	Family        v1.IPFamily
-	Kernel        Kernel
-	Params        Params
-	Node          state.Node
-	MinSyncPeriod time.Duration
-	SyncPeriod    time.Duration
-	Health        *healthcheck.ProxyHealth
-	// ServiceHealth and Conntrack are optional.
-	ServiceHealth *healthcheck.ServiceHealth
-	Conntrack     Conntrack
+	Family v1.IPFamily
+	Kernel Kernel
+	Params Params
+	// SyncPeriod paces the slower flush probes.
+	SyncPeriod time.Duration
 	// ChainRefsPerRestore splits a full sync's service chains into inputs
 	// referring to about this many chain names; 0 writes them all in one.
 	ChainRefsPerRestore int
@@ -73,200 +54,67 @@ type Config struct {
 // best.
 const ChainRefsPerRestoreNFT = 1000
 
-// Proxier programs iptables for one IP family.
-type Proxier struct {
-	cfg     Config
-	tracker *state.Tracker
-	runner  *runner.Runner
-
-	mu             sync.Mutex
-	state          *state.State
-	node           state.Node
-	servicesSynced bool
-	slicesSynced   bool
-	// ready is closed once both caches are complete: syncing starts then,
-	// and not earlier, so the first sync is not held back by the minimum
-	// interval after a run that had nothing to do.
-	ready        chan struct{}
-	needFullSync bool
+// Syncer is the iptables mode for one IP family: the proxy core hands it
+// the state to write, and it writes only what differs from what it wrote.
+type Syncer struct {
+	cfg Config
+	// state is what the sync in progress reads.
+	state state.View
 	// applied is what each service port has in the kernel now.
 	applied    map[state.ServicePortName]appliedService
 	ruleCounts map[Table]int
 	watch      *flushWatch
-	// lastReconcile is when every conntrack flow was last checked.
-	lastReconcile time.Time
+
+	// written is true once a full sync has written everything and no
+	// flush was seen since: before that there is nothing to lose.
+	writtenMu sync.Mutex
+	written   bool
 }
 
-// New returns a proxier; nothing is written before SyncLoop runs and both
-// Services and EndpointSlices have synced.
-func New(cfg Config) *Proxier {
-	p := &Proxier{
-		cfg:          cfg,
-		tracker:      state.NewTracker(cfg.Family, cfg.Node.Name),
-		state:        state.NewState(),
-		node:         cfg.Node,
-		needFullSync: true,
-		ready:        make(chan struct{}),
-		applied:      map[state.ServicePortName]appliedService{},
-		ruleCounts:   map[Table]int{},
+// New returns the iptables mode; proxy.NewCore runs it.
+func New(cfg Config) *Syncer {
+	p := &Syncer{
+		cfg:        cfg,
+		applied:    map[state.ServicePortName]appliedService{},
+		ruleCounts: map[Table]int{},
 	}
-	p.runner = runner.New(p.sync, cfg.MinSyncPeriod, cfg.SyncPeriod)
 	p.watch = p.newFlushWatch()
 	return p
 }
 
-// OnService records a Service change; deleted services are passed with deleted true.
-func (p *Proxier) OnService(svc *v1.Service, deleted bool) {
-	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
-	if deleted {
-		svc = nil
-	}
-	p.tracker.OnService(name, svc)
-	p.queue()
-}
-
-// OnEndpointSlice records an EndpointSlice change.
-func (p *Proxier) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) {
-	p.tracker.OnEndpointSlice(slice, deleted)
-	p.queue()
-}
-
-// OnServicesSynced records that the Service cache is complete.
-func (p *Proxier) OnServicesSynced() {
-	p.mu.Lock()
-	p.servicesSynced = true
-	p.markReadyLocked()
-	p.mu.Unlock()
-}
-
-// OnEndpointSlicesSynced records that the EndpointSlice cache is complete.
-func (p *Proxier) OnEndpointSlicesSynced() {
-	p.mu.Lock()
-	p.slicesSynced = true
-	p.markReadyLocked()
-	p.mu.Unlock()
-}
-
-func (p *Proxier) markReadyLocked() {
-	if p.servicesSynced && p.slicesSynced {
-		select {
-		case <-p.ready:
-		default:
-			close(p.ready)
-		}
-	}
-}
-
-// OnNode records the node's topology; a zone change re-selects every
-// service's endpoints.
-func (p *Proxier) OnNode(node *v1.Node) {
-	if node == nil {
-		return
-	}
-	zone := node.Labels[v1.LabelTopologyZone]
-	p.mu.Lock()
-	changed := zone != p.node.Zone
-	p.node.Zone = zone
-	if changed {
-		p.needFullSync = true
-	}
-	p.mu.Unlock()
-	if changed {
-		p.queue()
-	}
-}
-
-// SyncLoop syncs until the context ends, and watches for other programs
-// flushing our rules.
-func (p *Proxier) SyncLoop(ctx context.Context) {
-	go p.watchForFlush(ctx)
-	select {
-	case <-ctx.Done():
-		return
-	case <-p.ready:
-	}
-	p.runner.Loop(ctx)
-}
-
-// Sync asks for a sync soon.
-func (p *Proxier) Sync() { p.queue() }
-
-func (p *Proxier) queue() {
-	if p.cfg.Health != nil {
-		p.cfg.Health.QueuedUpdate(p.cfg.Family)
-	}
-	p.runner.Run()
-}
-
-// sync brings the kernel in line with the desired state: the changed
-// services only, or everything after a start, a failure or a flush.
-func (p *Proxier) sync() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	family := string(p.cfg.Family)
-	start := time.Now()
-	pendingServices, pendingEndpoints := p.tracker.Pending()
-	changes := p.tracker.Apply(p.state)
-	metrics.ServiceChangesTotal.Add(float64(pendingServices))
-	metrics.EndpointChangesTotal.Add(float64(pendingEndpoints))
-
+// PartialSync rewrites only what the changed service ports own.
+func (p *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]bool) error {
+	p.state = v
 	// Crossing the large-cluster line changes every endpoint chain's
-	// rules: a full sync rewrites them all at once. Counting walks every
-	// service, so an idle periodic sync skips it.
-	if len(changes.ServicePorts) > 0 {
-		if large := p.largeCluster(); large != p.cfg.Params.LargeCluster {
-			p.cfg.Params.LargeCluster = large
-			p.needFullSync = true
-		}
+	// rules. Counting walks every service, so an idle periodic sync
+	// skips it.
+	if len(changed) > 0 && p.largeCluster() != p.cfg.Params.LargeCluster {
+		return proxy.ErrFullSyncNeeded
 	}
-	full := p.needFullSync
-	var err error
-	if !full {
-		if err = p.partialSync(changes); err != nil {
-			metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues(family).Inc()
-			klog.ErrorS(err, "Partial sync failed; doing a full sync", "ipFamily", family)
-			full = true
-		}
+	if err := p.partialSync(changed); err != nil {
+		metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
+		return err
 	}
-	if full {
-		if err = p.fullSync(); err != nil {
-			metrics.IPTablesRestoreFailuresTotal.WithLabelValues(family).Inc()
-			p.needFullSync = true
-			return fmt.Errorf("iptables %s sync: %w", family, err)
-		}
-		p.needFullSync = false
+	return nil
+}
+
+// FullSync brings every rule in line, whatever the kernel holds.
+func (p *Syncer) FullSync(v state.View) error {
+	p.state = v
+	p.cfg.Params.LargeCluster = p.largeCluster()
+	if err := p.fullSync(); err != nil {
+		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
+		return err
 	}
-	elapsed := time.Since(start).Seconds()
-	metrics.SyncProxyRulesLatency.WithLabelValues(family).Observe(elapsed)
-	if full {
-		metrics.SyncFullProxyRulesLatency.WithLabelValues(family).Observe(elapsed)
-	} else {
-		metrics.SyncPartialProxyRulesLatency.WithLabelValues(family).Observe(elapsed)
-	}
-	metrics.SyncProxyRulesLastTimestamp.WithLabelValues(family).SetToCurrentTime()
-	for _, at := range changes.TriggerTimes {
-		metrics.NetworkProgrammingLatency.WithLabelValues(family).Observe(metrics.SinceInSeconds(at))
-	}
-	svcs, eps := p.tracker.Pending()
-	metrics.ServiceChangesPending.Set(float64(svcs))
-	metrics.EndpointChangesPending.Set(float64(eps))
-	if p.cfg.Health != nil && svcs == 0 && eps == 0 {
-		p.cfg.Health.Updated(p.cfg.Family)
-	}
-	p.afterSync(changes)
-	klog.V(2).InfoS("Synced iptables rules", "ipFamily", family, "full", full, "changedServicePorts", len(changes.ServicePorts), "elapsed", time.Since(start))
-	if full {
-		// A full sync's restore text (tens of MB at 10k services) is
-		// garbage now; hand it back to the node at once instead of
-		// holding it until the runtime's background scavenger gets there.
-		debug.FreeOSMemory()
-	}
+	p.writtenMu.Lock()
+	p.written = true
+	p.writtenMu.Unlock()
 	return nil
 }
 
 // largeCluster tells whether the services have more endpoints in all than
 // LargeClusterEndpoints, counted as upstream does.
-func (p *Proxier) largeCluster() bool {
+func (p *Syncer) largeCluster() bool {
 	total := 0
 	for name := range p.state.Services {
 		total += len(p.state.Endpoints[name])
@@ -275,24 +123,23 @@ func (p *Proxier) largeCluster() bool {
 }
 
 // rulesFor decides one service port's rules from the current state.
-func (p *Proxier) rulesFor(name state.ServicePortName) (ServiceRules, bool) {
-	svc, ok := p.state.Services[name]
+func (p *Syncer) rulesFor(name state.ServicePortName) (ServiceRules, bool) {
+	svc, sel, ok := p.state.Select(name)
 	if !ok {
 		return ServiceRules{}, false
 	}
-	sel := state.Select(svc, p.state.Endpoints[name], p.node)
 	return p.cfg.Params.ServiceRules(svc, sel), true
 }
 
 // partialSync rewrites only what the changed service ports own, in one
 // restore input, atomic per table.
-func (p *Proxier) partialSync(changes state.Changes) error {
-	if len(changes.ServicePorts) == 0 {
+func (p *Syncer) partialSync(changed map[state.ServicePortName]bool) error {
+	if len(changed) == 0 {
 		return nil
 	}
 	in := newRestoreInput()
-	updated := make(map[state.ServicePortName]appliedService, len(changes.ServicePorts))
-	for name := range changes.ServicePorts {
+	updated := make(map[state.ServicePortName]appliedService, len(changed))
+	for name := range changed {
 		rules, _ := p.rulesFor(name)
 		updated[name] = summarize(rules)
 		diffService(in, p.applied[name], updated[name], rules)
@@ -320,7 +167,7 @@ func (p *Proxier) partialSync(changes state.Changes) error {
 // then the differences in the shared chains, which switch traffic over
 // atomically per table, with the removal of chains nothing uses any more
 // and the jumps from the built-in chains.
-func (p *Proxier) fullSync() error {
+func (p *Syncer) fullSync() error {
 	kernel, err := p.readKernel()
 	if err != nil {
 		return err
@@ -392,14 +239,17 @@ func (p *Proxier) fullSync() error {
 	}
 	p.applied = desired
 	p.countAllRules(static)
-	metrics.IPTablesRulesLastSync.WithLabelValues(string(TableNAT), string(p.cfg.Family)).Set(float64(p.ruleCounts[TableNAT]))
-	metrics.IPTablesRulesLastSync.WithLabelValues(string(TableFilter), string(p.cfg.Family)).Set(float64(p.ruleCounts[TableFilter]))
+	family := string(p.cfg.Family)
+	for _, t := range []Table{TableFilter, TableNAT} {
+		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
+		metrics.IPTablesRulesLastSync.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
+	}
 	return nil
 }
 
 // serviceOrder is every service port in a stable order, so that the same
 // state always gives the same rule set.
-func (p *Proxier) serviceOrder() []state.ServicePortName {
+func (p *Syncer) serviceOrder() []state.ServicePortName {
 	return slices.SortedFunc(maps.Keys(p.state.Services), func(a, b state.ServicePortName) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
 			cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
@@ -429,7 +279,7 @@ func sharedChainContents(static StaticRules, services [][]SharedRule) map[Table]
 
 // readKernel reads the three tables kube-proxy writes to, keeping the
 // rules of the shared and built-in chains.
-func (p *Proxier) readKernel() (map[Table]kernelTable, error) {
+func (p *Syncer) readKernel() (map[Table]kernelTable, error) {
 	before := p.watch.generations()
 	data, err := p.cfg.Kernel.Save()
 	if err != nil {
@@ -442,7 +292,7 @@ func (p *Proxier) readKernel() (map[Table]kernelTable, error) {
 // builtinChains are the kernel's own chains, which hold our jumps.
 var builtinChains = map[Chain]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
 
-func (p *Proxier) setApplied(name state.ServicePortName, applied appliedService) {
+func (p *Syncer) setApplied(name state.ServicePortName, applied appliedService) {
 	for t, n := range applied.ruleCounts() {
 		p.ruleCounts[t] += n
 	}
@@ -456,7 +306,7 @@ func (p *Proxier) setApplied(name state.ServicePortName, applied appliedService)
 	p.applied[name] = applied
 }
 
-func (p *Proxier) countAllRules(static StaticRules) {
+func (p *Syncer) countAllRules(static StaticRules) {
 	p.ruleCounts = map[Table]int{}
 	for _, applied := range p.applied {
 		for t, n := range applied.ruleCounts() {
@@ -472,57 +322,12 @@ func (p *Proxier) countAllRules(static StaticRules) {
 	}
 }
 
-func (p *Proxier) reportRuleCounts(in *restoreInput) {
+func (p *Syncer) reportRuleCounts(in *restoreInput) {
 	family := string(p.cfg.Family)
 	written := in.counts()
 	for _, t := range []Table{TableFilter, TableNAT} {
 		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
 		metrics.IPTablesRulesLastSync.WithLabelValues(string(t), family).Set(float64(written[t]))
-	}
-}
-
-// afterSync updates what depends on a successful sync: health-check
-// servers, the no-local-endpoints metric and conntrack.
-func (p *Proxier) afterSync(changes state.Changes) {
-	family := string(p.cfg.Family)
-	for _, t := range []Table{TableFilter, TableNAT} {
-		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
-	}
-	if p.cfg.ServiceHealth != nil {
-		ports := map[types.NamespacedName]int32{}
-		local := map[types.NamespacedName]int{}
-		for name, svc := range p.state.Services {
-			if svc.HealthCheckNodePort == 0 {
-				continue
-			}
-			ports[name.NamespacedName] = svc.HealthCheckNodePort
-			for _, ep := range p.state.Endpoints[name] {
-				if ep.IsLocal && ep.Ready {
-					local[name.NamespacedName]++
-				}
-			}
-		}
-		if err := p.cfg.ServiceHealth.SyncServices(ports); err != nil {
-			klog.ErrorS(err, "Health check node ports")
-		}
-		p.cfg.ServiceHealth.SyncEndpoints(local)
-	}
-	if p.cfg.Conntrack == nil {
-		return
-	}
-	if len(changes.StaleEndpoints) > 0 || len(changes.NewlyActiveUDP) > 0 {
-		if err := p.cfg.Conntrack.ClearStale(p.cfg.Family, p.state.Services, changes); err != nil {
-			klog.ErrorS(err, "Clearing stale conntrack entries", "ipFamily", family)
-		}
-	}
-	// A full pass reads the whole conntrack table: once per sync period,
-	// starting with the first sync, which catches what changed while
-	// kube-proxy was not running.
-	if time.Since(p.lastReconcile) >= p.cfg.SyncPeriod {
-		if err := p.cfg.Conntrack.Reconcile(p.cfg.Family, p.state.Services, p.state.Endpoints); err != nil {
-			klog.ErrorS(err, "Reconciling conntrack entries", "ipFamily", family)
-		}
-		p.lastReconcile = time.Now()
 	}
 }
 
@@ -546,7 +351,7 @@ type flushProbe struct {
 // deletes the tables' chains, what upstream checks) and the nat PREROUTING
 // jump (the nat table can be large, and reading even one of its chains
 // costs iptables-legacy a copy of the whole table).
-func (p *Proxier) flushProbes() []flushProbe {
+func (p *Syncer) flushProbes() []flushProbe {
 	slow := max(1, int(p.cfg.SyncPeriod/flushCheckInterval))
 	probes := []flushProbe{{table: TableMangle, chain: chainCanary, every: slow}}
 	for _, j := range p.cfg.Params.StaticRules().Jumps {
@@ -561,7 +366,7 @@ func (p *Proxier) flushProbes() []flushProbe {
 }
 
 // flushed tells whether the probe finds its rule or chain gone.
-func (p *Proxier) flushed(probe flushProbe) bool {
+func (p *Syncer) flushed(probe flushProbe) bool {
 	rules, err := p.cfg.Kernel.ListRules(string(probe.table), string(probe.chain))
 	if err != nil {
 		return true
@@ -576,9 +381,9 @@ func (p *Proxier) flushed(probe flushProbe) bool {
 	return !containsRule(have, probe.rule)
 }
 
-// watchForFlush runs the flush probes and forces a full sync, which
-// restores everything, when one finds our rules gone.
-func (p *Proxier) watchForFlush(ctx context.Context) {
+// Watch runs the flush probes and asks for a full sync, which restores
+// everything, when one finds our rules gone.
+func (p *Syncer) Watch(ctx context.Context, resync func()) {
 	ticker := time.NewTicker(flushCheckInterval)
 	defer ticker.Stop()
 	for tick := 0; ; tick++ {
@@ -587,10 +392,9 @@ func (p *Proxier) watchForFlush(ctx context.Context) {
 			return
 		case <-ticker.C:
 		}
-		p.mu.Lock()
-		// Before the first full sync there is nothing of ours to lose.
-		written := !p.needFullSync
-		p.mu.Unlock()
+		p.writtenMu.Lock()
+		written := p.written
+		p.writtenMu.Unlock()
 		if !written {
 			continue
 		}
@@ -600,10 +404,10 @@ func (p *Proxier) watchForFlush(ctx context.Context) {
 		}
 		klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", probe.table, "chain", probe.chain)
 		metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
-		p.mu.Lock()
-		p.needFullSync = true
-		p.mu.Unlock()
-		p.queue()
+		p.writtenMu.Lock()
+		p.written = false
+		p.writtenMu.Unlock()
+		resync()
 	}
 }
 
@@ -619,7 +423,7 @@ const flushRecheckPeriod = time.Hour
 // own writes alone: nothing can have been flushed from a table that did
 // not change, and a restore of ours leaves the jumps it found in place.
 type flushWatch struct {
-	p       *Proxier
+	p       *Syncer
 	probes  []flushProbe
 	recheck int
 
@@ -631,7 +435,7 @@ type flushWatch struct {
 	listed []int
 }
 
-func (p *Proxier) newFlushWatch() *flushWatch {
+func (p *Syncer) newFlushWatch() *flushWatch {
 	probes := p.flushProbes()
 	return &flushWatch{
 		p: p, probes: probes, recheck: int(flushRecheckPeriod / flushCheckInterval),
@@ -706,7 +510,7 @@ func (w *flushWatch) fullSyncRead(before, after []tableGeneration) {
 
 // restore writes one input and tells the flush watch the generation
 // change was ours.
-func (p *Proxier) restore(in io.Reader) error {
+func (p *Syncer) restore(in io.Reader) error {
 	before := p.watch.generations()
 	if err := p.cfg.Kernel.Restore(in); err != nil {
 		return err

@@ -195,13 +195,16 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 		if family == primary {
 			sh = serviceHealth
 		}
-		proxiers = append(proxiers, iptables.New(iptables.Config{
-			Family: family, Kernel: kernel, Params: params,
+		mode := iptables.New(iptables.Config{
+			Family: family, Kernel: kernel, Params: params, SyncPeriod: sync,
+			ChainRefsPerRestore: chainRefsPerRestore(backend),
+		})
+		proxiers = append(proxiers, proxy.NewCore(proxy.Config{
+			Family: family, ModeName: string(cfg.Mode),
 			Node:          state.Node{Name: nodeName, Zone: zone},
 			MinSyncPeriod: minSync, SyncPeriod: sync,
 			Health: health, ServiceHealth: sh, Conntrack: conntrack.Cleaner{},
-			ChainRefsPerRestore: chainRefsPerRestore(backend),
-		}))
+		}, mode))
 		klog.InfoS("Using iptables proxier", "ipFamily", family, "backend", backend)
 	}
 	return proxiers, nil

@@ -130,3 +130,20 @@ func union(a, b []*Endpoint) []*Endpoint {
 	}
 	return out
 }
+
+// View is what a sync reads: the desired state and the node it is for.
+// Proxy modes read it and never change it.
+type View struct {
+	*State
+	Node Node
+}
+
+// Select is one service port and the endpoints this node uses for it; ok
+// is false when the service port no longer exists.
+func (v View) Select(name ServicePortName) (svc *ServicePort, sel Selection, ok bool) {
+	svc, ok = v.Services[name]
+	if !ok {
+		return nil, Selection{}, false
+	}
+	return svc, Select(svc, v.Endpoints[name], v.Node), true
+}

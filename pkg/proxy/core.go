@@ -1,0 +1,351 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+
+	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
+	"github.com/rapidproxy/rapidproxy/pkg/runner"
+	"github.com/rapidproxy/rapidproxy/pkg/state"
+)
+
+// Mode is what one proxy mode (iptables, IPVS, ...) supplies to the core:
+// making the kernel hold what the state asks for. The core owns everything
+// else: change tracking, the state, the sync schedule, health, conntrack
+// and the generic metrics.
+type Mode interface {
+	// FullSync makes the kernel hold what the whole state asks for,
+	// whatever it holds now (ours, upstream's, or nothing).
+	FullSync(v state.View) error
+	// PartialSync does the same for the service ports that changed, after
+	// a successful sync. ErrFullSyncNeeded asks for a full sync instead;
+	// any other error is a failure, followed by a full sync.
+	PartialSync(v state.View, changed map[state.ServicePortName]bool) error
+}
+
+// Watcher is a mode that also watches the kernel for other programs
+// undoing its work; it calls resync to have everything written again.
+type Watcher interface {
+	Watch(ctx context.Context, resync func())
+}
+
+// ErrFullSyncNeeded is returned by a partial sync whose changes touch
+// every service's rules.
+var ErrFullSyncNeeded = errors.New("the changes need a full sync")
+
+// Conntrack forgets flows that would keep going to a wrong place after a
+// UDP service's endpoints change.
+type Conntrack interface {
+	// ClearStale deletes the flows one sync's changes made stale.
+	ClearStale(family v1.IPFamily, services state.ServiceMap, ch state.Changes) error
+	// Reconcile deletes every stale flow, whatever made it stale.
+	Reconcile(family v1.IPFamily, services state.ServiceMap, endpoints state.EndpointsMap) error
+}
+
+// Config are the core's inputs besides the API objects and the mode.
+type Config struct {
+	Family v1.IPFamily
+	// ModeName names the mode in log lines.
+	ModeName      string
+	Node          state.Node
+	MinSyncPeriod time.Duration
+	SyncPeriod    time.Duration
+	Health        *healthcheck.ProxyHealth
+	// ServiceHealth and Conntrack are optional.
+	ServiceHealth *healthcheck.ServiceHealth
+	Conntrack     Conntrack
+}
+
+// Core is a proxier for one IP family: it folds API changes into the
+// node's desired state and has its mode sync the kernel, only what changed
+// when it can, everything after a start, a failure or a resync request.
+type Core struct {
+	cfg     Config
+	mode    Mode
+	tracker *state.Tracker
+	runner  *runner.Runner
+
+	mu             sync.Mutex
+	state          *state.State
+	node           state.Node
+	servicesSynced bool
+	slicesSynced   bool
+	// ready is closed once both caches are complete: syncing starts then,
+	// and not earlier, so the first sync is not held back by the minimum
+	// interval after a run that had nothing to do.
+	ready        chan struct{}
+	needFullSync bool
+	noLocal      noLocalEndpoints
+	// lastReconcile is when every conntrack flow was last checked.
+	lastReconcile time.Time
+}
+
+// NewCore returns a proxier running mode; nothing is written before
+// SyncLoop runs and both Services and EndpointSlices have synced.
+func NewCore(cfg Config, mode Mode) *Core {
+	c := &Core{
+		cfg:          cfg,
+		mode:         mode,
+		tracker:      state.NewTracker(cfg.Family, cfg.Node.Name),
+		state:        state.NewState(),
+		node:         cfg.Node,
+		needFullSync: true,
+		ready:        make(chan struct{}),
+		noLocal:      noLocalEndpoints{},
+	}
+	c.runner = runner.New(c.SyncOnce, cfg.MinSyncPeriod, cfg.SyncPeriod)
+	return c
+}
+
+// OnService records a Service change; deleted services are passed with deleted true.
+func (c *Core) OnService(svc *v1.Service, deleted bool) {
+	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
+	if deleted {
+		svc = nil
+	}
+	c.tracker.OnService(name, svc)
+	c.queue()
+}
+
+// OnEndpointSlice records an EndpointSlice change.
+func (c *Core) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) {
+	c.tracker.OnEndpointSlice(slice, deleted)
+	c.queue()
+}
+
+// OnServicesSynced records that the Service cache is complete.
+func (c *Core) OnServicesSynced() {
+	c.mu.Lock()
+	c.servicesSynced = true
+	c.markReadyLocked()
+	c.mu.Unlock()
+}
+
+// OnEndpointSlicesSynced records that the EndpointSlice cache is complete.
+func (c *Core) OnEndpointSlicesSynced() {
+	c.mu.Lock()
+	c.slicesSynced = true
+	c.markReadyLocked()
+	c.mu.Unlock()
+}
+
+func (c *Core) markReadyLocked() {
+	if c.servicesSynced && c.slicesSynced {
+		select {
+		case <-c.ready:
+		default:
+			close(c.ready)
+		}
+	}
+}
+
+// OnNode records the node's topology; a zone change re-selects every
+// service's endpoints.
+func (c *Core) OnNode(node *v1.Node) {
+	if node == nil {
+		return
+	}
+	zone := node.Labels[v1.LabelTopologyZone]
+	c.mu.Lock()
+	changed := zone != c.node.Zone
+	c.node.Zone = zone
+	c.mu.Unlock()
+	if changed {
+		c.RequestFullSync()
+	}
+}
+
+// SyncLoop syncs until the context ends, with the mode's watch, if any,
+// running beside it.
+func (c *Core) SyncLoop(ctx context.Context) {
+	if w, ok := c.mode.(Watcher); ok {
+		go w.Watch(ctx, c.RequestFullSync)
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-c.ready:
+	}
+	c.runner.Loop(ctx)
+}
+
+// RequestFullSync has the next sync write everything, and asks for it soon.
+func (c *Core) RequestFullSync() {
+	c.mu.Lock()
+	c.needFullSync = true
+	c.mu.Unlock()
+	c.queue()
+}
+
+// FullSyncPending tells whether the next sync will be a full one.
+func (c *Core) FullSyncPending() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.needFullSync
+}
+
+func (c *Core) queue() {
+	if c.cfg.Health != nil {
+		c.cfg.Health.QueuedUpdate(c.cfg.Family)
+	}
+	c.runner.Run()
+}
+
+// SyncOnce folds the recorded changes into the state and brings the
+// kernel in line: the changed service ports only, or everything after a
+// start, a failure or a resync request. The sync loop calls it.
+func (c *Core) SyncOnce() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	family := string(c.cfg.Family)
+	start := time.Now()
+	pendingServices, pendingEndpoints := c.tracker.Pending()
+	changes := c.tracker.Apply(c.state)
+	metrics.ServiceChangesTotal.Add(float64(pendingServices))
+	metrics.EndpointChangesTotal.Add(float64(pendingEndpoints))
+
+	view := state.View{State: c.state, Node: c.node}
+	full := c.needFullSync
+	if !full {
+		err := c.mode.PartialSync(view, changes.ServicePorts)
+		switch {
+		case errors.Is(err, ErrFullSyncNeeded):
+			full = true
+		case err != nil:
+			klog.ErrorS(err, "Partial sync failed; doing a full sync", "mode", c.cfg.ModeName, "ipFamily", family)
+			full = true
+		}
+	}
+	if full {
+		if err := c.mode.FullSync(view); err != nil {
+			c.needFullSync = true
+			return fmt.Errorf("%s %s sync: %w", c.cfg.ModeName, family, err)
+		}
+		c.needFullSync = false
+	}
+	elapsed := time.Since(start).Seconds()
+	metrics.SyncProxyRulesLatency.WithLabelValues(family).Observe(elapsed)
+	if full {
+		metrics.SyncFullProxyRulesLatency.WithLabelValues(family).Observe(elapsed)
+	} else {
+		metrics.SyncPartialProxyRulesLatency.WithLabelValues(family).Observe(elapsed)
+	}
+	metrics.SyncProxyRulesLastTimestamp.WithLabelValues(family).SetToCurrentTime()
+	for _, at := range changes.TriggerTimes {
+		metrics.NetworkProgrammingLatency.WithLabelValues(family).Observe(metrics.SinceInSeconds(at))
+	}
+	svcs, eps := c.tracker.Pending()
+	metrics.ServiceChangesPending.Set(float64(svcs))
+	metrics.EndpointChangesPending.Set(float64(eps))
+	if c.cfg.Health != nil && svcs == 0 && eps == 0 {
+		c.cfg.Health.Updated(c.cfg.Family)
+	}
+	c.afterSync(view, changes, full)
+	klog.V(2).InfoS("Synced proxy rules", "mode", c.cfg.ModeName, "ipFamily", family, "full", full, "changedServicePorts", len(changes.ServicePorts), "elapsed", time.Since(start))
+	if full {
+		// A full sync's garbage (tens of MB at 10k services) is hand back
+		// to the node at once instead of held until the runtime's
+		// background scavenger gets there.
+		debug.FreeOSMemory()
+	}
+	return nil
+}
+
+// afterSync updates what depends on a successful sync: health-check
+// servers, the no-local-endpoints metric and conntrack.
+func (c *Core) afterSync(v state.View, changes state.Changes, full bool) {
+	family := string(c.cfg.Family)
+	if full {
+		c.noLocal = noLocalEndpoints{}
+		for name := range v.Services {
+			c.noLocal.update(v, name)
+		}
+	} else {
+		for name := range changes.ServicePorts {
+			c.noLocal.update(v, name)
+		}
+	}
+	internal, external := c.noLocal.counts()
+	metrics.NoLocalEndpointsTotal.WithLabelValues("internal", family).Set(float64(internal))
+	metrics.NoLocalEndpointsTotal.WithLabelValues("external", family).Set(float64(external))
+	if c.cfg.ServiceHealth != nil {
+		ports := map[types.NamespacedName]int32{}
+		local := map[types.NamespacedName]int{}
+		for name, svc := range v.Services {
+			if svc.HealthCheckNodePort == 0 {
+				continue
+			}
+			ports[name.NamespacedName] = svc.HealthCheckNodePort
+			for _, ep := range v.Endpoints[name] {
+				if ep.IsLocal && ep.Ready {
+					local[name.NamespacedName]++
+				}
+			}
+		}
+		if err := c.cfg.ServiceHealth.SyncServices(ports); err != nil {
+			klog.ErrorS(err, "Health check node ports")
+		}
+		c.cfg.ServiceHealth.SyncEndpoints(local)
+	}
+	if c.cfg.Conntrack == nil {
+		return
+	}
+	if len(changes.StaleEndpoints) > 0 || len(changes.NewlyActiveUDP) > 0 {
+		if err := c.cfg.Conntrack.ClearStale(c.cfg.Family, v.Services, changes); err != nil {
+			klog.ErrorS(err, "Clearing stale conntrack entries", "ipFamily", family)
+		}
+	}
+	// A full pass reads the whole conntrack table: once per sync period,
+	// starting with the first sync, which catches what changed while
+	// kube-proxy was not running.
+	if time.Since(c.lastReconcile) >= c.cfg.SyncPeriod {
+		if err := c.cfg.Conntrack.Reconcile(c.cfg.Family, v.Services, v.Endpoints); err != nil {
+			klog.ErrorS(err, "Reconciling conntrack entries", "ipFamily", family)
+		}
+		c.lastReconcile = time.Now()
+	}
+}
+
+// noLocalEndpoints are the service ports whose Local traffic policy finds
+// no local endpoint while the service has endpoints elsewhere (traffic of
+// that kind is dropped), per policy, as upstream counts them.
+type noLocalEndpoints map[state.ServicePortName]noLocalPolicies
+
+type noLocalPolicies struct{ internal, external bool }
+
+// update re-decides one service port.
+func (n noLocalEndpoints) update(v state.View, name state.ServicePortName) {
+	svc, sel, ok := v.Select(name)
+	if !ok || !sel.HasAny || len(sel.Local) > 0 {
+		delete(n, name)
+		return
+	}
+	p := noLocalPolicies{internal: svc.InternalPolicyLocal, external: svc.ExternalPolicyLocal}
+	if p == (noLocalPolicies{}) {
+		delete(n, name)
+		return
+	}
+	n[name] = p
+}
+
+func (n noLocalEndpoints) counts() (internal, external int) {
+	for _, p := range n {
+		if p.internal {
+			internal++
+		}
+		if p.external {
+			external++
+		}
+	}
+	return internal, external
+}
