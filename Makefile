@@ -15,7 +15,7 @@ export CGO_ENABLED           := 0
 # The upstream tools' directory, known once `tools` has run (it prints it last).
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools test unit lint demo demo-shell bench clean
+.PHONY: all build deps tools test test-ipvs unit lint demo demo-shell bench clean
 
 all: build
 
@@ -33,6 +33,10 @@ tools:
 # Every test: unit tests and the end-to-end tests against a real API server and kernel.
 test: deps build tools
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(GO) test -count=1 -timeout 40m ./...
+
+# The IPVS tests, in a VM booting Debian's kernel (test/vm): this machine's kernel may lack IPVS.
+test-ipvs: deps
+	$(GO) test -count=1 -v ./test/vm/...
 
 # Unit tests only: no root, no cluster.
 unit:

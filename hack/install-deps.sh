@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   iptables ipset conntrack iproute2 kmod procps nftables   # the kernel tools kube-proxy drives
   etcd-server                                     # the local cluster's store
+  qemu-system-x86 busybox-static ipvsadm xz-utils   # the IPVS test VM (test/vm)
   curl ca-certificates make git gcc               # build and test plumbing
 )
 
