@@ -3,6 +3,7 @@ package testutil
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -37,4 +38,34 @@ func InNetns(t testing.TB, netns string, args ...string) string {
 		t.Fatalf("in %s: %s: %v: %s", netns, strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// inNetnsEnv marks the copy of a test binary that runs inside a fresh
+// network namespace.
+const inNetnsEnv = "RAPIDPROXY_TEST_IN_NETNS"
+
+// RerunInNetns re-runs the calling test inside a new namespace once per
+// variant (its name and extra environment, in order), and tells whether
+// this is that inner run.
+func RerunInNetns(t *testing.T, variants [][2]string) (inner bool) {
+	t.Helper()
+	if os.Getenv(inNetnsEnv) != "" {
+		return true
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range variants {
+		netns := NewNetns(t)
+		cmd := exec.Command("ip", "netns", "exec", netns, self, "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), inNetnsEnv+"=1")
+		if v[1] != "" {
+			cmd.Env = append(cmd.Env, v[1])
+		}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s: %v\n%s", v[0], err, out)
+		}
+	}
+	return false
 }

@@ -32,6 +32,8 @@ var savedForms = []struct{ written, saved string }{
 		`-s 10.244.0.5/32 -m comment --comment "ns/svc:p" -j KUBE-MARK-MASQ`},
 	{`-m comment --comment "ns/svc:p" -m recent --name KUBE-SEP-A --set -m tcp -p tcp -j DNAT --to-destination 10.244.0.5:8080`,
 		`-p tcp -m comment --comment "ns/svc:p" -m recent --set --name KUBE-SEP-A --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.244.0.5:8080`},
+	{`-p sctp -m comment --comment "a port with type 'hash ip:port'" -m set --match-set S dst,dst -j RETURN`,
+		`-p sctp -m comment --comment "a port with type \'hash ip:port\'" -m set --match-set S dst,dst -j RETURN`},
 	{`-j MARK --or-mark 0x004000`, `-j MARK --set-xmark 0x4000/0x4000`},
 	{`-j MARK --xor-mark 0x004000`, `-j MARK --set-xmark 0x4000/0x0`},
 	{`-m mark ! --mark 0x004000/0x004000 -j RETURN`, `-m mark ! --mark 0x4000/0x4000 -j RETURN`},

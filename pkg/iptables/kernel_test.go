@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -23,30 +22,15 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
-// inNetnsEnv marks the copy of the test binary that runs inside a fresh
-// network namespace, against the real iptables tools.
-const inNetnsEnv = "RAPIDPROXY_TEST_IN_NETNS"
-
 // runInNetns re-runs the calling test inside a new namespace, once per
 // backend, and tells whether this is that inner run.
 func runInNetns(t *testing.T) (inner bool) {
-	if os.Getenv(inNetnsEnv) != "" {
-		return true
-	}
 	testutil.RequireCommands(t, "iptables-legacy-restore", "iptables-nft-restore")
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	var variants [][2]string
 	for _, backend := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
-		netns := testutil.NewNetns(t)
-		cmd := exec.Command("ip", "netns", "exec", netns, self, "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1")
-		cmd.Env = append(os.Environ(), inNetnsEnv+"=1", iptablesrunner.BackendEnv+"="+string(backend))
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Errorf("%s backend: %v\n%s", backend, err, out)
-		}
+		variants = append(variants, [2]string{string(backend) + " backend", iptablesrunner.BackendEnv + "=" + string(backend)})
 	}
-	return false
+	return testutil.RerunInNetns(t, variants)
 }
 
 // countingKernel counts what a sync asks of the kernel.

@@ -6,7 +6,6 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -529,11 +528,9 @@ func splitArgs(r Rule) []string {
 			break
 		}
 		if s[0] == '"' {
-			prefix, err := strconv.QuotedPrefix(s)
-			if err == nil {
-				unq, _ := strconv.Unquote(prefix)
-				args = append(args, unq)
-				s = s[len(prefix):]
+			if arg, rest, ok := unquoteArg(s); ok {
+				args = append(args, arg)
+				s = rest
 				continue
 			}
 		}
@@ -545,4 +542,25 @@ func splitArgs(r Rule) []string {
 		s = s[end:]
 	}
 	return args
+}
+
+// unquoteArg takes the double-quoted argument s starts with, as
+// iptables-save quotes it: a backslash escapes the next character (it
+// prints a comment's ' as \', which Go's unquoting rejects).
+func unquoteArg(s string) (arg, rest string, ok bool) {
+	var b strings.Builder
+	for i := 1; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			if i+1 < len(s) {
+				i++
+				b.WriteByte(s[i])
+			}
+		case '"':
+			return b.String(), s[i+1:], true
+		default:
+			b.WriteByte(s[i])
+		}
+	}
+	return "", s, false
 }

@@ -1,13 +1,14 @@
-// Package ipvs is the IPVS mode. For now it holds what --cleanup needs to
-// remove what upstream's IPVS mode leaves on a node; the mode itself
-// comes later.
+// Package ipvs is the IPVS mode: plan.go decides each service port's
+// virtual servers, addresses and set entries (a pure function), rules.go
+// the iptables chains around the sets, proxier.go makes the kernel hold
+// them, changing only what the changed service ports own; cleanup.go
+// removes what the mode (ours or upstream's) leaves on a node.
 package ipvs
 
 import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"slices"
 	"strings"
 
 	libipvs "github.com/moby/ipvs"
@@ -18,20 +19,11 @@ import (
 // traffic to them.
 const DummyLink = "kube-ipvs0"
 
-// ipsetNames are the sets the IPVS mode creates, per family ("KUBE-6-"
-// for IPv6).
-var ipsetNames = []string{
-	"LOOP-BACK", "CLUSTER-IP", "EXTERNAL-IP", "EXTERNAL-IP-LOCAL",
-	"LOAD-BALANCER", "LOAD-BALANCER-LOCAL", "LOAD-BALANCER-FW",
-	"LOAD-BALANCER-SOURCE-IP", "LOAD-BALANCER-SOURCE-CIDR",
-	"NODE-PORT-TCP", "NODE-PORT-LOCAL-TCP", "NODE-PORT-UDP", "NODE-PORT-LOCAL-UDP",
-	"NODE-PORT-SCTP-HASH", "NODE-PORT-LOCAL-SCTP-HASH", "HEALTH-CHECK-NODE-PORT", "IPVS-IPS",
-}
-
-// isKubeProxySet tells whether an ipset is one the IPVS mode creates.
+// isKubeProxySet tells whether an ipset is one the IPVS mode creates, in
+// either family.
 func isKubeProxySet(name string) bool {
-	for _, prefix := range []string{"KUBE-", "KUBE-6-"} {
-		if rest, ok := strings.CutPrefix(name, prefix); ok && slices.Contains(ipsetNames, rest) {
+	for _, s := range setTypes {
+		if name == s.name || name == strings.Replace(s.name, "KUBE-", "KUBE-6-", 1) {
 			return true
 		}
 	}

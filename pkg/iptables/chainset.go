@@ -1,0 +1,113 @@
+package iptables
+
+import (
+	"maps"
+	"slices"
+)
+
+// ChainSet keeps a fixed set of whole chains, and the jumps into them from
+// the built-in chains, in the kernel: what a mode needs whose iptables
+// rules match sets rather than each service (IPVS). It writes only the
+// chains whose content changed, in one restore.
+type ChainSet struct {
+	kernel Kernel
+	// written is the fingerprint of each chain as last written or found.
+	written map[Table]map[Chain]uint64
+}
+
+// NewChainSet returns a chain set writing through kernel.
+func NewChainSet(kernel Kernel) *ChainSet {
+	return &ChainSet{kernel: kernel}
+}
+
+// Sync makes the kernel hold exactly these chains and jumps. Without full
+// it trusts that the kernel still holds what it last wrote and writes the
+// chains that changed since. With full it reads the kernel, writes what
+// differs, and also removes every other kube-proxy chain with the jumps to
+// it: what another mode (ours or upstream's) left behind.
+func (s *ChainSet) Sync(chains map[Table][]OwnChain, jumps []Jump, full bool) error {
+	in := newRestoreInput()
+	if full || s.written == nil {
+		if err := s.diffKernel(in, chains, jumps); err != nil {
+			return err
+		}
+	} else {
+		for t, list := range chains {
+			for _, c := range list {
+				if s.written[t][c.Name] != chainFingerprint(c.Rules) {
+					in.writeChain(t, c)
+				}
+			}
+		}
+	}
+	if !in.empty() {
+		if err := s.kernel.Restore(in.reader()); err != nil {
+			s.written = nil
+			return err
+		}
+	}
+	s.written = map[Table]map[Chain]uint64{}
+	for t, list := range chains {
+		s.written[t] = map[Chain]uint64{}
+		for _, c := range list {
+			s.written[t][c.Name] = chainFingerprint(c.Rules)
+		}
+	}
+	return nil
+}
+
+// diffKernel adds to in what turns the kernel's kube-proxy chains into
+// exactly the wanted ones.
+func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jumps []Jump) error {
+	save, err := s.kernel.Save()
+	if err != nil {
+		return err
+	}
+	wanted := map[Table]map[Chain]bool{}
+	for t, list := range chains {
+		wanted[t] = map[Chain]bool{}
+		for _, c := range list {
+			wanted[t][c.Name] = true
+		}
+	}
+	unwanted := func(t Table, c Chain) bool { return isKubeProxyChain(c) && !wanted[t][c] }
+	wantedJumps := map[jumpKey]bool{}
+	for _, j := range jumps {
+		wantedJumps[jumpKey{j.Table, j.From, canonicalRule(j.Rule)}] = true
+	}
+	kernel := readTables(save, func(_ Table, c Chain) bool { return builtinChains[c] })
+	for _, t := range kubeTables {
+		for _, c := range chains[t] {
+			if !kernel[t].holds(c) {
+				in.writeChain(t, c)
+			}
+		}
+		// A jump into a kube-proxy chain stays only when it is one of
+		// ours: the other mode jumps into some of the same chains
+		// differently.
+		for _, from := range slices.Sorted(maps.Keys(kernel[t].rules)) {
+			for _, r := range kernel[t].rules[from] {
+				if isKubeProxyChain(jumpTarget(string(r))) && !wantedJumps[jumpKey{t, from, canonicalRule(r)}] {
+					in.removeShared(SharedRule{Table: t, Chain: from, Rule: r})
+				}
+			}
+		}
+		for _, c := range slices.Sorted(maps.Keys(kernel[t].fingerprints)) {
+			if unwanted(t, c) {
+				in.deleteChain(t, c)
+			}
+		}
+	}
+	for _, j := range jumps {
+		if !containsRule(kernel[j.Table].rules[j.From], j.Rule) {
+			in.insertFirst(j.Table, j.From, j.Rule)
+		}
+	}
+	return nil
+}
+
+type jumpKey struct {
+	table Table
+	from  Chain
+	rule  string
+}

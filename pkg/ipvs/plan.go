@@ -1,0 +1,250 @@
+package ipvs
+
+import (
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/rapidproxy/rapidproxy/pkg/iptables"
+	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
+	"github.com/rapidproxy/rapidproxy/pkg/state"
+)
+
+// Params are the node-wide inputs of the IPVS mode for one IP family.
+type Params struct {
+	IPv6 bool
+	// Scheduler is the IPVS scheduler of every virtual server (rr, wrr,
+	// sh, mh, ...).
+	Scheduler     string
+	MasqueradeBit int
+	MasqueradeAll bool
+	LocalDetector localdetect.Detector
+	// NodeIP is the node's primary IP: load-balancer source ranges that
+	// contain it let the node reach the load-balancer IP itself.
+	NodeIP netip.Addr
+	// RandomFully is whether MASQUERADE supports --random-fully here.
+	RandomFully bool
+}
+
+// Addresses are the node's own addresses, read from the kernel: they
+// change at run time.
+type Addresses struct {
+	// Node are the family's addresses on every link but kube-ipvs0: a
+	// service address among them is not bound to kube-ipvs0.
+	Node []netip.Addr
+	// NodePort are the addresses NodePorts answer on.
+	NodePort []netip.Addr
+}
+
+// Server is a virtual server with the real servers it should have, each
+// at weight 1.
+type Server struct {
+	VirtualServer
+	Reals []netip.AddrPort
+}
+
+// SetEntry is one entry of one ipset, as ipset prints it.
+type SetEntry struct {
+	Set   string
+	Entry string
+}
+
+// ServiceObjects is everything one service port puts into the kernel.
+type ServiceObjects struct {
+	Servers []Server
+	// Bound are the addresses it needs on kube-ipvs0.
+	Bound   []netip.Addr
+	Entries []SetEntry
+	// OutFilter are KUBE-IPVS-OUT-FILTER rules: the node may not reach a
+	// load-balancer IP whose source ranges leave it out.
+	OutFilter []iptables.Rule
+}
+
+// The ipsets of the IPVS mode, named as upstream (KUBE-6- for IPv6).
+const (
+	setLoopBack              = "KUBE-LOOP-BACK"
+	setClusterIP             = "KUBE-CLUSTER-IP"
+	setExternalIP            = "KUBE-EXTERNAL-IP"
+	setExternalIPLocal       = "KUBE-EXTERNAL-IP-LOCAL"
+	setLoadBalancer          = "KUBE-LOAD-BALANCER"
+	setLoadBalancerLocal     = "KUBE-LOAD-BALANCER-LOCAL"
+	setLoadBalancerFW        = "KUBE-LOAD-BALANCER-FW"
+	setLoadBalancerSourceIP  = "KUBE-LOAD-BALANCER-SOURCE-IP"
+	setLoadBalancerSourceNet = "KUBE-LOAD-BALANCER-SOURCE-CIDR"
+	setNodePortTCP           = "KUBE-NODE-PORT-TCP"
+	setNodePortLocalTCP      = "KUBE-NODE-PORT-LOCAL-TCP"
+	setNodePortUDP           = "KUBE-NODE-PORT-UDP"
+	setNodePortLocalUDP      = "KUBE-NODE-PORT-LOCAL-UDP"
+	setNodePortSCTP          = "KUBE-NODE-PORT-SCTP-HASH"
+	setNodePortLocalSCTP     = "KUBE-NODE-PORT-LOCAL-SCTP-HASH"
+	setHealthCheckNodePort   = "KUBE-HEALTH-CHECK-NODE-PORT"
+	setIPVSAddresses         = "KUBE-IPVS-IPS"
+)
+
+// setTypes are the sets' types, in the order upstream creates them.
+var setTypes = []struct {
+	name    string
+	typ     SetType
+	comment string
+}{
+	{setLoopBack, HashIPPortIP, "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"},
+	{setClusterIP, HashIPPort, "Kubernetes service cluster ip + port for masquerade purpose"},
+	{setExternalIP, HashIPPort, "Kubernetes service external ip + port for masquerade and filter purpose"},
+	{setExternalIPLocal, HashIPPort, "Kubernetes service external ip + port with externalTrafficPolicy=local"},
+	{setLoadBalancer, HashIPPort, "Kubernetes service lb portal"},
+	{setLoadBalancerFW, HashIPPort, "Kubernetes service load balancer ip + port for load balancer with sourceRange"},
+	{setLoadBalancerLocal, HashIPPort, "Kubernetes service load balancer ip + port with externalTrafficPolicy=local"},
+	{setLoadBalancerSourceIP, HashIPPortIP, "Kubernetes service load balancer ip + port + source IP for packet filter purpose"},
+	{setLoadBalancerSourceNet, HashIPPortNet, "Kubernetes service load balancer ip + port + source cidr for packet filter purpose"},
+	{setNodePortTCP, BitmapPort, "Kubernetes nodeport TCP port for masquerade purpose"},
+	{setNodePortLocalTCP, BitmapPort, "Kubernetes nodeport TCP port with externalTrafficPolicy=local"},
+	{setNodePortUDP, BitmapPort, "Kubernetes nodeport UDP port for masquerade purpose"},
+	{setNodePortLocalUDP, BitmapPort, "Kubernetes nodeport UDP port with externalTrafficPolicy=local"},
+	{setNodePortSCTP, HashIPPort, "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'"},
+	{setNodePortLocalSCTP, HashIPPort, "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type 'hash ip:port'"},
+	{setHealthCheckNodePort, BitmapPort, "Kubernetes health check node port"},
+	{setIPVSAddresses, HashIP, "Addresses on the ipvs interface"},
+}
+
+// setName is a set's name in the family: "KUBE-6-" for IPv6.
+func (p *Params) setName(base string) string {
+	if p.IPv6 {
+		return strings.Replace(base, "KUBE-", "KUBE-6-", 1)
+	}
+	return base
+}
+
+// Sets are the ipsets the mode creates.
+func (p *Params) Sets() []SetSpec {
+	out := make([]SetSpec, len(setTypes))
+	for i, s := range setTypes {
+		out[i] = SetSpec{Name: p.setName(s.name), Type: s.typ, IPv6: p.IPv6}
+	}
+	return out
+}
+
+// ServiceObjects decides what one service port puts into the kernel, from
+// its definition, all its endpoints (the local ones need hairpin SNAT
+// whether used or not, as upstream), the endpoints this node uses, and the
+// node's addresses.
+func (p *Params) ServiceObjects(svc *state.ServicePort, endpoints []*state.Endpoint, sel state.Selection, addrs Addresses) ServiceObjects {
+	var out ServiceObjects
+	proto := strings.ToLower(string(svc.Protocol))
+	ipPort := func(ip netip.Addr, port int32) string {
+		return ip.String() + "," + proto + ":" + strconv.Itoa(int(port))
+	}
+	add := func(set, entry string) {
+		out.Entries = append(out.Entries, SetEntry{Set: p.setName(set), Entry: entry})
+	}
+	for _, ep := range endpoints {
+		if ep.IsLocal {
+			add(setLoopBack, ipPort(ep.IP, ep.Port)+","+ep.IP.String())
+		}
+	}
+
+	// Cluster traffic goes to the local endpoints for iTP=Local, external
+	// traffic for eTP=Local; with none there, upstream falls back to the
+	// cluster endpoints (empty for iTP=Local) so that pods on the node
+	// still reach the service.
+	reals := func(local bool) []netip.AddrPort {
+		eps := sel.Cluster
+		if local && len(sel.Local) > 0 {
+			eps = sel.Local
+		}
+		out := make([]netip.AddrPort, 0, len(eps))
+		for _, ep := range eps {
+			out = append(out, ep.AddrPort())
+		}
+		return out
+	}
+	internal, external := reals(svc.InternalPolicyLocal), reals(svc.ExternalPolicyLocal)
+	server := func(ip netip.Addr, port int32, to []netip.AddrPort) {
+		vs := VirtualServer{
+			VirtualServerKey: VirtualServerKey{Addr: ip, Port: uint16(port), Protocol: svc.Protocol},
+			Scheduler:        p.Scheduler,
+		}
+		if svc.AffinityTimeoutSeconds > 0 {
+			vs.Flags |= FlagPersistent
+			vs.Timeout = uint32(svc.AffinityTimeoutSeconds)
+		}
+		if p.Scheduler == "mh" {
+			vs.Flags |= FlagSourceHash
+		}
+		out.Servers = append(out.Servers, Server{VirtualServer: vs, Reals: to})
+	}
+	bind := func(ip netip.Addr) {
+		if !slices.Contains(addrs.Node, ip) {
+			out.Bound = append(out.Bound, ip)
+		}
+	}
+
+	add(setClusterIP, ipPort(svc.ClusterIP, svc.Port))
+	server(svc.ClusterIP, svc.Port, internal)
+	out.Bound = append(out.Bound, svc.ClusterIP)
+
+	for _, ip := range svc.ExternalIPs {
+		if svc.ExternalPolicyLocal {
+			add(setExternalIPLocal, ipPort(ip, svc.Port))
+		} else {
+			add(setExternalIP, ipPort(ip, svc.Port))
+		}
+		server(ip, svc.Port, external)
+		bind(ip)
+	}
+
+	for _, ip := range svc.LoadBalancerIPs {
+		entry := ipPort(ip, svc.Port)
+		add(setLoadBalancer, entry)
+		if svc.ExternalPolicyLocal {
+			add(setLoadBalancerLocal, entry)
+		}
+		if len(svc.LoadBalancerSourceRanges) > 0 {
+			add(setLoadBalancerFW, entry)
+			nodeAllowed := false
+			for _, cidr := range svc.LoadBalancerSourceRanges {
+				add(setLoadBalancerSourceNet, entry+","+cidr.String())
+				nodeAllowed = nodeAllowed || cidr.Contains(p.NodeIP)
+			}
+			if nodeAllowed {
+				add(setLoadBalancerSourceIP, entry+","+ip.String())
+			} else {
+				out.OutFilter = append(out.OutFilter, iptables.Rule("-s "+ip.String()+" -m ipvs --vaddr "+ip.String()+
+					" --vproto "+proto+" --vport "+strconv.Itoa(int(svc.Port))+" -j DROP"))
+			}
+		}
+		server(ip, svc.Port, external)
+		bind(ip)
+	}
+
+	if svc.NodePort != 0 && len(addrs.NodePort) > 0 {
+		set, local := setNodePortTCP, setNodePortLocalTCP
+		entries := []string{strconv.Itoa(int(svc.NodePort))}
+		switch svc.Protocol {
+		case v1.ProtocolUDP:
+			set, local = setNodePortUDP, setNodePortLocalUDP
+		case v1.ProtocolSCTP:
+			// The SCTP sets are hash:ip,port: one entry per address.
+			set, local = setNodePortSCTP, setNodePortLocalSCTP
+			entries = entries[:0]
+			for _, ip := range addrs.NodePort {
+				entries = append(entries, ipPort(ip, svc.NodePort))
+			}
+		}
+		for _, e := range entries {
+			add(set, e)
+			if svc.ExternalPolicyLocal {
+				add(local, e)
+			}
+		}
+		for _, ip := range addrs.NodePort {
+			server(ip, svc.NodePort, external)
+		}
+	}
+	if svc.HealthCheckNodePort != 0 {
+		add(setHealthCheckNodePort, strconv.Itoa(int(svc.HealthCheckNodePort)))
+	}
+	return out
+}

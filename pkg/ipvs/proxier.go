@@ -1,0 +1,583 @@
+package ipvs
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/rapidproxy/rapidproxy/pkg/iptables"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
+	"github.com/rapidproxy/rapidproxy/pkg/proxy"
+	"github.com/rapidproxy/rapidproxy/pkg/state"
+)
+
+// Config are the IPVS mode's inputs.
+type Config struct {
+	Family   v1.IPFamily
+	Kernel   Kernel
+	IPTables iptables.Kernel
+	Params   Params
+	// NodePortAddresses picks the addresses NodePorts answer on from the
+	// node's addresses (all of them unless nodePortAddresses says
+	// otherwise).
+	NodePortAddresses func(node []netip.Addr) []netip.Addr
+	// ExcludeCIDRs hold virtual servers of other programs, which are never
+	// deleted.
+	ExcludeCIDRs []netip.Prefix
+	// MaxDrain bounds how long a removed TCP real server keeps its
+	// connections (at weight 0) before it is deleted anyway.
+	MaxDrain time.Duration
+}
+
+// DefaultMaxDrain is upstream's former bound on graceful termination.
+const DefaultMaxDrain = 15 * time.Minute
+
+// Syncer is the IPVS mode for one IP family: the proxy core hands it the
+// state, and it changes only the virtual servers, real servers, addresses
+// and set entries of the service ports that changed.
+type Syncer struct {
+	cfg    Config
+	chains *iptables.ChainSet
+
+	// mu serializes the syncs with the drain checks.
+	mu sync.Mutex
+	// applied is what each service port has in the kernel now, and
+	// objects what all of them have together.
+	applied map[state.ServicePortName]ServiceObjects
+	objects objectCounts
+	addrs   Addresses
+	// draining are real servers at weight 0, deleted once their
+	// connections end or their time is up.
+	draining map[drainKey]time.Time
+	now      func() time.Time
+}
+
+type drainKey struct {
+	server VirtualServerKey
+	real   netip.AddrPort
+}
+
+// New returns the IPVS mode; proxy.NewCore runs it.
+func New(cfg Config) *Syncer {
+	if cfg.MaxDrain == 0 {
+		cfg.MaxDrain = DefaultMaxDrain
+	}
+	return &Syncer{
+		cfg:      cfg,
+		chains:   iptables.NewChainSet(cfg.IPTables),
+		applied:  map[state.ServicePortName]ServiceObjects{},
+		objects:  newObjectCounts(),
+		draining: map[drainKey]time.Time{},
+		now:      time.Now,
+	}
+}
+
+// objectCounts counts how many service ports want each shared object: an
+// address or set entry stays while one still does.
+type objectCounts struct {
+	servers   map[VirtualServerKey]state.ServicePortName
+	bound     map[netip.Addr]int
+	entries   map[SetEntry]int
+	setSizes  map[string]int
+	outFilter map[iptables.Rule]int
+}
+
+func newObjectCounts() objectCounts {
+	return objectCounts{
+		servers: map[VirtualServerKey]state.ServicePortName{}, bound: map[netip.Addr]int{},
+		entries: map[SetEntry]int{}, setSizes: map[string]int{}, outFilter: map[iptables.Rule]int{},
+	}
+}
+
+// readAddresses reads the node's addresses.
+func (p *Syncer) readAddresses() (Addresses, error) {
+	node, err := p.cfg.Kernel.NodeAddresses()
+	if err != nil {
+		return Addresses{}, fmt.Errorf("listing the node's addresses: %w", err)
+	}
+	slices.SortFunc(node, netip.Addr.Compare)
+	return Addresses{Node: node, NodePort: p.cfg.NodePortAddresses(node)}, nil
+}
+
+// objectsFor decides one service port's objects; none when it is gone.
+func (p *Syncer) objectsFor(v state.View, name state.ServicePortName) ServiceObjects {
+	svc, sel, ok := v.Select(name)
+	if !ok {
+		return ServiceObjects{}
+	}
+	return p.cfg.Params.ServiceObjects(svc, v.Endpoints[name], sel, p.addrs)
+}
+
+// PartialSync changes what the changed service ports own, trusting that
+// the kernel holds what the last sync wrote.
+func (p *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]bool) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	addrs, err := p.readAddresses()
+	if err != nil {
+		return err
+	}
+	// New node addresses change every NodePort's virtual servers.
+	if !slices.Equal(addrs.Node, p.addrs.Node) {
+		return proxy.ErrFullSyncNeeded
+	}
+	w := p.newWrite()
+	for name := range changed {
+		w.replace(name, p.applied[name], p.objectsFor(v, name))
+	}
+	return w.finish(false)
+}
+
+// FullSync reads the kernel once and writes what differs from the whole
+// state: a restart over rules in place (ours or upstream's) writes
+// nothing but what changed while no one was watching.
+func (p *Syncer) FullSync(v state.View) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.fullSync(v)
+}
+
+func (p *Syncer) fullSync(v state.View) error {
+	k := p.cfg.Kernel
+	if err := k.EnsureDummyLink(); err != nil {
+		return fmt.Errorf("creating %s: %w", DummyLink, err)
+	}
+	if err := k.EnsureSets(p.cfg.Params.Sets()); err != nil {
+		return fmt.Errorf("creating the ipsets: %w", err)
+	}
+	addrs, err := p.readAddresses()
+	if err != nil {
+		return err
+	}
+	p.addrs = addrs
+	current, err := p.readKernel()
+	if err != nil {
+		return err
+	}
+	// Everything is written against what the kernel holds: the current
+	// objects stand in for what was applied, under one pseudo-owner.
+	p.applied = map[state.ServicePortName]ServiceObjects{}
+	p.objects = newObjectCounts()
+	w := p.newWrite()
+	w.kernel = current
+	for _, name := range slices.SortedFunc(maps.Keys(v.Services), compareNames) {
+		w.replace(name, ServiceObjects{}, p.objectsFor(v, name))
+	}
+	return w.finish(true)
+}
+
+func compareNames(a, b state.ServicePortName) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
+		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
+}
+
+// kernelObjects is what a full sync found in the kernel.
+type kernelObjects struct {
+	servers map[VirtualServerKey]VirtualServer
+	reals   map[VirtualServerKey]map[netip.AddrPort]RealServer
+	bound   map[netip.Addr]bool
+	entries map[string]map[string]bool
+}
+
+func (p *Syncer) readKernel() (*kernelObjects, error) {
+	k := p.cfg.Kernel
+	current := &kernelObjects{
+		servers: map[VirtualServerKey]VirtualServer{}, reals: map[VirtualServerKey]map[netip.AddrPort]RealServer{},
+		bound: map[netip.Addr]bool{}, entries: map[string]map[string]bool{},
+	}
+	servers, err := k.VirtualServers()
+	if err != nil {
+		return nil, fmt.Errorf("listing IPVS virtual servers: %w", err)
+	}
+	for _, vs := range servers {
+		current.servers[vs.VirtualServerKey] = vs
+	}
+	bound, err := k.BoundAddresses()
+	if err != nil {
+		return nil, fmt.Errorf("listing the addresses of %s: %w", DummyLink, err)
+	}
+	for _, a := range bound {
+		current.bound[a] = true
+	}
+	var names []string
+	for _, s := range p.cfg.Params.Sets() {
+		names = append(names, s.Name)
+	}
+	entries, err := k.SetEntries(names)
+	if err != nil {
+		return nil, fmt.Errorf("listing the ipsets: %w", err)
+	}
+	for set, list := range entries {
+		current.entries[set] = map[string]bool{}
+		for _, e := range list {
+			current.entries[set][e] = true
+		}
+	}
+	return current, nil
+}
+
+// realsOf lists a virtual server's real servers, from what a full sync
+// read or from the kernel.
+func (w *write) realsOf(key VirtualServerKey) (map[netip.AddrPort]RealServer, error) {
+	if w.kernel != nil {
+		if reals, ok := w.kernel.reals[key]; ok {
+			return reals, nil
+		}
+	}
+	list, err := w.p.cfg.Kernel.RealServers(key)
+	if err != nil {
+		return nil, fmt.Errorf("listing the real servers of %s: %w", key, err)
+	}
+	reals := map[netip.AddrPort]RealServer{}
+	for _, rs := range list {
+		reals[rs.AddrPort()] = rs
+	}
+	if w.kernel != nil {
+		w.kernel.reals[key] = reals
+	}
+	return reals, nil
+}
+
+// write is one sync's changes, gathered service port by service port and
+// applied in an order that keeps traffic flowing: new virtual servers,
+// real servers and addresses first, then set entries and chains, then
+// what is no longer wanted.
+type write struct {
+	p *Syncer
+	// kernel is what a full sync read; nil in a partial sync, which
+	// trusts what it applied.
+	kernel *kernelObjects
+	errs   []error
+	// changes to the sets, and the addresses to unbind and virtual
+	// servers to delete at the end.
+	sets      []SetChange
+	unbind    []netip.Addr
+	deleteVSs []VirtualServerKey
+}
+
+func (p *Syncer) newWrite() *write { return &write{p: p} }
+
+// replace turns one service port's objects from old into updated.
+func (w *write) replace(name state.ServicePortName, old, updated ServiceObjects) {
+	p := w.p
+	o := &p.objects
+	wanted := map[VirtualServerKey]bool{}
+	for _, s := range updated.Servers {
+		if owner, taken := o.servers[s.VirtualServerKey]; taken && owner != name {
+			klog.InfoS("Virtual server already belongs to another service port; skipping it", "servicePort", name, "virtualServer", s.VirtualServerKey, "owner", owner)
+			continue
+		}
+		wanted[s.VirtualServerKey] = true
+		w.server(s, findServer(old.Servers, s.VirtualServerKey))
+		o.servers[s.VirtualServerKey] = name
+	}
+	for _, s := range old.Servers {
+		if !wanted[s.VirtualServerKey] && o.servers[s.VirtualServerKey] == name {
+			delete(o.servers, s.VirtualServerKey)
+			w.deleteVSs = append(w.deleteVSs, s.VirtualServerKey)
+		}
+	}
+	for _, a := range updated.Bound {
+		if o.bound[a]++; o.bound[a] == 1 {
+			w.bind(a)
+		}
+	}
+	for _, a := range old.Bound {
+		if o.bound[a]--; o.bound[a] == 0 {
+			delete(o.bound, a)
+			w.unbind = append(w.unbind, a)
+			w.entry(SetEntry{Set: p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, true)
+		}
+	}
+	for _, e := range updated.Entries {
+		if o.entries[e]++; o.entries[e] == 1 {
+			o.setSizes[e.Set]++
+			w.entry(e, false)
+		}
+	}
+	for _, e := range old.Entries {
+		if o.entries[e]--; o.entries[e] == 0 {
+			delete(o.entries, e)
+			o.setSizes[e.Set]--
+			w.entry(e, true)
+		}
+	}
+	for _, r := range updated.OutFilter {
+		o.outFilter[r]++
+	}
+	for _, r := range old.OutFilter {
+		if o.outFilter[r]--; o.outFilter[r] == 0 {
+			delete(o.outFilter, r)
+		}
+	}
+	if len(updated.Servers) == 0 && len(updated.Entries) == 0 {
+		delete(p.applied, name)
+	} else {
+		p.applied[name] = updated
+	}
+}
+
+func findServer(servers []Server, key VirtualServerKey) *Server {
+	for i := range servers {
+		if servers[i].VirtualServerKey == key {
+			return &servers[i]
+		}
+	}
+	return nil
+}
+
+// server makes the kernel hold one virtual server with its real servers;
+// old is what was applied (nil if none, or in a full sync).
+func (w *write) server(s Server, old *Server) {
+	k := w.p.cfg.Kernel
+	var exists, same bool
+	if w.kernel != nil {
+		have, ok := w.kernel.servers[s.VirtualServerKey]
+		exists, same = ok, have == s.VirtualServer
+		delete(w.kernel.servers, s.VirtualServerKey)
+	} else if old != nil {
+		exists, same = true, old.VirtualServer == s.VirtualServer
+	}
+	switch {
+	case !exists:
+		if err := k.AddVirtualServer(s.VirtualServer); err != nil {
+			w.errs = append(w.errs, fmt.Errorf("adding virtual server %s: %w", s.VirtualServerKey, err))
+			return
+		}
+	case !same:
+		if err := k.UpdateVirtualServer(s.VirtualServer); err != nil {
+			w.errs = append(w.errs, fmt.Errorf("updating virtual server %s: %w", s.VirtualServerKey, err))
+		}
+	}
+	if !exists {
+		for _, rs := range s.Reals {
+			w.addReal(s.VirtualServerKey, rs, false)
+		}
+		return
+	}
+	w.reals(s)
+}
+
+// reals brings an existing virtual server's real servers in line with
+// what the kernel holds (one dump of this virtual server): draining ones
+// are at weight 0, and their connection counts say whether a removed one
+// can go at once.
+func (w *write) reals(s Server) {
+	current, err := w.realsOf(s.VirtualServerKey)
+	if err != nil {
+		w.errs = append(w.errs, err)
+		return
+	}
+	wanted := map[netip.AddrPort]bool{}
+	for _, rs := range s.Reals {
+		wanted[rs] = true
+		have, ok := current[rs]
+		switch {
+		case !ok:
+			w.addReal(s.VirtualServerKey, rs, false)
+		case have.Weight != 1:
+			// Draining, or left at weight 0 by a previous run: wanted again.
+			w.addReal(s.VirtualServerKey, rs, true)
+		}
+	}
+	for rs, have := range current {
+		if wanted[rs] {
+			continue
+		}
+		w.removeReal(s.VirtualServerKey, have)
+	}
+}
+
+func (w *write) addReal(key VirtualServerKey, rs netip.AddrPort, update bool) {
+	k := w.p.cfg.Kernel
+	real := RealServer{Addr: rs.Addr(), Port: rs.Port(), Weight: 1}
+	delete(w.p.draining, drainKey{key, rs})
+	var err error
+	if update {
+		err = k.UpdateRealServer(key, real)
+	} else {
+		err = k.AddRealServer(key, real)
+	}
+	if err != nil {
+		w.errs = append(w.errs, fmt.Errorf("adding real server %s to %s: %w", rs, key, err))
+	}
+}
+
+// removeReal deletes a real server at once (UDP, SCTP: expire_nodest_conn
+// ends their flows), or sets a TCP one to weight 0 so its connections
+// finish while new ones go elsewhere.
+func (w *write) removeReal(key VirtualServerKey, rs RealServer) {
+	k := w.p.cfg.Kernel
+	d := drainKey{key, rs.AddrPort()}
+	if _, draining := w.p.draining[d]; draining {
+		return
+	}
+	if key.Protocol != v1.ProtocolTCP || rs.ActiveConns+rs.InactiveConns == 0 {
+		if err := k.DeleteRealServer(key, rs.AddrPort()); err != nil {
+			w.errs = append(w.errs, fmt.Errorf("deleting real server %s of %s: %w", rs.AddrPort(), key, err))
+		}
+		return
+	}
+	if rs.Weight != 0 {
+		rs.Weight = 0
+		if err := k.UpdateRealServer(key, rs); err != nil {
+			w.errs = append(w.errs, fmt.Errorf("draining real server %s of %s: %w", rs.AddrPort(), key, err))
+			return
+		}
+	}
+	w.p.draining[d] = w.p.now().Add(w.p.cfg.MaxDrain)
+}
+
+func (w *write) bind(a netip.Addr) {
+	w.entry(SetEntry{Set: w.p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, false)
+	if w.kernel != nil && w.kernel.bound[a] {
+		delete(w.kernel.bound, a)
+		return
+	}
+	if err := w.p.cfg.Kernel.Bind(a); err != nil {
+		w.errs = append(w.errs, fmt.Errorf("binding %s to %s: %w", a, DummyLink, err))
+	}
+}
+
+// entry records a set change; a full sync skips what the kernel holds.
+func (w *write) entry(e SetEntry, remove bool) {
+	if w.kernel != nil && !remove {
+		if w.kernel.entries[e.Set][e.Entry] {
+			delete(w.kernel.entries[e.Set], e.Entry)
+			return
+		}
+	}
+	w.sets = append(w.sets, SetChange{Set: e.Set, Entry: e.Entry, Delete: remove})
+}
+
+// finish writes the set changes and the chains, then removes what no
+// service port wants any more (after a full sync: whatever else the
+// kernel held).
+func (w *write) finish(full bool) error {
+	p := w.p
+	if w.kernel != nil {
+		for set, entries := range w.kernel.entries {
+			for e := range entries {
+				w.sets = append(w.sets, SetChange{Set: set, Entry: e, Delete: true})
+			}
+		}
+	}
+	// Additions before deletions, so an entry moving between owners is
+	// never missing.
+	slices.SortStableFunc(w.sets, func(a, b SetChange) int {
+		if a.Delete == b.Delete {
+			return 0
+		}
+		if a.Delete {
+			return 1
+		}
+		return -1
+	})
+	if len(w.sets) > 0 {
+		if err := p.cfg.Kernel.ChangeSets(w.sets); err != nil {
+			w.errs = append(w.errs, fmt.Errorf("changing ipset entries: %w", err))
+		}
+	}
+	nonEmpty := func(set string) bool { return p.objects.setSizes[p.cfg.Params.setName(set)] > 0 }
+	outFilter := slices.Sorted(maps.Keys(p.objects.outFilter))
+	if err := p.chains.Sync(p.cfg.Params.Chains(nonEmpty, outFilter), Jumps(), full); err != nil {
+		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
+		w.errs = append(w.errs, fmt.Errorf("writing the iptables chains: %w", err))
+	}
+	if w.kernel != nil {
+		for a := range w.kernel.bound {
+			w.unbind = append(w.unbind, a)
+		}
+		for key := range w.kernel.servers {
+			if !p.excluded(key.Addr) {
+				w.deleteVSs = append(w.deleteVSs, key)
+			}
+		}
+	}
+	for _, a := range w.unbind {
+		if err := p.cfg.Kernel.Unbind(a); err != nil {
+			w.errs = append(w.errs, fmt.Errorf("unbinding %s from %s: %w", a, DummyLink, err))
+		}
+	}
+	for _, key := range w.deleteVSs {
+		if err := p.cfg.Kernel.DeleteVirtualServer(key); err != nil {
+			w.errs = append(w.errs, fmt.Errorf("deleting virtual server %s: %w", key, err))
+		}
+		for d := range p.draining {
+			if d.server == key {
+				delete(p.draining, d)
+			}
+		}
+	}
+	return errors.Join(w.errs...)
+}
+
+func (p *Syncer) excluded(a netip.Addr) bool {
+	for _, c := range p.cfg.ExcludeCIDRs {
+		if c.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// drainCheckInterval is how often draining real servers are checked.
+const drainCheckInterval = 10 * time.Second
+
+// Watch deletes draining real servers once their connections have ended
+// or their time is up.
+func (p *Syncer) Watch(ctx context.Context, _ func()) {
+	ticker := time.NewTicker(drainCheckInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		p.finishDrains()
+	}
+}
+
+// finishDrains deletes the draining real servers that are done.
+func (p *Syncer) finishDrains() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	byServer := map[VirtualServerKey][]drainKey{}
+	for d := range p.draining {
+		byServer[d.server] = append(byServer[d.server], d)
+	}
+	for key, drains := range byServer {
+		list, err := p.cfg.Kernel.RealServers(key)
+		if err != nil {
+			klog.ErrorS(err, "Listing real servers to finish their draining", "virtualServer", key)
+			continue
+		}
+		have := map[netip.AddrPort]RealServer{}
+		for _, rs := range list {
+			have[rs.AddrPort()] = rs
+		}
+		for _, d := range drains {
+			rs, ok := have[d.real]
+			switch {
+			case !ok || rs.Weight != 0:
+				delete(p.draining, d)
+			case rs.ActiveConns+rs.InactiveConns == 0 || p.now().After(p.draining[d]):
+				if err := p.cfg.Kernel.DeleteRealServer(key, d.real); err != nil {
+					klog.ErrorS(err, "Deleting a drained real server", "virtualServer", key, "realServer", d.real)
+					continue
+				}
+				delete(p.draining, d)
+			}
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/rapidproxy/rapidproxy/internal/sysctl"
+)
+
+// DefaultScheduler is upstream's: round robin.
+const DefaultScheduler = "rr"
+
+// CheckScheduler tells whether the kernel can run virtual servers with the
+// scheduler, by adding one (which loads the scheduler's module) at an
+// address reserved for documentation, as upstream does, and removing it.
+// A virtual server that uses the scheduler already proves it.
+func CheckScheduler(k Kernel, scheduler string) error {
+	servers, err := k.VirtualServers()
+	if err != nil {
+		return fmt.Errorf("IPVS is not usable: %w", err)
+	}
+	for _, vs := range servers {
+		if vs.Scheduler == scheduler {
+			return nil
+		}
+	}
+	probe := VirtualServer{
+		VirtualServerKey: VirtualServerKey{Addr: netip.MustParseAddr("198.51.100.0"), Port: 20000, Protocol: v1.ProtocolTCP},
+		Scheduler:        scheduler,
+	}
+	if err := k.AddVirtualServer(probe); err != nil {
+		return fmt.Errorf("IPVS scheduler %q is not available (kernel module ip_vs_%s): %w", scheduler, scheduler, err)
+	}
+	return k.DeleteVirtualServer(probe.VirtualServerKey)
+}
+
+// Sysctls upstream's IPVS mode sets.
+const (
+	sysctlConntrack        = "net/ipv4/vs/conntrack"
+	sysctlConnReuse        = "net/ipv4/vs/conn_reuse_mode"
+	sysctlExpireNoDest     = "net/ipv4/vs/expire_nodest_conn"
+	sysctlExpireQuiescent  = "net/ipv4/vs/expire_quiescent_template"
+	sysctlForward          = "net/ipv4/ip_forward"
+	sysctlArpIgnore        = "net/ipv4/conf/all/arp_ignore"
+	sysctlArpAnnounce      = "net/ipv4/conf/all/arp_announce"
+	connReuseFixedKernelMj = 5
+	connReuseFixedKernelMn = 9
+)
+
+// SetSysctls sets what IPVS mode needs: IPVS connections tracked by
+// conntrack (so SNAT works), connections to deleted real servers and
+// quiescent templates expired, forwarding on, and with strictARP the ARP
+// settings that keep the node from answering for kube-ipvs0's addresses.
+// conn_reuse_mode is set to 0 only on kernels older than 5.9, where its
+// default stalls reused connections for a second.
+func SetSysctls(s sysctl.Interface, kernelRelease string, strictARP bool) error {
+	type setting struct {
+		name  string
+		value int
+	}
+	want := []setting{{sysctlConntrack, 1}, {sysctlExpireNoDest, 1}, {sysctlExpireQuiescent, 1}, {sysctlForward, 1}}
+	if !kernelAtLeast(kernelRelease, connReuseFixedKernelMj, connReuseFixedKernelMn) {
+		want = append(want, setting{sysctlConnReuse, 0})
+	}
+	if strictARP {
+		want = append(want, setting{sysctlArpIgnore, 1}, setting{sysctlArpAnnounce, 2})
+	}
+	var errs []error
+	for _, w := range want {
+		if v, err := s.Get(w.name); err == nil && v == w.value {
+			continue
+		}
+		if err := s.Set(w.name, w.value); err != nil {
+			errs = append(errs, fmt.Errorf("setting %s to %d: %w", w.name, w.value, err))
+			continue
+		}
+		klog.V(2).InfoS("Set sysctl", "name", w.name, "value", w.value)
+	}
+	return errors.Join(errs...)
+}
+
+// KernelRelease is the running kernel's release ("6.1.0-18-amd64").
+func KernelRelease() string {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// kernelAtLeast compares a release's major and minor numbers; an
+// unreadable release counts as new enough.
+func kernelAtLeast(release string, major, minor int) bool {
+	parts := strings.SplitN(release, ".", 3)
+	if len(parts) < 2 {
+		return true
+	}
+	mj, err1 := strconv.Atoi(parts[0])
+	mn, err2 := strconv.Atoi(strings.TrimRightFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
+	if err1 != nil || err2 != nil {
+		return true
+	}
+	return mj > major || mj == major && mn >= minor
+}
