@@ -41,6 +41,11 @@ var savedForms = []struct{ written, saved string }{
 		`-d 10.96.0.12/32 -p tcp -m comment --comment "ns/svc:p has no endpoints" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable`},
 	{`-m comment --comment "block incoming localnet connections" -d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`,
 		`! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP`},
+	// nfacct's save prints two spaces before the object's name.
+	{`-m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP`,
+		`-m conntrack --ctstate INVALID -m nfacct --nfacct-name  ct_state_invalid_dropped_pkts -j DROP`},
+	{`-m comment --comment "ns/svc:p" -m tcp -p tcp -d 127.0.0.0/8 --dport 30080 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-X`,
+		`-d 127.0.0.0/8 -p tcp -m comment --comment "ns/svc:p" -m tcp --dport 30080 -m nfacct --nfacct-name  localhost_nps_accepted_pkts -j KUBE-EXT-X`},
 	{`-m comment --comment "x" -m tcp -p tcp -d fd00:10:96::a --dport 80 -j KUBE-SVC-X`,
 		`-d fd00:10:96::a/128 -p tcp -m comment --comment x -m tcp --dport 80 -j KUBE-SVC-X`},
 }
@@ -88,9 +93,16 @@ func TestCanonicalRuleKeepsDifferences(t *testing.T) {
 func TestGeneratedRulesSurviveARoundTripThroughTheKernel(t *testing.T) {
 	netns := testutil.NewNetns(t)
 	testutil.RequireCommands(t, "iptables-legacy-restore", "iptables-nft-restore", "ip6tables-nft-restore")
+	// The counting rules need their nfacct objects; without them (a kernel
+	// without nfnetlink_acct) the rules written instead are checked.
+	var nfacctErr error
+	testutil.DoInNetns(t, netns, func() { nfacctErr = EnsureNFAcctObjects() })
+	if nfacctErr != nil {
+		t.Logf("checking the rules without nfacct: %v", nfacctErr)
+	}
 	for _, family := range []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol} {
 		for _, backend := range []string{"legacy", "nft"} {
-			chains := sampleRuleSet(t, family)
+			chains := sampleRuleSet(t, family, nfacctErr == nil)
 			in := newRestoreInput()
 			for table, cs := range chains {
 				for _, c := range cs {
@@ -145,8 +157,8 @@ func savedChains(t *testing.T, save string) map[Chain][]Rule {
 
 // sampleRuleSet exercises every kind of rule the generator writes: static
 // chains, and services with each feature, their shared rules gathered
-// into the shared chains.
-func sampleRuleSet(t *testing.T, family v1.IPFamily) map[Table][]OwnChain {
+// into the shared chains; with nfacct, the rules that count packets.
+func sampleRuleSet(t *testing.T, family v1.IPFamily, nfacct bool) map[Table][]OwnChain {
 	t.Helper()
 	v6 := family == v1.IPv6Protocol
 	addr := func(v4, v6addr string) netip.Addr {
@@ -164,7 +176,7 @@ func sampleRuleSet(t *testing.T, family v1.IPFamily) map[Table][]OwnChain {
 		t.Fatal(err)
 	}
 	params := Params{IPv6: v6, MasqueradeBit: 14, LocalhostNodePorts: true, LocalDetector: detector,
-		NodeIP: addr("10.255.0.2", "fd00:255::2"), RandomFully: true}
+		NodeIP: addr("10.255.0.2", "fd00:255::2"), RandomFully: true, NFAcct: nfacct}
 	static := params.StaticRules()
 	chains := map[Table][]OwnChain{}
 	for table, cs := range static.Chains {

@@ -182,6 +182,29 @@ var goldenCases = []goldenCase{
 			s.Spec.Type, s.Spec.Ports[0].NodePort = v1.ServiceTypeNodePort, 30080
 			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
 		})}, slices: []*discovery.EndpointSlice{slice("web", v1.ProtocolTCP, local1)}},
+	// With the nfacct objects in place: the conntrack INVALID drop and each
+	// NodePort with endpoints on localhost count their packets.
+	{name: "nfacct", params: func(p *Params) { p.NFAcct = true }, services: []*v1.Service{
+		svc("web", func(s *v1.Service) { s.Spec.Type, s.Spec.Ports[0].NodePort = v1.ServiceTypeNodePort, 30080 }),
+		svc("dns", func(s *v1.Service) {
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.11", []string{"10.96.0.11"}
+			s.Spec.Type, s.Spec.Ports[0].NodePort = v1.ServiceTypeNodePort, 30053
+			s.Spec.Ports[0].Protocol, s.Spec.Ports[0].Port = v1.ProtocolUDP, 53
+		}),
+		svc("empty", func(s *v1.Service) {
+			s.Spec.ClusterIP, s.Spec.ClusterIPs = "10.96.0.12", []string{"10.96.0.12"}
+			s.Spec.Type, s.Spec.Ports[0].NodePort = v1.ServiceTypeNodePort, 30081
+		}),
+	}, slices: []*discovery.EndpointSlice{slice("web", v1.ProtocolTCP, local1, remote1), slice("dns", v1.ProtocolUDP, local1)}},
+	{name: "nfacct-no-localhost-nodeports", params: func(p *Params) { p.NFAcct, p.LocalhostNodePorts = true, false },
+		services: []*v1.Service{svc("web", func(s *v1.Service) {
+			s.Spec.Type, s.Spec.Ports[0].NodePort = v1.ServiceTypeNodePort, 30080
+		})}, slices: []*discovery.EndpointSlice{slice("web", v1.ProtocolTCP, local1)}},
+	{name: "nfacct-ipv6", family: v1.IPv6Protocol, params: func(p *Params) { p.NFAcct = true }, services: []*v1.Service{svc("web", func(s *v1.Service) {
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00:10:96::a", []string{"fd00:10:96::a"}
+		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv6Protocol}
+		s.Spec.Type, s.Spec.Ports[0].NodePort = v1.ServiceTypeNodePort, 30080
+	})}, slices: []*discovery.EndpointSlice{slice("web", v1.ProtocolTCP, endpoint{ip: "fd00:244::5", ready: true})}},
 	{name: "ipv6", family: v1.IPv6Protocol, services: []*v1.Service{svc("web", func(s *v1.Service) {
 		s.Spec.ClusterIP, s.Spec.ClusterIPs = "fd00:10:96::a", []string{"fd00:10:96::a"}
 		s.Spec.IPFamilies = []v1.IPFamily{v1.IPv6Protocol}

@@ -2,13 +2,17 @@ package iptables
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -16,8 +20,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	"github.com/rapidproxy/rapidproxy/internal/nfacct"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -391,4 +397,97 @@ func (r *inputRecorder) Restore(input io.Reader) error {
 	}
 	*r.last = string(text)
 	return r.countingKernel.Restore(bytes.NewReader(text))
+}
+
+// With the nfacct objects in place, the rules that count packets in them
+// are accepted by the kernel and read back equal (a restart writes
+// nothing), the metrics serve the counts, and cleanup removes the objects
+// once the rules are gone. Without nfacct, the plain rules are written.
+func TestNFAcctCountersOnTheRealKernel(t *testing.T) {
+	if !runInNetns(t) {
+		return
+	}
+	backend, err := iptablesrunner.DetectBackend()
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := iptablesrunner.New(false, backend)
+	nfacctErr := EnsureNFAcctObjects()
+	if nfacctErr != nil {
+		t.Logf("%s: no nfacct here, checking the plain rules: %v", backend, nfacctErr)
+	}
+	start := func(kernel Kernel) testProxier {
+		p := newTestProxier(t, kernel)
+		p.Syncer.cfg.Params.NFAcct = nfacctErr == nil
+		feed(p, 3)
+		return p
+	}
+	if err := start(real).sync(); err != nil {
+		t.Fatalf("%s: %v", backend, err)
+	}
+	save, err := real.Save()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := map[string]int{}
+	for _, line := range strings.Split(string(save), "\n") {
+		if _, name, ok := strings.Cut(line, "--nfacct-name"); ok {
+			counted[strings.Fields(name)[0]]++
+		}
+	}
+	want := map[string]int{}
+	if nfacctErr == nil {
+		want = map[string]int{"ct_state_invalid_dropped_pkts": 1, "localhost_nps_accepted_pkts": 3}
+	}
+	if !maps.Equal(counted, want) {
+		t.Errorf("%s: rules per nfacct object %v, want %v", backend, counted, want)
+	}
+	restarted := &countingKernel{Kernel: real}
+	if err := start(restarted).sync(); err != nil {
+		t.Fatal(err)
+	}
+	if restarted.restores != 0 {
+		t.Errorf("%s: a restart over the rules wrote %d chains", backend, restarted.chainsWritten)
+	}
+	if nfacctErr != nil {
+		return
+	}
+
+	// A connection to a NodePort on localhost: its first packet is counted
+	// on its way to an endpoint this namespace has no route to.
+	if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if conn, err := net.DialTimeout("tcp", "127.0.0.1:30000", 300*time.Millisecond); err == nil {
+		conn.Close()
+	}
+	served := map[string]float64{}
+	families, err := metrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if strings.HasPrefix(f.GetName(), "kubeproxy_iptables_") && len(f.GetMetric()) == 1 {
+			served[f.GetName()] = f.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if v, ok := served["kubeproxy_iptables_localhost_nodeports_accepted_packets_total"]; !ok || v < 1 {
+		t.Errorf("%s: localhost NodePort packets served as %v (%v), want at least 1", backend, v, ok)
+	}
+	if _, ok := served["kubeproxy_iptables_ct_state_invalid_dropped_packets_total"]; !ok {
+		t.Errorf("%s: the conntrack INVALID drops are not served: %v", backend, served)
+	}
+
+	if _, err := Cleanup(real); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := CleanupNFAcctObjects()
+	if err != nil || len(removed) != 2 {
+		t.Errorf("%s: cleanup removed nfacct objects %v, %v; want both", backend, removed, err)
+	}
+	for _, name := range nfacctObjects {
+		if _, err := nfacct.Get(name); !errors.Is(err, unix.ENOENT) {
+			t.Errorf("%s: after cleanup, %s: %v", backend, name, err)
+		}
+	}
 }

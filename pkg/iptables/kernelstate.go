@@ -86,15 +86,20 @@ func (kt kernelTable) holds(c OwnChain) bool {
 // diffSharedChain adds to in what turns the kernel's content of a shared
 // chain into want, whose last tail rules are fixed and must stay last:
 // rule deletions and insertions when the tail is in place, else a
-// rewrite. The order of the other rules does not matter: each matches its
-// own destination.
+// rewrite. The order of most rules does not matter, each matching its own
+// destination; where it does, a rule comes before the broader rule of its
+// service that follows it in want (the counted localhost NodePort rule,
+// added to rules written without nfacct, must match before the general
+// one). So a rule that want has ahead of a rule kept goes to the top,
+// those together in want's order, and the others are appended.
 func diffSharedChain(in *restoreInput, t Table, current []Rule, want OwnChain, tail int) {
 	if len(current) < tail || !sameRules(current[len(current)-tail:], want.Rules[len(want.Rules)-tail:]) {
 		in.writeChain(t, want)
 		return
 	}
+	head := want.Rules[:len(want.Rules)-tail]
 	unmatched := map[string]int{}
-	for _, r := range want.Rules[:len(want.Rules)-tail] {
+	for _, r := range head {
 		unmatched[canonicalRule(r)]++
 	}
 	for _, r := range current[:len(current)-tail] {
@@ -105,12 +110,25 @@ func diffSharedChain(in *restoreInput, t Table, current []Rule, want OwnChain, t
 		}
 		in.removeShared(SharedRule{Table: t, Chain: want.Name, Rule: r})
 	}
-	for _, r := range want.Rules[:len(want.Rules)-tail] {
+	added := make([]bool, len(head))
+	lastKept := -1
+	for i, r := range head {
 		key := canonicalRule(r)
 		if unmatched[key] > 0 {
 			unmatched[key]--
-			in.addShared(SharedRule{Table: t, Chain: want.Name, Rule: r})
+			added[i] = true
+		} else {
+			lastKept = i
 		}
+	}
+	// Each insertion goes to the top: the last one first.
+	for i := lastKept - 1; i >= 0; i-- {
+		if added[i] {
+			in.insertFirst(t, want.Name, head[i])
+		}
+	}
+	for i := lastKept + 1; i < len(head); i++ {
+		in.addShared(SharedRule{Table: t, Chain: want.Name, Rule: head[i]})
 	}
 }
 

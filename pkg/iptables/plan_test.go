@@ -4,11 +4,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
 // earlyFailingKernel fails its restores after reading a little, as
@@ -126,5 +132,54 @@ func TestSectionChunks(t *testing.T) {
 	}
 	if got.String() != want.String() || s.lines != 5000 {
 		t.Errorf("the section holds %d lines, %d bytes; want 5000 lines, %d bytes", s.lines, got.Len(), want.Len())
+	}
+}
+
+// The counted localhost NodePort rule must match before its service's
+// general NodePort rule, which would take its packets. A sync adding both
+// writes them in that order; a full sync over rules written without
+// nfacct, which hold the general rule already, puts it at the top.
+func TestCountedLocalhostNodePortRuleGoesFirst(t *testing.T) {
+	params := Params{MasqueradeBit: 14, LocalhostNodePorts: true, NFAcct: true}
+	var want []Rule
+	var rules []ServiceRules
+	for i, name := range []string{"a", "b"} {
+		svc := &state.ServicePort{Name: state.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "ns", Name: name}, Port: "p", Protocol: v1.ProtocolTCP},
+			Protocol: v1.ProtocolTCP, Port: 80, ClusterIP: netip.AddrFrom4([4]byte{10, 96, 0, byte(i + 1)}), NodePort: int32(30080 + i)}
+		eps := []*state.Endpoint{{IP: netip.MustParseAddr("10.244.0.5"), Port: 8080, Ready: true, Serving: true, NodeName: "node-1"}}
+		r := params.ServiceRules(svc, state.Select(svc, eps, state.Node{Name: "node-1"}))
+		rules = append(rules, r)
+		for _, s := range r.Shared {
+			if s.Table == TableNAT && s.Chain == chainNodePorts {
+				want = append(want, s.Rule)
+			}
+		}
+	}
+	if len(want) != 4 || !strings.Contains(string(want[0]), "-d 127.0.0.0/8 --dport 30080 -m nfacct --nfacct-name localhost_nps_accepted_pkts") {
+		t.Fatalf("KUBE-NODEPORTS rules: %q, want each service's counted localhost rule, then its general one", want)
+	}
+
+	partial := newRestoreInput()
+	diffService(partial, appliedService{}, summarize(rules[0]), rules[0])
+	if got, expect := partial.String(), "-A KUBE-NODEPORTS "+string(want[0])+"\n-A KUBE-NODEPORTS "+string(want[1])+"\n"; !strings.Contains(got, expect) {
+		t.Errorf("a new service's NodePort rules:\n%s\nwant, in this order:\n%s", got, expect)
+	}
+
+	full := newRestoreInput()
+	diffSharedChain(full, TableNAT, []Rule{want[1], want[3]}, OwnChain{Name: chainNodePorts, Rules: want}, 0)
+	if got, expect := full.String(), "*nat\n-I KUBE-NODEPORTS 1 "+string(want[2])+"\n-I KUBE-NODEPORTS 1 "+string(want[0])+"\nCOMMIT\n"; got != expect {
+		t.Errorf("a full sync over the general rules writes:\n%s\nwant:\n%s", got, expect)
+	}
+	// A new service after those in place is appended, in order.
+	full = newRestoreInput()
+	diffSharedChain(full, TableNAT, want[:2], OwnChain{Name: chainNodePorts, Rules: want}, 0)
+	if got, expect := full.String(), "*nat\n-A KUBE-NODEPORTS "+string(want[2])+"\n-A KUBE-NODEPORTS "+string(want[3])+"\nCOMMIT\n"; got != expect {
+		t.Errorf("a full sync adding a service writes:\n%s\nwant:\n%s", got, expect)
+	}
+	// One before them goes to the top, in order.
+	full = newRestoreInput()
+	diffSharedChain(full, TableNAT, want[2:], OwnChain{Name: chainNodePorts, Rules: want}, 0)
+	if got, expect := full.String(), "*nat\n-I KUBE-NODEPORTS 1 "+string(want[1])+"\n-I KUBE-NODEPORTS 1 "+string(want[0])+"\nCOMMIT\n"; got != expect {
+		t.Errorf("a full sync adding a service ahead of the others writes:\n%s\nwant:\n%s", got, expect)
 	}
 }

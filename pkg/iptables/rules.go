@@ -9,6 +9,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
@@ -60,6 +61,9 @@ type Params struct {
 	// the jumps to them, as upstream does above LargeClusterEndpoints: it
 	// makes the rule set markedly smaller, and keeps it equal to upstream's.
 	LargeCluster bool
+	// NFAcct is whether the nfacct objects the metrics read exist, so
+	// that the rules can count packets in them (see EnsureNFAcctObjects).
+	NFAcct bool
 }
 
 // LargeClusterEndpoints is the number of endpoints, over all services,
@@ -163,6 +167,12 @@ func (p *Params) ServiceRules(svc *state.ServicePort, sel state.Selection) Servi
 	if svc.NodePort != 0 {
 		nodePort := strconv.Itoa(int(svc.NodePort))
 		if hasEndpoints {
+			if p.localhostNodePorts() && p.NFAcct {
+				// The same jump for localhost only, counting the packets:
+				// it must come first, or the general rule takes them all.
+				shared(TableNAT, chainNodePorts, comment(name), []string{"-m", proto, "-p", proto, "-d", "127.0.0.0/8", "--dport", nodePort},
+					nfacctMatch(metrics.NFAcctLocalhostNodePortsAccepted), jump(names.external))
+			}
 			shared(TableNAT, chainNodePorts, comment(name), []string{"-m", proto, "-p", proto, "--dport", nodePort}, jump(names.external))
 		}
 		if !hasExternal {
@@ -313,7 +323,11 @@ func (p *Params) StaticRules() StaticRules {
 	}
 	var forward []Rule
 	if !p.TCPBeLiberal {
-		forward = append(forward, rule([]string{"-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"}))
+		var count []string
+		if p.NFAcct {
+			count = nfacctMatch(metrics.NFAcctCTStateInvalidDropped)
+		}
+		forward = append(forward, rule([]string{"-m", "conntrack", "--ctstate", "INVALID"}, count, target("DROP")))
 	}
 	forward = append(forward,
 		rule(comment("kubernetes forwarding rules"), []string{"-m", "mark", "--mark", mark + "/" + mark, "-j", "ACCEPT"}),
@@ -395,6 +409,9 @@ func comment(text string) []string {
 }
 
 func jump(c Chain) []string { return []string{"-j", string(c)} }
+
+// nfacctMatch counts the packets the rule matches in an nfacct object.
+func nfacctMatch(object string) []string { return []string{"-m", "nfacct", "--nfacct-name", object} }
 
 func target(t string) []string { return []string{"-j", t} }
 

@@ -9,6 +9,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/klog/v2"
+
+	"github.com/rapidproxy/rapidproxy/internal/nfacct"
 )
 
 const subsystem = "kubeproxy"
@@ -64,7 +67,44 @@ var (
 
 	ConntrackReconcilerSyncDuration = histogram("conntrack_reconciler_sync_duration_seconds", "ReconcileConntrackFlowsLatency latency in seconds", syncBuckets, "ip_family")
 	ConntrackReconcilerDeleted      = counter("conntrack_reconciler_deleted_entries_total", "Cumulative conntrack flows deleted by conntrack reconciler", "ip_family")
+
+	IPTablesCTStateInvalidDropped = nfacctCounter{
+		object: NFAcctCTStateInvalidDropped,
+		desc:   prometheus.NewDesc(prometheus.BuildFQName(subsystem, "", "iptables_ct_state_invalid_dropped_packets_total"), "packets dropped by iptables to work around conntrack problems", nil, nil),
+	}
+	IPTablesLocalhostNodePortsAccepted = nfacctCounter{
+		object: NFAcctLocalhostNodePortsAccepted,
+		desc:   prometheus.NewDesc(prometheus.BuildFQName(subsystem, "", "iptables_localhost_nodeports_accepted_packets_total"), "Number of packets accepted on nodeports of loopback interface", nil, nil),
+	}
 )
+
+// The nfacct objects the iptables rules count packets in, named as
+// upstream's, so the counts carry over when a node switches.
+const (
+	NFAcctCTStateInvalidDropped      = "ct_state_invalid_dropped_pkts"
+	NFAcctLocalhostNodePortsAccepted = "localhost_nps_accepted_pkts"
+)
+
+// nfacctCounter serves the packet count of an nfacct object, read from the
+// kernel at each scrape as upstream does; nothing where the object does
+// not exist (the kernel has no nfacct, or the rules do not use it).
+type nfacctCounter struct {
+	object string
+	desc   *prometheus.Desc
+}
+
+func (c nfacctCounter) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c nfacctCounter) Collect(ch chan<- prometheus.Metric) {
+	counter, err := nfacct.Get(c.object)
+	if err != nil {
+		// Not an error log: without nfacct this fails at every scrape,
+		// and start-up already said nfacct is not used.
+		klog.V(2).InfoS("Not serving an nfacct counter", "object", c.object, "err", err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(counter.Packets))
+}
 
 // Registry holds every metric above plus the process and Go collectors.
 var Registry = func() *prometheus.Registry {
@@ -76,6 +116,7 @@ var Registry = func() *prometheus.Registry {
 		IPTablesRestoreFailuresTotal, IPTablesPartialRestoreFailuresTotal, IPTablesRulesTotal, IPTablesRulesLastSync, IPTablesFlushRecoveriesTotal,
 		NoLocalEndpointsTotal, ProxyHealthzTotal, ProxyLivezTotal,
 		ConntrackReconcilerSyncDuration, ConntrackReconcilerDeleted,
+		IPTablesCTStateInvalidDropped, IPTablesLocalhostNodePortsAccepted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return r
