@@ -2,11 +2,21 @@
 // tests that need kernel features the test machine may lack, IPVS first
 // among them, and runs a test's shell script in it.
 //
-// Run is the whole API: it boots a VM with the test's files (static
-// binaries) and script, streams the serial console into the test log,
-// and returns once the guest prints its result line ("RPX-VM-RESULT: PASS"
-// or "RPX-VM-RESULT: FAIL <reason>"), or fails the test. The guest's /out
-// is a host directory (Result.OutDir), for files the test reads back.
+// Run is the API: it boots a VM with the test's files (static binaries,
+// which BuildStatic makes of Go packages) and script, streams the serial
+// console into the test log, and returns once the guest prints its result
+// line ("RPX-VM-RESULT: PASS" or "RPX-VM-RESULT: FAIL <reason>"), or fails
+// the test. The guest's /out is a host directory (Result.OutDir), for
+// files the test reads back. For example:
+//
+//	probe := vm.BuildStatic(t, "./probe")
+//	res := vm.Run(t, vm.Config{
+//		Modules: []string{"ip_vs"},
+//		Files:   map[string]string{"/usr/local/bin/probe": probe},
+//		Network: true, // the guest reaches vm.HostIP and the cluster's API server
+//		Script:  "ipvsadm -A -t 10.96.0.10:80 -s rr\nipvsadm -Ln >/out/ipvs.txt\n",
+//	})
+//	data, err := os.ReadFile(filepath.Join(res.OutDir, "ipvs.txt"))
 //
 // The image, cached under _output/vm:
 //

@@ -46,8 +46,8 @@ type Result struct {
 	Console string
 	// OutDir is the host directory the guest saw as /out.
 	OutDir string
-	// Boot is the time from qemu's start to the result line.
-	Boot time.Duration
+	// Elapsed is the time from qemu's start to the result line.
+	Elapsed time.Duration
 }
 
 // resultPrefix starts the line init prints last: "PASS" or "FAIL <reason>".
@@ -117,9 +117,9 @@ func Run(t testing.TB, cfg Config) *Result {
 	}
 	var console strings.Builder
 	verdict, err := readSerial(t, serial, &console, timeout, cmd)
-	boot := time.Since(start)
+	elapsed := time.Since(start)
 	if err != nil {
-		t.Fatalf("vm: %v after %s", err, boot.Round(time.Millisecond))
+		t.Fatalf("vm: %v (qemu ran %s)", err, elapsed.Round(time.Millisecond))
 	}
 	// The guest powers off right after the result; only a hung guest needs the kill.
 	select {
@@ -128,10 +128,10 @@ func Run(t testing.TB, cfg Config) *Result {
 		_ = cmd.Process.Kill()
 	}
 	if verdict != "PASS" {
-		t.Fatalf("vm: the guest says %s (after %s)", verdict, boot.Round(time.Millisecond))
+		t.Fatalf("vm: the guest says %s (after %s)", verdict, elapsed.Round(time.Millisecond))
 	}
-	t.Logf("vm: boot and script took %s", boot.Round(time.Millisecond))
-	return &Result{Console: console.String(), OutDir: outDir, Boot: boot}
+	t.Logf("vm: boot and script took %s", elapsed.Round(time.Millisecond))
+	return &Result{Console: console.String(), OutDir: outDir, Elapsed: elapsed}
 }
 
 // BuildStatic builds the Go main package pkg (a path as `go build` takes
