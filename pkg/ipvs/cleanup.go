@@ -8,7 +8,9 @@ package ipvs
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 
 	libipvs "github.com/moby/ipvs"
@@ -30,21 +32,35 @@ func isKubeProxySet(name string) bool {
 	return false
 }
 
-// Cleanup removes the IPVS virtual servers, the dummy link and the ipsets
-// the IPVS mode leaves, and says what it removed. The iptables rules that
-// use the ipsets must be gone first: the kernel keeps a set in use.
-func Cleanup() ([]string, error) {
+// Cleanup removes the IPVS virtual servers (but those in excludeCIDRs,
+// which belong to other programs), the dummy link and the ipsets the IPVS
+// mode leaves, and says what it removed. The iptables rules that use the
+// ipsets must be gone first: the kernel keeps a set in use.
+func Cleanup(excludeCIDRs []netip.Prefix) ([]string, error) {
 	var removed []string
 	var errs []error
 	// As upstream: without the ip_vs module there is no IPVS state, and
 	// asking netlink for it would only log errors.
 	if exec.Command("modprobe", "-q", "ip_vs").Run() == nil {
 		if h, err := libipvs.New(""); err == nil {
-			services, _ := h.GetServices()
-			if err := h.Flush(); err != nil {
-				errs = append(errs, fmt.Errorf("flushing IPVS: %w", err))
-			} else if len(services) > 0 {
-				removed = append(removed, fmt.Sprintf("%d IPVS virtual servers", len(services)))
+			services, err := h.GetServices()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("listing IPVS virtual servers: %w", err))
+			}
+			deleted := 0
+			for _, svc := range services {
+				addr, _ := netip.AddrFromSlice(svc.Address)
+				if slices.ContainsFunc(excludeCIDRs, func(p netip.Prefix) bool { return p.Contains(addr.Unmap()) }) {
+					continue
+				}
+				if err := h.DelService(svc); err != nil {
+					errs = append(errs, fmt.Errorf("deleting IPVS virtual server %s:%d: %w", svc.Address, svc.Port, err))
+					continue
+				}
+				deleted++
+			}
+			if deleted > 0 {
+				removed = append(removed, fmt.Sprintf("%d IPVS virtual servers", deleted))
 			}
 			h.Close()
 		}

@@ -38,7 +38,11 @@ func Cleanup(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
 		}
 	}
 	// After the iptables rules: they may still use the ipsets.
-	removed, err := ipvs.Cleanup()
+	exclude, err := excludeCIDRs(cfg)
+	if err != nil {
+		return err
+	}
+	removed, err := ipvs.Cleanup(exclude)
 	if err != nil {
 		errs = append(errs, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -118,10 +119,17 @@ func metricsMux(cfg *kpconfig.KubeProxyConfiguration) http.Handler {
 	return mux
 }
 
-// newProxier builds one proxier per IP family the node can serve.
+// newProxier builds one proxier per IP family the node can serve: the
+// proxy core, running the configured mode.
 func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.Node, nodeIPs map[v1.IPFamily]netip.Addr, health *healthcheck.ProxyHealth) (proxy.Proxier, error) {
-	if cfg.Mode != config.ModeIPTables {
-		return nil, fmt.Errorf("proxy mode %q is not available in this build; use iptables", cfg.Mode)
+	var newMode modeFactory
+	switch cfg.Mode {
+	case config.ModeIPTables:
+		newMode = newIPTablesMode
+	case config.ModeIPVS:
+		newMode = newIPVSMode
+	default:
+		return nil, fmt.Errorf("proxy mode %q is not available in this build; use iptables or ipvs", cfg.Mode)
 	}
 	backend, err := iptablesrunner.DetectBackend()
 	if err != nil {
@@ -162,10 +170,10 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 	}
 	var proxiers proxy.DualStack
 	for _, family := range []v1.IPFamily{primary, otherFamily(primary)} {
-		kernel := iptablesrunner.New(family == v1.IPv6Protocol, backend)
-		if err := kernel.Available(); err != nil {
+		ipt := iptablesrunner.New(family == v1.IPv6Protocol, backend)
+		if err := ipt.Available(); err != nil {
 			if family == primary {
-				return nil, fmt.Errorf("iptables mode needs the iptables tools: %w", err)
+				return nil, fmt.Errorf("%s mode needs the iptables tools: %w", cfg.Mode, err)
 			}
 			klog.InfoS("Not serving the secondary IP family: its iptables tools do not work", "ipFamily", family, "err", err)
 			continue
@@ -174,40 +182,69 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 		if err != nil {
 			return nil, err
 		}
-		params := iptables.Params{
-			IPv6:               family == v1.IPv6Protocol,
-			MasqueradeBit:      int(*cfg.IPTables.MasqueradeBit),
-			MasqueradeAll:      config.MasqueradeAll(cfg),
-			LocalhostNodePorts: *cfg.IPTables.LocalhostNodePorts,
-			LocalDetector:      detector,
-			NodeIP:             nodeIPs[family],
-			NodePortAddresses:  ofFamily(nodePortAddrs, family, len(cfg.NodePortAddresses) > 0),
-			RandomFully:        kernel.RandomFullySupported(),
-			TCPBeLiberal:       cfg.Conntrack.TCPBeLiberal,
-		}
-		if params.LocalhostNodePorts && family == v1.IPv4Protocol {
-			if err := (routeLocalnet{}).enable(); err != nil {
-				klog.ErrorS(err, "Could not enable route_localnet; NodePorts on localhost will not work")
+		mode, err := newMode(cfg, familySetup{
+			family: family, iptables: ipt, detector: detector, nodeIP: nodeIPs[family], syncPeriod: sync,
+			nodePortAddrs: ofFamily(nodePortAddrs, family, len(cfg.NodePortAddresses) > 0),
+		})
+		if err != nil {
+			if family == primary {
+				return nil, err
 			}
+			klog.InfoS("Not serving the secondary IP family", "ipFamily", family, "err", err)
+			continue
 		}
 		// Only one family runs the health-check node port servers.
 		var sh *healthcheck.ServiceHealth
 		if family == primary {
 			sh = serviceHealth
 		}
-		mode := iptables.New(iptables.Config{
-			Family: family, Kernel: kernel, Params: params, SyncPeriod: sync,
-			ChainRefsPerRestore: chainRefsPerRestore(backend),
-		})
 		proxiers = append(proxiers, proxy.NewCore(proxy.Config{
 			Family: family, ModeName: string(cfg.Mode),
 			Node:          state.Node{Name: nodeName, Zone: zone},
 			MinSyncPeriod: minSync, SyncPeriod: sync,
 			Health: health, ServiceHealth: sh, Conntrack: conntrack.Cleaner{},
 		}, mode))
-		klog.InfoS("Using iptables proxier", "ipFamily", family, "backend", backend)
+		klog.InfoS("Using proxier", "mode", cfg.Mode, "ipFamily", family, "backend", backend)
 	}
 	return proxiers, nil
+}
+
+// familySetup is what every mode is built from for one IP family.
+type familySetup struct {
+	family     v1.IPFamily
+	iptables   *iptablesrunner.Runner
+	detector   localdetect.Detector
+	nodeIP     netip.Addr
+	syncPeriod time.Duration
+	// nodePortAddrs are nodePortAddresses' addresses of the family; nil
+	// when it is unset (every address).
+	nodePortAddrs []netip.Addr
+}
+
+// modeFactory builds one proxy mode for one IP family.
+type modeFactory func(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mode, error)
+
+func newIPTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mode, error) {
+	params := iptables.Params{
+		IPv6:               f.family == v1.IPv6Protocol,
+		MasqueradeBit:      int(*cfg.IPTables.MasqueradeBit),
+		MasqueradeAll:      config.MasqueradeAll(cfg),
+		LocalhostNodePorts: *cfg.IPTables.LocalhostNodePorts,
+		LocalDetector:      f.detector,
+		NodeIP:             f.nodeIP,
+		NodePortAddresses:  f.nodePortAddrs,
+		RandomFully:        f.iptables.RandomFullySupported(),
+		TCPBeLiberal:       cfg.Conntrack.TCPBeLiberal,
+	}
+	if params.LocalhostNodePorts && f.family == v1.IPv4Protocol {
+		if err := (routeLocalnet{}).enable(); err != nil {
+			klog.ErrorS(err, "Could not enable route_localnet; NodePorts on localhost will not work")
+		}
+	}
+	return iptables.New(iptables.Config{
+		Family: f.family, Kernel: f.iptables, Params: params, SyncPeriod: f.syncPeriod,
+		ChainRefsPerRestore: chainRefsPerRestore(f.iptables.Backend()),
+	}), nil
 }
 
 // chainRefsPerRestore is how a full sync splits its work for the backend.

@@ -1,0 +1,98 @@
+package server
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
+
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
+	"github.com/rapidproxy/rapidproxy/internal/sysctl"
+	"github.com/rapidproxy/rapidproxy/pkg/config"
+	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
+	"github.com/rapidproxy/rapidproxy/pkg/proxy"
+)
+
+// newIPVSMode checks that the kernel can run the IPVS mode (IPVS, the
+// scheduler's module), sets the sysctls and timeouts it needs, and builds
+// it for one family.
+func newIPVSMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mode, error) {
+	kernel, err := ipvskernel.New(f.family == v1.IPv6Protocol)
+	if err != nil {
+		return nil, fmt.Errorf("ipvs mode: %w", err)
+	}
+	scheduler := cfg.IPVS.Scheduler
+	if scheduler == "" {
+		scheduler = ipvs.DefaultScheduler
+	}
+	if err := ipvs.CheckScheduler(kernel, scheduler); err != nil {
+		return nil, fmt.Errorf("ipvs mode: %w", err)
+	}
+	if err := ipvs.SetSysctls(sysctl.Proc{}, ipvs.KernelRelease(), cfg.IPVS.StrictARP); err != nil {
+		return nil, fmt.Errorf("ipvs mode: %w", err)
+	}
+	if err := ipvskernel.SetTimeouts(cfg.IPVS.TCPTimeout.Duration, cfg.IPVS.TCPFinTimeout.Duration, cfg.IPVS.UDPTimeout.Duration); err != nil {
+		return nil, fmt.Errorf("ipvs mode: %w", err)
+	}
+	exclude, err := excludeCIDRs(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return ipvs.New(ipvs.Config{
+		Family: f.family, Kernel: kernel, IPTables: f.iptables,
+		Params: ipvs.Params{
+			IPv6:          f.family == v1.IPv6Protocol,
+			Scheduler:     scheduler,
+			MasqueradeBit: int(*cfg.IPTables.MasqueradeBit),
+			MasqueradeAll: config.MasqueradeAll(cfg),
+			LocalDetector: f.detector,
+			NodeIP:        f.nodeIP,
+			RandomFully:   f.iptables.RandomFullySupported(),
+		},
+		NodePortAddresses: nodePortAddresses(cfg.NodePortAddresses, f.nodePortAddrs),
+		ExcludeCIDRs:      exclude,
+	}), nil
+}
+
+// nodePortAddresses picks, from the node's current addresses, those the
+// IPVS mode's NodePorts answer on: all of them when nodePortAddresses is
+// unset, else those it selects (the primary IP, or those in its CIDRs).
+func nodePortAddresses(setting []string, selected []netip.Addr) func(node []netip.Addr) []netip.Addr {
+	if len(setting) == 0 {
+		return func(node []netip.Addr) []netip.Addr { return node }
+	}
+	if len(setting) == 1 && setting[0] == config.NodePortAddressesPrimary {
+		return func([]netip.Addr) []netip.Addr { return selected }
+	}
+	var prefixes []netip.Prefix
+	for _, c := range setting {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			prefixes = append(prefixes, p)
+		}
+	}
+	return func(node []netip.Addr) []netip.Addr {
+		var out []netip.Addr
+		for _, a := range node {
+			if slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Contains(a) }) {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+}
+
+// excludeCIDRs are the ranges whose virtual servers belong to other
+// programs.
+func excludeCIDRs(cfg *kpconfig.KubeProxyConfiguration) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, c := range cfg.IPVS.ExcludeCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, fmt.Errorf("ipvs.excludeCIDRs: %q is not a CIDR", c)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
