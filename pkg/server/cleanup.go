@@ -37,7 +37,8 @@ func Cleanup(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
 			total += n
 		}
 	}
-	// After the iptables rules: they may still use the ipsets.
+	// After the iptables rules: they may still use the ipsets and the
+	// nfacct objects.
 	exclude, err := excludeCIDRs(cfg)
 	if err != nil {
 		return err
@@ -46,13 +47,20 @@ func Cleanup(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	counters, err := iptables.CleanupNFAcctObjects()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, name := range counters {
+		removed = append(removed, "nfacct object "+name)
+	}
 	tables, err := cleanupNFTables()
 	if err != nil {
 		errs = append(errs, err)
 	}
 	removed = append(removed, tables...)
 	if len(removed) > 0 {
-		klog.InfoS("Removed what the IPVS and nftables modes leave", "removed", removed)
+		klog.InfoS("Removed what the IPVS and nftables modes and the nfacct counters left", "removed", removed)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("cleanup incomplete: %w", err)

@@ -286,3 +286,35 @@ func TestTrimForCacheKeepsOnlyWhatIsRead(t *testing.T) {
 		t.Errorf("a tombstone: %v", err)
 	}
 }
+
+// NodePorts answer on localhost only where nodePortAddresses lets them, as
+// upstream decides it (and with it the KUBE-FIREWALL guard and the counted
+// localhost NodePort rules).
+func TestLocalhostNodePorts(t *testing.T) {
+	nodeIP := netip.MustParseAddr("10.255.0.2")
+	for _, tc := range []struct {
+		addresses []string
+		nodeIP    netip.Addr
+		want      bool
+	}{
+		{nil, nodeIP, true},
+		{[]string{"127.0.0.0/8", "10.0.0.0/8"}, nodeIP, true},
+		{[]string{"0.0.0.0/0"}, nodeIP, true},
+		{[]string{"10.0.0.0/8"}, nodeIP, false},
+		{[]string{"fd00::/8"}, nodeIP, true}, // no IPv4 CIDR: every IPv4 address
+		{[]string{"primary"}, nodeIP, false},
+		{[]string{"primary"}, netip.Addr{}, true}, // no IPv4 node IP: every IPv4 address
+		{[]string{"primary"}, netip.MustParseAddr("127.0.0.1"), true},
+	} {
+		cfg := defaulted(t)
+		cfg.NodePortAddresses = tc.addresses
+		if got := localhostNodePorts(cfg, tc.nodeIP); got != tc.want {
+			t.Errorf("nodePortAddresses %v, node IP %v: %v, want %v", tc.addresses, tc.nodeIP, got, tc.want)
+		}
+	}
+	cfg := defaulted(t)
+	*cfg.IPTables.LocalhostNodePorts = false
+	if localhostNodePorts(cfg, nodeIP) {
+		t.Error("iptables.localhostNodePorts false: still on")
+	}
+}

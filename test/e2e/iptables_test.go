@@ -2,16 +2,24 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/rapidproxy/rapidproxy/internal/nfacct"
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
+	proxymetrics "github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/test/framework"
 )
 
@@ -374,6 +382,11 @@ func TestHealthAndMetricsAreServed(t *testing.T) {
 	if err != nil || code != 200 || !strings.Contains(body, `"lastUpdated"`) {
 		t.Errorf("/healthz: %d %q %v", code, body, err)
 	}
+	if resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + framework.NodeIPv4 + ":10256/livez"); err != nil || resp.StatusCode != 200 {
+		t.Errorf("/livez: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
 	text := metrics(t)
 	for _, name := range []string{
 		`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`,
@@ -445,9 +458,25 @@ func TestCleanupRemovesEverything(t *testing.T) {
 			t.Fatalf("%v: %v: %s", cmd, err, out)
 		}
 	}
+	nfacctObjects := func() (left []string) {
+		testutil.DoInNetns(t, cluster.Node.Name, func() {
+			for _, name := range []string{proxymetrics.NFAcctCTStateInvalidDropped, proxymetrics.NFAcctLocalhostNodePortsAccepted} {
+				if _, err := nfacct.Get(name); !errors.Is(err, unix.ENOENT) {
+					left = append(left, fmt.Sprintf("%s (%v)", name, err))
+				}
+			}
+		})
+		return left
+	}
+	if left := nfacctObjects(); len(left) != 2 {
+		t.Errorf("before --cleanup, the nfacct objects our kube-proxy made: %v", left)
+	}
 	out, err := cluster.Node.Command(cluster.KubeProxy(), "--cleanup").CombinedOutput()
 	if err != nil {
 		t.Fatalf("--cleanup: %v\n%s", err, out)
+	}
+	if left := nfacctObjects(); len(left) > 0 {
+		t.Errorf("after --cleanup, nfacct objects are left: %v", left)
 	}
 	for _, check := range [][]string{
 		{"iptables-nft-save"}, {"ip6tables-nft-save"}, {"iptables-legacy-save"}, {"ip6tables-legacy-save"},
@@ -467,4 +496,148 @@ func TestCleanupRemovesEverything(t *testing.T) {
 		t.Errorf("--cleanup removed an ipset that is not kube-proxy's")
 	}
 	_, _ = cluster.Node.Command("ipset", "destroy", "not-ours").CombinedOutput()
+}
+
+// A node moving from upstream's kube-proxy to ours finds nothing to
+// rewrite: every rule upstream wrote, those counting packets in nfacct
+// objects included, stays as it was (nft gives a rule written again a new
+// handle).
+func TestTakeoverFromUpstreamWritesNothing(t *testing.T) {
+	useOurProxy(t)
+	defer useOurProxy(t)
+	addPod(t, "takeover-a", framework.PodOptions{Labels: map[string]string{"app": "takeover"}})
+	svc := service("takeover", "takeover", v1.ProtocolTCP, v1.ProtocolUDP)
+	svc.Spec.Type = v1.ServiceTypeNodePort
+	svc = createService(t, svc)
+	switchProxy(t, false)
+	// Both families' endpoints are in upstream's rules, so it has nothing
+	// left to write.
+	eventually(t, convergence, "upstream serves both cluster IPs and the node port on localhost", func() error {
+		for _, ip := range append([]string{"127.0.0.1"}, svc.Spec.ClusterIPs...) {
+			port := svc.Spec.Ports[0].Port
+			if ip == "127.0.0.1" {
+				port = svc.Spec.Ports[0].NodePort
+			}
+			if _, err := answeredBy(cluster.Node, "tcp", ip, port, "takeover-a"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	stopProxy()
+	before := ruleset(t)
+	switchProxy(t, true)
+	eventually(t, convergence, "our first sync of both families", func() error {
+		text := metrics(t)
+		for _, family := range []string{"IPv4", "IPv6"} {
+			if metricValue(text, `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="`+family+`"}`) <= 0 {
+				return fmt.Errorf("%s not synced yet", family)
+			}
+		}
+		return nil
+	})
+	if after := ruleset(t); after != before {
+		t.Errorf("our kube-proxy rewrote upstream's rules:\n%s", lineDiff(before, after))
+	}
+}
+
+// counters are the packet counts nft lists, which traffic changes.
+var counters = regexp.MustCompile(`counter packets \d+ bytes \d+`)
+
+// ruleset is the node's whole nftables ruleset (iptables-nft's tables),
+// with each rule's handle and without its counters.
+func ruleset(t *testing.T) string {
+	t.Helper()
+	out, err := cluster.Node.Command("nft", "-a", "list", "ruleset").Output()
+	if err != nil {
+		t.Fatalf("nft list ruleset: %v", err)
+	}
+	return counters.ReplaceAllString(string(out), "counter")
+}
+
+// lineDiff lists the lines only in a (-) and only in b (+).
+func lineDiff(a, b string) string {
+	count := map[string]int{}
+	for _, l := range strings.Split(b, "\n") {
+		count[l]++
+	}
+	var out strings.Builder
+	for _, l := range strings.Split(a, "\n") {
+		if count[l] > 0 {
+			count[l]--
+			continue
+		}
+		out.WriteString("- " + l + "\n")
+	}
+	for _, l := range strings.Split(b, "\n") {
+		if count[l] > 0 {
+			count[l]--
+			out.WriteString("+ " + l + "\n")
+		}
+	}
+	return out.String()
+}
+
+// A restore that fails is counted, partial and full alike, and the rules
+// are put right once it can succeed: here another program's rule jumps to
+// the chain of an endpoint that went away, which the kernel then refuses
+// to delete.
+func TestRestoreFailuresAreCountedAndRecovered(t *testing.T) {
+	useOurProxy(t)
+	addPod(t, "fail-a", framework.PodOptions{Labels: map[string]string{"app": "fail"}})
+	svc := service("fail", "fail", v1.ProtocolTCP)
+	svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
+	svc = createService(t, svc)
+	var endpointChain string
+	eventually(t, convergence, "the endpoint's chain", func() error {
+		for _, line := range strings.Split(nodeRules(t), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "-A" && strings.HasPrefix(f[1], "KUBE-SEP-") &&
+				strings.Contains(line, `"default/fail:tcp"`) && strings.Contains(line, "DNAT") {
+				endpointChain = f[1]
+				return nil
+			}
+		}
+		return fmt.Errorf("not written yet")
+	})
+	foreign := []string{"iptables-nft", "-t", "nat", "-N", "RPX-FOREIGN"}
+	if out, err := cluster.Node.Command(foreign...).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v: %s", foreign, err, out)
+	}
+	jump := []string{"iptables-nft", "-t", "nat", "-A", "RPX-FOREIGN", "-j", endpointChain}
+	if out, err := cluster.Node.Command(jump...).CombinedOutput(); err != nil {
+		t.Fatalf("%v: %v: %s", jump, err, out)
+	}
+	failures := func() (partial, full float64) {
+		text := metrics(t)
+		return metricValue(text, `kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IPv4"}`),
+			metricValue(text, `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`)
+	}
+	partialBefore, fullBefore := failures()
+	if err := cluster.RemovePod(context.Background(), "fail-a"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, convergence, "the failures counted", func() error {
+		if partial, full := failures(); partial <= partialBefore || full <= fullBefore {
+			return fmt.Errorf("partial %v -> %v, full %v -> %v", partialBefore, partial, fullBefore, full)
+		}
+		return nil
+	})
+	for _, cmd := range [][]string{{"iptables-nft", "-t", "nat", "-F", "RPX-FOREIGN"}, {"iptables-nft", "-t", "nat", "-X", "RPX-FOREIGN"}} {
+		if out, err := cluster.Node.Command(cmd...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", cmd, err, out)
+		}
+	}
+	eventually(t, time.Minute, "the endpoint's chain removed", func() error {
+		if strings.Contains(nodeRules(t), endpointChain) {
+			return fmt.Errorf("%s is still there", endpointChain)
+		}
+		return nil
+	})
+	eventually(t, convergence, "the service rejects, having no endpoint", func() error {
+		_, err := cluster.Node.Request("tcp", net.JoinHostPort(svc.Spec.ClusterIP, "80"), 2*time.Second)
+		if err == nil || !strings.Contains(err.Error(), "connection refused") {
+			return fmt.Errorf("want connection refused, got %v", err)
+		}
+		return nil
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +45,10 @@ func TestMain(m *testing.M) {
 	fmt.Printf("e2e: local cluster up in %s\n", time.Since(start).Round(time.Millisecond))
 	code := m.Run()
 	stopProxy()
+	if missing := unservedMetrics(); len(missing) > 0 {
+		fmt.Fprintf(os.Stderr, "e2e: FAIL: metrics registered in pkg/metrics that our kube-proxy never served in this run: %s\n", strings.Join(missing, ", "))
+		code = 1
+	}
 	cluster.Stop()
 	os.Exit(code)
 }

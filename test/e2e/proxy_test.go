@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -62,10 +63,7 @@ func switchProxy(t *testing.T, ours bool) {
 
 func switchProxyLocked(t *testing.T, ours bool) {
 	t.Helper()
-	if running != nil {
-		running.Stop()
-		running = nil
-	}
+	stopProxyLocked()
 	binary, name := cluster.KubeProxy(), "kube-proxy"
 	if !ours {
 		binary, name = cluster.UpstreamKubeProxy(), "kube-proxy-upstream"
@@ -86,9 +84,34 @@ func switchProxyLocked(t *testing.T, ours bool) {
 func stopProxy() {
 	proxyMu.Lock()
 	defer proxyMu.Unlock()
-	if running != nil {
-		running.Stop()
-		running = nil
+	stopProxyLocked()
+}
+
+func stopProxyLocked() {
+	if running == nil {
+		return
+	}
+	if runningOurs {
+		recordServedMetrics()
+	}
+	running.Stop()
+	running = nil
+}
+
+// servedMetrics are the metric families any of our kube-proxy processes
+// served during the run, each read just before it stopped.
+var servedMetrics = map[string]bool{}
+
+func recordServedMetrics() {
+	text, err := fetchMetrics()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: reading our kube-proxy's metrics before stopping it:", err)
+		return
+	}
+	for _, line := range strings.Split(text, "\n") {
+		if family, ok := strings.CutPrefix(line, "# TYPE "); ok {
+			servedMetrics[strings.Fields(family)[0]] = true
+		}
 	}
 }
 
@@ -143,16 +166,24 @@ func answeredBy(ns *framework.Netns, proto, ip string, port int32, pods ...strin
 // metrics fetches our kube-proxy's metrics from the node.
 func metrics(t *testing.T) string {
 	t.Helper()
-	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + net.JoinHostPort(framework.NodeIPv4, "10249") + "/metrics")
+	text, err := fetchMetrics()
 	if err != nil {
 		t.Fatal(err)
+	}
+	return text
+}
+
+func fetchMetrics() (string, error) {
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + net.JoinHostPort(framework.NodeIPv4, "10249") + "/metrics")
+	if err != nil {
+		return "", err
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("/metrics: %d", resp.StatusCode)
+		return "", fmt.Errorf("/metrics: %d", resp.StatusCode)
 	}
-	return string(body)
+	return string(body), nil
 }
 
 // metricValue is the value of the first sample whose line starts with
