@@ -1,0 +1,157 @@
+package ipvs
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
+)
+
+// ipsets is the ipset part of Kernel: one ipset process per call, in the
+// network namespace of the calling thread.
+type ipsets struct{}
+
+// createArgs are the arguments upstream's createSet passes to
+// `ipset create`, -exist included.
+func createArgs(s ipvsmode.SetSpec) (string, error) {
+	switch s.Type {
+	case ipvsmode.HashIP, ipvsmode.HashIPPort, ipvsmode.HashIPPortIP, ipvsmode.HashIPPortNet:
+		family := "inet"
+		if s.IPv6 {
+			family = "inet6"
+		}
+		return fmt.Sprintf("%s %s family %s hashsize 1024 maxelem %d -exist", s.Name, s.Type, family, ipvsmode.MaxSetEntries), nil
+	case ipvsmode.BitmapPort:
+		return fmt.Sprintf("%s %s range 0-65535 -exist", s.Name, s.Type), nil
+	}
+	return "", fmt.Errorf("ipset %s: unknown type %q", s.Name, s.Type)
+}
+
+// EnsureSets creates the missing sets in one `ipset restore`. A set that
+// exists with another type or family makes it fail.
+func (ipsets) EnsureSets(sets []ipvsmode.SetSpec) error {
+	lines := make([]string, 0, len(sets))
+	for _, s := range sets {
+		if err := checkWord("set name", s.Name); err != nil {
+			return err
+		}
+		args, err := createArgs(s)
+		if err != nil {
+			return err
+		}
+		lines = append(lines, "create "+args)
+	}
+	return restore(lines)
+}
+
+// ChangeSets writes every change in one `ipset restore -exist`: with
+// -exist (ipset 7) neither adding an entry that is there nor deleting one
+// that is not fails.
+func (ipsets) ChangeSets(changes []ipvsmode.SetChange) error {
+	lines := make([]string, 0, len(changes))
+	for _, c := range changes {
+		if err := checkWord("set name", c.Set); err != nil {
+			return err
+		}
+		if err := checkWord("ipset entry", c.Entry); err != nil {
+			return err
+		}
+		op := "add"
+		if c.Delete {
+			op = "del"
+		}
+		lines = append(lines, op+" "+c.Set+" "+c.Entry)
+	}
+	return restore(lines, "-exist")
+}
+
+// SetEntries reads every set with one `ipset save` (`ipset list` takes
+// one set per process) and keeps the named ones, entries as ipset prints
+// them, sorted; a named set that does not exist has no key.
+func (ipsets) SetEntries(names []string) (map[string][]string, error) {
+	out, err := run(exec.Command("ipset", "save"))
+	if err != nil {
+		return nil, fmt.Errorf("ipset save: %w", err)
+	}
+	entries := make(map[string][]string, len(names))
+	wanted := make(map[string]bool, len(names))
+	for _, n := range names {
+		wanted[n] = true
+	}
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		// "create NAME TYPE OPTIONS..." or "add NAME ENTRY [OPTIONS...]";
+		// kube-proxy's entries have no options.
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 3 || !wanted[fields[1]] {
+			continue
+		}
+		switch fields[0] {
+		case "create":
+			entries[fields[1]] = []string{}
+		case "add":
+			entries[fields[1]] = append(entries[fields[1]], fields[2])
+		}
+	}
+	for _, e := range entries {
+		slices.Sort(e)
+	}
+	return entries, sc.Err()
+}
+
+// checkWord refuses what would break the one-command-per-line restore
+// format, or pass as another argument.
+func checkWord(what, s string) error {
+	if s == "" || strings.ContainsAny(s, " \t\r\n\"") {
+		return fmt.Errorf("invalid %s %q", what, s)
+	}
+	return nil
+}
+
+// lineError finds the line ipset restore names in its message.
+var lineError = regexp.MustCompile(`Error in line (\d+): (.*)`)
+
+// restore runs `ipset restore` on the lines; its error quotes the line
+// ipset names (and with it the set), or, for the errors ipset reports
+// without a line, the sets the input touched.
+func restore(lines []string, args ...string) error {
+	if len(lines) == 0 {
+		return nil
+	}
+	cmd := exec.Command("ipset", append([]string{"restore"}, args...)...)
+	cmd.Stdin = strings.NewReader(strings.Join(lines, "\n") + "\n")
+	_, err := run(cmd)
+	if err == nil {
+		return nil
+	}
+	if m := lineError.FindStringSubmatch(err.Error()); m != nil {
+		if n, _ := strconv.Atoi(m[1]); n >= 1 && n <= len(lines) {
+			return fmt.Errorf("ipset restore: line %d %q: %s", n, lines[n-1], m[2])
+		}
+	}
+	var sets []string
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) > 1 && !slices.Contains(sets, f[1]) {
+			sets = append(sets, f[1])
+		}
+	}
+	return fmt.Errorf("ipset restore of %d lines on sets %s: %w", len(lines), strings.Join(sets, ", "), err)
+}
+
+// run runs the command and returns its output, or an error carrying its
+// message.
+func run(cmd *exec.Cmd) ([]byte, error) {
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}

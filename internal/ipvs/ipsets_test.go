@@ -1,0 +1,215 @@
+package ipvs
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os/exec"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
+	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
+)
+
+// testSets are one set of each type and family, named with a random
+// prefix so that the check that the host namespace does not see them
+// cannot be fooled by someone else's set.
+func testSets(t *testing.T) []ipvsmode.SetSpec {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	prefix := "RPXT-" + strings.ToUpper(hex.EncodeToString(b)) + "-"
+	var sets []ipvsmode.SetSpec
+	for _, ipv6 := range []bool{false, true} {
+		for _, typ := range []ipvsmode.SetType{ipvsmode.HashIP, ipvsmode.HashIPPort, ipvsmode.HashIPPortIP, ipvsmode.HashIPPortNet} {
+			name := prefix + strings.ReplaceAll(strings.TrimPrefix(string(typ), "hash:"), ",", "-")
+			if ipv6 {
+				name += "-6"
+			}
+			sets = append(sets, ipvsmode.SetSpec{Name: name, Type: typ, IPv6: ipv6})
+		}
+	}
+	return append(sets, ipvsmode.SetSpec{Name: prefix + "PORTS", Type: ipvsmode.BitmapPort})
+}
+
+// testChanges writes to each set entries in the forms ipset rewrites
+// (upper-case names, no protocol, host bits, full-length prefixes), adds
+// some twice and deletes some that are not there.
+func testChanges(sets []ipvsmode.SetSpec) []ipvsmode.SetChange {
+	entries := map[ipvsmode.SetType]map[bool][]string{
+		ipvsmode.HashIP: {
+			false: {"10.96.0.1", "10.96.0.2", "255.255.255.255", "10.96.0.99"},
+			true:  {"fd00::1", "FD00:0::0002", "::ffff:1.2.3.4", "fd00::99"},
+		},
+		ipvsmode.HashIPPort: {
+			false: {"10.96.0.1,tcp:80", "10.96.0.1,UDP:53", "10.96.0.1,sctp:0", "10.96.0.2,8080", "10.96.0.99,udp:99"},
+			true:  {"fd00::1,tcp:80", "fd00::1,udp:53", "fd00::1,SCTP:9", "fd00::99,tcp:99"},
+		},
+		ipvsmode.HashIPPortIP: {
+			false: {"10.244.0.5,tcp:8080,10.244.0.5", "0.0.0.0,tcp:80,0.0.0.0", "10.244.0.6,udp:53,10.96.0.1", "10.244.0.99,tcp:99,10.244.0.99"},
+			true:  {"fd00:244::5,tcp:8080,fd00:244::5", "::,sctp:9,::", "fd00:244::6,udp:53,fd00::1", "fd00:244::99,tcp:99,fd00:244::99"},
+		},
+		ipvsmode.HashIPPortNet: {
+			false: {"10.96.0.1,tcp:80,10.0.0.0/8", "10.96.0.1,tcp:80,10.2.0.5/24", "10.96.0.1,udp:53,10.1.0.0/32", "10.96.0.1,tcp:443,192.168.1.1", "10.96.0.99,tcp:99,10.99.0.0/16"},
+			true:  {"fd00::1,tcp:80,fd00::/64", "fd00::1,tcp:80,fd00::3/128", "fd00::1,tcp:80,::ffff:1.2.3.4/120", "fd00::99,tcp:99,fd99::/16"},
+		},
+		ipvsmode.BitmapPort: {false: {"0", "30080", "65535", "99"}},
+	}
+	var changes []ipvsmode.SetChange
+	for _, s := range sets {
+		list := entries[s.Type][s.IPv6]
+		for _, e := range list {
+			changes = append(changes, ipvsmode.SetChange{Set: s.Name, Entry: e})
+		}
+		changes = append(changes,
+			ipvsmode.SetChange{Set: s.Name, Entry: list[0]},                         // there already
+			ipvsmode.SetChange{Set: s.Name, Entry: list[1], Delete: true},           // deleted
+			ipvsmode.SetChange{Set: s.Name, Entry: list[1], Delete: true},           // not there any more
+			ipvsmode.SetChange{Set: s.Name, Entry: list[1]},                         // back
+			ipvsmode.SetChange{Set: s.Name, Entry: list[len(list)-1], Delete: true}) // gone for good
+	}
+	return changes
+}
+
+// badLines are changes both ipset and the fake refuse, each written alone
+// to a set of the given type.
+var badLines = []struct {
+	typ   ipvsmode.SetType
+	ipv6  bool
+	entry string
+}{
+	{ipvsmode.HashIP, false, "0.0.0.0"},
+	{ipvsmode.HashIP, false, "fd00::1"},
+	{ipvsmode.HashIP, true, "10.0.0.1"},
+	{ipvsmode.HashIP, true, "fe80::1%lo"},
+	{ipvsmode.HashIPPort, false, "10.0.0.1"},
+	{ipvsmode.HashIPPort, false, "10.0.0.1,Tcp:80"},
+	{ipvsmode.HashIPPort, false, "10.0.0.1,tcp:080"},
+	{ipvsmode.HashIPPort, false, "10.0.0.1,tcp:65536"},
+	{ipvsmode.HashIPPortIP, false, "10.0.0.1,tcp:80"},
+	{ipvsmode.HashIPPortNet, false, "10.0.0.1,tcp:80,10.0.0.0/0"},
+	{ipvsmode.HashIPPortNet, false, "10.0.0.1,tcp:80,10.0.0.0/33"},
+	{ipvsmode.BitmapPort, false, "65536"},
+	{ipvsmode.BitmapPort, false, "0080"},
+}
+
+// setKernel is the ipset part of pkg/ipvs.Kernel.
+type setKernel interface {
+	EnsureSets([]ipvsmode.SetSpec) error
+	SetEntries([]string) (map[string][]string, error)
+	ChangeSets([]ipvsmode.SetChange) error
+}
+
+// TestIPSetsKernel writes every set type of both families through ipset in
+// a fresh namespace and through the fake, and compares what each lists.
+func TestIPSetsKernel(t *testing.T) {
+	ns := testutil.NewNetns(t)
+	testutil.RequireCommands(t, "ipset")
+	sets := testSets(t)
+	t.Cleanup(func() {
+		for _, s := range sets {
+			_ = exec.Command("ip", "netns", "exec", ns, "ipset", "destroy", s.Name).Run()
+		}
+	})
+	var names []string
+	for _, s := range sets {
+		names = append(names, s.Name)
+	}
+	fake := NewFake()
+	var kernel ipsets
+	testutil.DoInNetns(t, ns, func() {
+		for _, k := range []setKernel{fake, kernel} {
+			for range 2 {
+				if err := k.EnsureSets(sets); err != nil {
+					t.Fatalf("%T: EnsureSets: %v", k, err)
+				}
+			}
+		}
+		if out := testutil.InNetns(t, ns, "ipset", "save"); !strings.Contains(out, "create "+sets[1].Name+" hash:ip,port family inet hashsize 1024 maxelem 65536 ") ||
+			!strings.Contains(out, "create "+sets[len(sets)-1].Name+" bitmap:port range 0-65535\n") {
+			t.Errorf("the sets were not created as upstream creates them:\n%s", out)
+		}
+
+		changes := testChanges(sets)
+		for _, k := range []setKernel{fake, kernel} {
+			if err := k.ChangeSets(changes); err != nil {
+				t.Fatalf("%T: ChangeSets: %v", k, err)
+			}
+		}
+		want, err := fake.SetEntries(names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := kernel.SetEntries(append(names, "RPXT-MISSING"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("ipset lists\n%v\nthe fake lists\n%v", got, want)
+		}
+
+		for _, bad := range badLines {
+			set := ""
+			for _, s := range sets {
+				if s.Type == bad.typ && s.IPv6 == bad.ipv6 {
+					set = s.Name
+				}
+			}
+			change := []ipvsmode.SetChange{{Set: set, Entry: bad.entry}}
+			errReal, errFake := kernel.ChangeSets(change), fake.ChangeSets(change)
+			if errReal == nil || errFake == nil {
+				t.Errorf("%s %q: ipset says %v, the fake says %v; want both to refuse it", bad.typ, bad.entry, errReal, errFake)
+			} else if !strings.Contains(errReal.Error(), set) {
+				t.Errorf("%s %q: the error does not name the set: %v", bad.typ, bad.entry, errReal)
+			}
+		}
+
+		// The error quotes the line ipset names.
+		err = kernel.ChangeSets([]ipvsmode.SetChange{
+			{Set: sets[0].Name, Entry: "10.96.0.7"}, {Set: "RPXT-MISSING", Entry: "10.96.0.8"}, {Set: sets[0].Name, Entry: "10.96.0.9"},
+		})
+		if err == nil || !strings.Contains(err.Error(), `line 2 "add RPXT-MISSING 10.96.0.8": The set with the given name does not exist`) {
+			t.Errorf("adding to a missing set: %v", err)
+		}
+		other := []ipvsmode.SetSpec{{Name: sets[0].Name, Type: ipvsmode.HashIPPort}}
+		if err := kernel.EnsureSets(other); err == nil || !strings.Contains(err.Error(), `line 1 "create `+sets[0].Name+` hash:ip,port`) {
+			t.Errorf("re-creating a set with another type: %v", err)
+		}
+	})
+	// ipsets belong to a network namespace.
+	if out, err := exec.Command("ipset", "list", "-n", sets[0].Name).CombinedOutput(); err == nil {
+		t.Errorf("the host namespace sees the test namespace's set %s: %s", sets[0].Name, out)
+	}
+}
+
+// TestIPSetsKernelFull fills a hash set to its maxelem through ipset. The
+// kernel counts per region of its table, so a set grown past hashsize
+// takes a few entries more than maxelem before it refuses them (4099 at
+// maxelem 4096, measured on 6.18); the fake refuses the first one over.
+func TestIPSetsKernelFull(t *testing.T) {
+	ns := testutil.NewNetns(t)
+	testutil.RequireCommands(t, "ipset")
+	set := testSets(t)[0]
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "exec", ns, "ipset", "destroy", set.Name).Run() })
+	var kernel ipsets
+	testutil.DoInNetns(t, ns, func() {
+		if err := kernel.EnsureSets([]ipvsmode.SetSpec{set}); err != nil {
+			t.Fatal(err)
+		}
+		changes := make([]ipvsmode.SetChange, ipvsmode.MaxSetEntries+8)
+		for i := range changes {
+			changes[i] = ipvsmode.SetChange{Set: set.Name, Entry: fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&0xff, i&0xff)}
+		}
+		if err := kernel.ChangeSets(changes[:ipvsmode.MaxSetEntries]); err != nil {
+			t.Fatal(err)
+		}
+		if err := kernel.ChangeSets(changes[:1]); err != nil {
+			t.Errorf("re-adding an entry to a full set: %v", err)
+		}
+		err := kernel.ChangeSets(changes[ipvsmode.MaxSetEntries:])
+		if err == nil || !strings.Contains(err.Error(), `"add `+set.Name+` 10.1.0.`) || !strings.Contains(err.Error(), "Hash is full") {
+			t.Errorf("adding 8 entries to a full set: %v", err)
+		}
+	})
+}

@@ -1,0 +1,264 @@
+// Package ipvs is the kernel side of the IPVS mode: Kernel, the adapter
+// that programs IPVS, the kube-ipvs0 dummy link and ipsets for one IP
+// family, and Fake, an in-memory kernel for tests. Both implement
+// pkg/ipvs.Kernel. They only translate requests; every decision about what
+// to program lives in pkg/ipvs.
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"sync"
+
+	libipvs "github.com/moby/ipvs"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+
+	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
+)
+
+// Kernel is the real pkg/ipvs.Kernel for one IP family. Its netlink
+// sockets (IPVS and links) are opened by New in the network namespace of
+// the calling thread and stay there; the ipset program runs in the
+// namespace of the thread calling the ipset methods. kube-proxy uses the
+// host's namespace for both.
+type Kernel struct {
+	table
+	*links
+	ipsets
+}
+
+var _ ipvsmode.Kernel = (*Kernel)(nil)
+
+// New checks that the kernel has IPVS and opens the handles.
+func New(ipv6 bool) (*Kernel, error) {
+	h, err := openIPVS()
+	if err != nil {
+		return nil, err
+	}
+	l, err := newLinks(ipv6)
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	return &Kernel{table: table{h: h, ipv6: ipv6}, links: l}, nil
+}
+
+// Close releases the netlink sockets.
+func (k *Kernel) Close() {
+	k.table.h.Close()
+	k.links.h.Close()
+}
+
+// openIPVS loads ip_vs and returns a handle that has been seen to reach
+// IPVS. github.com/moby/ipvs itself reports nothing when IPVS is missing:
+// its requests then go to netlink family 0, which the kernel acknowledges
+// without doing anything, so every list is empty and every change
+// "succeeds". It also looks the family up only once per process.
+func openIPVS() (*libipvs.Handle, error) {
+	// A failed modprobe is not final: ip_vs may be built in, or loaded
+	// already in a container without module tools.
+	modprobe, _ := exec.Command("modprobe", "ip_vs").CombinedOutput()
+	if _, err := netlink.GenlFamilyGet("IPVS"); err != nil {
+		msg := fmt.Sprintf("IPVS is not available: the kernel has no IPVS netlink family (%v); the kernel module ip_vs is missing", err)
+		if out := strings.TrimSpace(string(modprobe)); out != "" {
+			msg += "; modprobe ip_vs: " + out
+		}
+		return nil, errors.New(msg)
+	}
+	h, err := libipvs.New("")
+	if err != nil {
+		return nil, fmt.Errorf("opening an IPVS netlink socket: %w", err)
+	}
+	// The kernel answers a lookup of a service that does not exist with
+	// ESRCH; family 0 would answer with an empty success.
+	_, err = h.GetService(&libipvs.Service{AddressFamily: unix.AF_INET, Protocol: unix.IPPROTO_TCP, Address: net.IPv4zero.To4(), Netmask: 0xffffffff})
+	if err != nil && !errors.Is(err, unix.ESRCH) {
+		h.Close()
+		return nil, fmt.Errorf("IPVS does not answer through github.com/moby/ipvs (was it used in this process before ip_vs was loaded?): %w", err)
+	}
+	return h, nil
+}
+
+// table is the IPVS part of Kernel.
+type table struct {
+	// mu serializes the requests: replies on the one socket would
+	// otherwise interleave.
+	mu   sync.Mutex
+	h    *libipvs.Handle
+	ipv6 bool
+}
+
+// The protocol numbers IPVS keys virtual servers by.
+var protocolNumbers = map[v1.Protocol]uint16{
+	v1.ProtocolTCP:  unix.IPPROTO_TCP,
+	v1.ProtocolUDP:  unix.IPPROTO_UDP,
+	v1.ProtocolSCTP: unix.IPPROTO_SCTP,
+}
+
+func (t *table) VirtualServers() ([]ipvsmode.VirtualServer, error) {
+	t.mu.Lock()
+	services, err := t.h.GetServices()
+	t.mu.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("listing IPVS virtual servers: %w", err)
+	}
+	var vss []ipvsmode.VirtualServer
+	for _, s := range services {
+		// Firewall-mark services have no address, port or protocol;
+		// kube-proxy makes none.
+		if s.AddressFamily != t.family() || s.FWMark != 0 {
+			continue
+		}
+		vs, err := fromService(s)
+		if err != nil {
+			return nil, err
+		}
+		vss = append(vss, vs)
+	}
+	return vss, nil
+}
+
+func (t *table) AddVirtualServer(vs ipvsmode.VirtualServer) error {
+	return t.serviceCmd("adding", vs, t.h.NewService)
+}
+
+func (t *table) UpdateVirtualServer(vs ipvsmode.VirtualServer) error {
+	return t.serviceCmd("updating", vs, t.h.UpdateService)
+}
+
+func (t *table) DeleteVirtualServer(key ipvsmode.VirtualServerKey) error {
+	return t.serviceCmd("deleting", ipvsmode.VirtualServer{VirtualServerKey: key}, t.h.DelService)
+}
+
+func (t *table) serviceCmd(verb string, vs ipvsmode.VirtualServer, cmd func(*libipvs.Service) error) error {
+	s, err := t.toService(vs)
+	if err == nil {
+		t.mu.Lock()
+		err = cmd(s)
+		t.mu.Unlock()
+	}
+	if err != nil {
+		return fmt.Errorf("%s IPVS virtual server %s: %w", verb, vs.VirtualServerKey, err)
+	}
+	return nil
+}
+
+func (t *table) RealServers(key ipvsmode.VirtualServerKey) ([]ipvsmode.RealServer, error) {
+	s, err := t.toService(ipvsmode.VirtualServer{VirtualServerKey: key})
+	var dests []*libipvs.Destination
+	if err == nil {
+		t.mu.Lock()
+		dests, err = t.h.GetDestinations(s)
+		t.mu.Unlock()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing the real servers of IPVS virtual server %s: %w", key, err)
+	}
+	rss := make([]ipvsmode.RealServer, 0, len(dests))
+	for _, d := range dests {
+		addr, ok := netip.AddrFromSlice(d.Address)
+		if !ok {
+			return nil, fmt.Errorf("IPVS virtual server %s has a real server with address %v", key, d.Address)
+		}
+		rss = append(rss, ipvsmode.RealServer{
+			Addr: addr.Unmap(), Port: d.Port, Weight: d.Weight,
+			ActiveConns: d.ActiveConnections, InactiveConns: d.InactiveConnections,
+		})
+	}
+	return rss, nil
+}
+
+func (t *table) AddRealServer(key ipvsmode.VirtualServerKey, rs ipvsmode.RealServer) error {
+	return t.destinationCmd("adding", key, rs, t.h.NewDestination)
+}
+
+func (t *table) UpdateRealServer(key ipvsmode.VirtualServerKey, rs ipvsmode.RealServer) error {
+	return t.destinationCmd("updating", key, rs, t.h.UpdateDestination)
+}
+
+func (t *table) DeleteRealServer(key ipvsmode.VirtualServerKey, rs netip.AddrPort) error {
+	return t.destinationCmd("deleting", key, ipvsmode.RealServer{Addr: rs.Addr(), Port: rs.Port()}, t.h.DelDestination)
+}
+
+func (t *table) destinationCmd(verb string, key ipvsmode.VirtualServerKey, rs ipvsmode.RealServer, cmd func(*libipvs.Service, *libipvs.Destination) error) error {
+	s, err := t.toService(ipvsmode.VirtualServer{VirtualServerKey: key})
+	if err == nil {
+		err = t.checkFamily(rs.Addr)
+	}
+	if err == nil {
+		// kube-proxy's real servers are always masqueraded (NAT).
+		d := &libipvs.Destination{
+			Address: rs.Addr.AsSlice(), Port: rs.Port, Weight: rs.Weight,
+			ConnectionFlags: libipvs.ConnectionFlagMasq,
+		}
+		t.mu.Lock()
+		err = cmd(s, d)
+		t.mu.Unlock()
+	}
+	if err != nil {
+		return fmt.Errorf("%s real server %s of IPVS virtual server %s: %w", verb, rs.AddrPort(), key, err)
+	}
+	return nil
+}
+
+func (t *table) family() uint16 {
+	if t.ipv6 {
+		return unix.AF_INET6
+	}
+	return unix.AF_INET
+}
+
+func (t *table) checkFamily(a netip.Addr) error {
+	if !a.IsValid() || a.Is6() != t.ipv6 {
+		return fmt.Errorf("address %v is not of this adapter's family (IPv6: %t)", a, t.ipv6)
+	}
+	return nil
+}
+
+// toService maps a virtual server as upstream does, with the family's
+// full netmask.
+func (t *table) toService(vs ipvsmode.VirtualServer) (*libipvs.Service, error) {
+	if err := t.checkFamily(vs.Addr); err != nil {
+		return nil, err
+	}
+	proto, ok := protocolNumbers[vs.Protocol]
+	if !ok {
+		return nil, fmt.Errorf("unknown protocol %q", vs.Protocol)
+	}
+	s := &libipvs.Service{
+		AddressFamily: t.family(), Address: vs.Addr.AsSlice(), Port: vs.Port, Protocol: proto,
+		SchedName: vs.Scheduler, Flags: vs.Flags, Timeout: vs.Timeout, Netmask: 0xffffffff,
+	}
+	if t.ipv6 {
+		s.Netmask = 128
+	}
+	return s, nil
+}
+
+// fromService maps a service back, with FlagHashed, which the kernel sets
+// on every service, cleared.
+func fromService(s *libipvs.Service) (ipvsmode.VirtualServer, error) {
+	addr, ok := netip.AddrFromSlice(s.Address)
+	var proto v1.Protocol
+	for p, n := range protocolNumbers {
+		if n == s.Protocol {
+			proto = p
+		}
+	}
+	vs := ipvsmode.VirtualServer{
+		VirtualServerKey: ipvsmode.VirtualServerKey{Addr: addr.Unmap(), Port: s.Port, Protocol: proto},
+		Scheduler:        s.SchedName,
+		Flags:            s.Flags &^ ipvsmode.FlagHashed,
+		Timeout:          s.Timeout,
+	}
+	if !ok || proto == "" {
+		return vs, fmt.Errorf("IPVS virtual server %v:%d has protocol number %d, which kube-proxy does not use", s.Address, s.Port, s.Protocol)
+	}
+	return vs, nil
+}

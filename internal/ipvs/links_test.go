@@ -1,0 +1,136 @@
+package ipvs
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
+	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
+)
+
+// linkKernel is the link part of pkg/ipvs.Kernel.
+type linkKernel interface {
+	EnsureDummyLink() error
+	BoundAddresses() ([]netip.Addr, error)
+	Bind(netip.Addr) error
+	Unbind(netip.Addr) error
+	NodeAddresses() ([]netip.Addr, error)
+}
+
+// TestLinksKernel runs checkLinks on this machine, whose kernel may have no
+// dummy links: kube-ipvs0 is a veth there, which EnsureDummyLink takes as
+// it is, as upstream does. The VM test runs it with a real dummy link.
+func TestLinksKernel(t *testing.T) {
+	ns := testutil.NewNetns(t)
+	testutil.InNetns(t, ns, "ip", "link", "add", ipvsmode.DummyLink, "type", "veth", "peer", "name", "rpxt-ipvs-peer")
+	var k4, k6 *links
+	testutil.DoInNetns(t, ns, func() {
+		var err error
+		if k4, err = newLinks(false); err != nil {
+			t.Fatal(err)
+		}
+		if k6, err = newLinks(true); err != nil {
+			t.Fatal(err)
+		}
+	})
+	defer k4.h.Close()
+	defer k6.h.Close()
+	// The handles stay in the namespace they were opened in.
+	checkLinks(t, ns, k4, k6)
+}
+
+// checkLinks checks every link method of the two families' kernels, opened
+// in the namespace, and that kube-ipvs0 is as upstream makes it.
+func checkLinks(t *testing.T, ns string, k4, k6 linkKernel) {
+	for range 2 {
+		if err := k4.EnsureDummyLink(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out := testutil.InNetns(t, ns, "ip", "-o", "link", "show", ipvsmode.DummyLink); strings.Contains(out, ",UP") || strings.Contains(out, "<UP") {
+		t.Errorf("%s is up: %s", ipvsmode.DummyLink, out)
+	}
+
+	// The node's other addresses: on a veth pair, on lo (up, so it has
+	// 127.0.0.1 and ::1), and one on kube-ipvs0 too.
+	for _, cmd := range []string{
+		"link add rpxt-eth type veth peer name rpxt-eth-peer",
+		"addr add 192.0.2.5/24 dev rpxt-eth",
+		"addr add 169.254.1.1/16 dev rpxt-eth",
+		"addr add 10.96.0.1/32 dev rpxt-eth",
+		"-6 addr add 2001:db8::5/64 dev rpxt-eth nodad",
+		"addr add 192.0.2.99/32 dev lo",
+		"link set lo up",
+		"link set rpxt-eth up",
+		"link set rpxt-eth-peer up",
+	} {
+		testutil.InNetns(t, ns, append([]string{"ip"}, strings.Fields(cmd)...)...)
+	}
+	if out := testutil.InNetns(t, ns, "ip", "-6", "addr", "show", "dev", "rpxt-eth"); !strings.Contains(out, "inet6 fe80::") {
+		t.Fatalf("rpxt-eth has no IPv6 link-local address to leave out:\n%s", out)
+	}
+
+	for range 2 {
+		for _, a := range []string{"10.96.0.1", "10.96.0.2"} {
+			if err := k4.Bind(netip.MustParseAddr(a)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := k6.Bind(netip.MustParseAddr("fd00::1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := k4.Bind(netip.MustParseAddr("fd00::2")); err == nil {
+		t.Errorf("the IPv4 kernel bound an IPv6 address")
+	}
+	check := func(what string, got []netip.Addr, err error, want string) {
+		t.Helper()
+		if err != nil || fmt.Sprint(got) != want {
+			t.Errorf("%s = %v, %v; want %s", what, got, err, want)
+		}
+	}
+	got, err := k4.BoundAddresses()
+	check("IPv4 BoundAddresses()", got, err, "[10.96.0.1 10.96.0.2]")
+	for range 2 {
+		if err := k4.Unbind(netip.MustParseAddr("10.96.0.2")); err != nil {
+			t.Errorf("Unbind: %v", err)
+		}
+	}
+	got, err = k4.BoundAddresses()
+	check("IPv4 BoundAddresses() after the unbind", got, err, "[10.96.0.1]")
+	got, err = k6.BoundAddresses()
+	check("IPv6 BoundAddresses()", got, err, "[fd00::1]")
+	out := testutil.InNetns(t, ns, "ip", "addr", "show", "dev", ipvsmode.DummyLink)
+	for _, want := range []string{"inet 10.96.0.1/32 ", "inet6 fd00::1/128 "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("%s has no %q:\n%s", ipvsmode.DummyLink, want, out)
+		}
+	}
+
+	// Upstream's GetAllLocalAddressesExcept: loopback and IPv6 link-local
+	// addresses left out, kube-ipvs0's too unless another link has them.
+	got, err = k4.NodeAddresses()
+	check("IPv4 NodeAddresses()", got, err, "[10.96.0.1 169.254.1.1 192.0.2.5 192.0.2.99]")
+	got, err = k6.NodeAddresses()
+	check("IPv6 NodeAddresses()", got, err, "[2001:db8::5]")
+}
+
+// TestNewWithoutIPVS checks the error on a kernel without IPVS, which
+// github.com/moby/ipvs alone would not give.
+func TestNewWithoutIPVS(t *testing.T) {
+	if _, err := netlink.GenlFamilyGet("IPVS"); err == nil {
+		t.Skip("this kernel has IPVS")
+	}
+	k, err := New(false)
+	if err == nil {
+		k.Close()
+		t.Fatal("New succeeded on a kernel without IPVS")
+	}
+	if !strings.Contains(err.Error(), "kernel module ip_vs") {
+		t.Errorf("the error does not name the module: %v", err)
+	}
+}
