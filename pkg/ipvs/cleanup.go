@@ -24,9 +24,12 @@ const DummyLink = "kube-ipvs0"
 // isKubeProxySet tells whether an ipset is one the IPVS mode creates, in
 // either family.
 func isKubeProxySet(name string) bool {
-	for _, s := range setTypes {
-		if name == s.name || name == strings.Replace(s.name, "KUBE-", "KUBE-6-", 1) {
-			return true
+	for _, ipv6 := range []bool{false, true} {
+		p := Params{IPv6: ipv6}
+		for _, s := range setTypes {
+			if name == p.setName(s.name) {
+				return true
+			}
 		}
 	}
 	return false

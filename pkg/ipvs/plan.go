@@ -84,6 +84,8 @@ const (
 	setIPVSAddresses         = "KUBE-IPVS-IPS"
 )
 
+var protocolNumbers = map[v1.Protocol]string{v1.ProtocolTCP: "6", v1.ProtocolUDP: "17", v1.ProtocolSCTP: "132"}
+
 // setTypes are the sets' types, in the order upstream creates them.
 var setTypes = []struct {
 	name    string
@@ -109,12 +111,16 @@ var setTypes = []struct {
 	{setIPVSAddresses, HashIP, "Addresses on the ipvs interface"},
 }
 
-// setName is a set's name in the family: "KUBE-6-" for IPv6.
+// maxSetName is the longest name the kernel gives a set.
+const maxSetName = 31
+
+// setName is a set's name in the family: "KUBE-6-" for IPv6, cut to what
+// the kernel keeps, as upstream's are ("KUBE-6-LOAD-BALANCER-SOURCE-CID").
 func (p *Params) setName(base string) string {
 	if p.IPv6 {
-		return strings.Replace(base, "KUBE-", "KUBE-6-", 1)
+		base = strings.Replace(base, "KUBE-", "KUBE-6-", 1)
 	}
-	return base
+	return base[:min(len(base), maxSetName)]
 }
 
 // Sets are the ipsets the mode creates.
@@ -211,8 +217,10 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, endpoints []*state.Endpo
 			if nodeAllowed {
 				add(setLoadBalancerSourceIP, entry+","+ip.String())
 			} else {
-				out.OutFilter = append(out.OutFilter, iptables.Rule("-s "+ip.String()+" -m ipvs --vaddr "+ip.String()+
-					" --vproto "+proto+" --vport "+strconv.Itoa(int(svc.Port))+" -j DROP"))
+				// Written as iptables-save prints it (the protocol by
+				// number, --vproto first), so that it compares equal.
+				out.OutFilter = append(out.OutFilter, iptables.Rule("-s "+netip.PrefixFrom(ip, ip.BitLen()).String()+
+					" -m ipvs --vproto "+protocolNumbers[svc.Protocol]+" --vaddr "+ip.String()+" --vport "+strconv.Itoa(int(svc.Port))+" -j DROP"))
 			}
 		}
 		server(ip, svc.Port, external)

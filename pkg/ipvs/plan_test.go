@@ -148,7 +148,7 @@ func TestChains(t *testing.T) {
 			p := testParams(t, tc.ipv6)
 			p.MasqueradeAll = tc.masqAll
 			chains := p.Chains(func(set string) bool { return slices.Contains(tc.nonEmpty, set) },
-				[]iptables.Rule{"-s 10.255.3.1 -m ipvs --vaddr 10.255.3.1 --vproto tcp --vport 80 -j DROP"})
+				[]iptables.Rule{"-s 10.255.3.1/32 -m ipvs --vproto 6 --vaddr 10.255.3.1 --vport 80 -j DROP"})
 			var b strings.Builder
 			for _, table := range []iptables.Table{iptables.TableNAT, iptables.TableFilter} {
 				fmt.Fprintf(&b, "*%s\n", table)
