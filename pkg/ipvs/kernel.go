@@ -113,7 +113,7 @@ type Kernel interface {
 	Bind(a netip.Addr) error
 	Unbind(a netip.Addr) error
 	// NodeAddresses are the family's addresses on every link but
-	// kube-ipvs0, loopback and IPv6 link-local ones included.
+	// kube-ipvs0, without loopback and IPv6 link-local ones (as upstream).
 	NodeAddresses() ([]netip.Addr, error)
 
 	// EnsureSets creates the sets that are missing (never changing one

@@ -36,6 +36,9 @@ type Config struct {
 	// MaxDrain bounds how long a removed TCP real server keeps its
 	// connections (at weight 0) before it is deleted anyway.
 	MaxDrain time.Duration
+	// DrainCheckInterval is how often draining real servers are checked;
+	// 0 means every 10 s.
+	DrainCheckInterval time.Duration
 }
 
 // DefaultMaxDrain is upstream's former bound on graceful termination.
@@ -70,6 +73,9 @@ type drainKey struct {
 func New(cfg Config) *Syncer {
 	if cfg.MaxDrain == 0 {
 		cfg.MaxDrain = DefaultMaxDrain
+	}
+	if cfg.DrainCheckInterval == 0 {
+		cfg.DrainCheckInterval = 10 * time.Second
 	}
 	return &Syncer{
 		cfg:      cfg,
@@ -530,13 +536,10 @@ func (p *Syncer) excluded(a netip.Addr) bool {
 	return false
 }
 
-// drainCheckInterval is how often draining real servers are checked.
-const drainCheckInterval = 10 * time.Second
-
 // Watch deletes draining real servers once their connections have ended
 // or their time is up.
 func (p *Syncer) Watch(ctx context.Context, _ func()) {
-	ticker := time.NewTicker(drainCheckInterval)
+	ticker := time.NewTicker(p.cfg.DrainCheckInterval)
 	defer ticker.Stop()
 	for {
 		select {

@@ -21,7 +21,7 @@ const DefaultScheduler = "rr"
 // scheduler, by adding one (which loads the scheduler's module) at an
 // address reserved for documentation, as upstream does, and removing it.
 // A virtual server that uses the scheduler already proves it.
-func CheckScheduler(k Kernel, scheduler string) error {
+func CheckScheduler(k Kernel, scheduler string, ipv6 bool) error {
 	servers, err := k.VirtualServers()
 	if err != nil {
 		return fmt.Errorf("IPVS is not usable: %w", err)
@@ -31,8 +31,12 @@ func CheckScheduler(k Kernel, scheduler string) error {
 			return nil
 		}
 	}
+	addr := netip.MustParseAddr("198.51.100.0")
+	if ipv6 {
+		addr = netip.MustParseAddr("2001:db8::") // RFC 3849's
+	}
 	probe := VirtualServer{
-		VirtualServerKey: VirtualServerKey{Addr: netip.MustParseAddr("198.51.100.0"), Port: 20000, Protocol: v1.ProtocolTCP},
+		VirtualServerKey: VirtualServerKey{Addr: addr, Port: 20000, Protocol: v1.ProtocolTCP},
 		Scheduler:        scheduler,
 	}
 	if err := k.AddVirtualServer(probe); err != nil {

@@ -27,7 +27,7 @@ func newIPVSMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mod
 	if scheduler == "" {
 		scheduler = ipvs.DefaultScheduler
 	}
-	if err := ipvs.CheckScheduler(kernel, scheduler); err != nil {
+	if err := ipvs.CheckScheduler(kernel, scheduler, f.family == v1.IPv6Protocol); err != nil {
 		return nil, fmt.Errorf("ipvs mode: %w", err)
 	}
 	if err := ipvs.SetSysctls(sysctl.Proc{}, ipvs.KernelRelease(), cfg.IPVS.StrictARP); err != nil {

@@ -43,43 +43,42 @@ func TestRecordUpstreamIPVSLayout(t *testing.T) {
 	t.Cleanup(cluster.Stop)
 	createServices(ctx, t, cluster)
 
+	layout := programLayout(t, cluster, cluster.UpstreamKubeProxy())
+	header := "# What upstream kube-proxy programs in IPVS mode (mode: ipvs, otherwise its defaults),\n" +
+		"# recorded by TestRecordUpstreamIPVSLayout in test/vm (" + recordEnv + "=1) in the test VM:\n" +
+		"# Debian's kernel under qemu, iptables on the nft backend (Debian's default), modules loaded\n" +
+		"# before kube-proxy started: " + strings.Join(ipvsModules, " ") + ".\n" +
+		"# Node " + framework.NodeName + ": its Node object's IPs " + framework.NodeIPv4 + " and " + framework.NodeIPv6 +
+		" are on the guest's eth0,\n# with the uplink's " + vm.GuestIP + "/30; clusterCIDR " + framework.ClusterCIDRs +
+		"; service CIDRs " + framework.ServiceCIDRs + ".\n" +
+		"# Services (namespace default), created before kube-proxy started:\n" + serviceSummary
+	if err := os.MkdirAll(filepath.Dir(layoutFile), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(layoutFile, append([]byte(header), layout...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote %s", layoutFile)
+}
+
+// programLayout runs a kube-proxy binary in IPVS mode in the VM as node-1
+// of the cluster, once createServices has run, and returns what it
+// programmed, section by section.
+func programLayout(t *testing.T, cluster *framework.Cluster, binary string) []byte {
+	t.Helper()
 	config := filepath.Join(cluster.Dir, "kube-proxy-vm.yaml")
 	if err := os.WriteFile(config, []byte(cluster.KubeProxyConfig("mode: ipvs\n")), 0o644); err != nil {
 		t.Fatal(err)
-	}
-	// The kubeconfig names its certificates by host path: the guest gets
-	// them at the same paths.
-	files := map[string]string{"/usr/local/bin/kube-proxy": cluster.UpstreamKubeProxy(),
-		config: config, cluster.KubeProxyKubeconfig: cluster.KubeProxyKubeconfig}
-	for _, f := range []string{"ca.crt", "kube-proxy.crt", "kube-proxy.key"} {
-		path := filepath.Join(cluster.Dir, f)
-		files[path] = path
 	}
 	res := vm.Run(t, vm.Config{
 		// What upstream's IPVS README has a node load before kube-proxy starts.
 		Modules: ipvsModules,
 		Network: true,
-		Files:   files,
+		Files:   nodeFiles(cluster, binary, config),
 		Timeout: 8 * time.Minute,
-		Script: `
-# The node's IPs, as its Node object has them, are local addresses like on
-# a real node; the API server stays reached from the uplink's address.
-ip addr add ` + framework.NodeIPv4 + `/32 dev eth0
-ip addr add ` + framework.NodeIPv6 + `/128 dev eth0 nodad
-ip route replace ` + vm.APIServerRoute + ` via ` + vm.HostIP + ` src ` + vm.GuestIP + `
-
+		Script: nodeAddresses + `
 kube-proxy --config=` + config + ` --v=2 >/out/kube-proxy.log 2>&1 &
-# Synced once the last-sync timestamp is set for both IP families.
-i=0
-until [ "$(wget -q -O - http://127.0.0.1:10249/metrics 2>/dev/null | grep -c '^kubeproxy_sync_proxy_rules_last_timestamp_seconds{')" = 2 ]; do
-	i=$((i + 1))
-	if [ $i -gt 300 ] || ! kill -0 $!; then
-		tail -n 50 /out/kube-proxy.log
-		exit 1
-	fi
-	sleep 1
-done
-echo "kube-proxy synced after about ${i}s"
+` + waitForSync + `
 # A few more seconds for anything a first sync leaves to the next.
 sleep 5
 
@@ -113,22 +112,45 @@ section() { echo; echo "### $*"; "$@"; }
 	if err != nil {
 		t.Fatal(err)
 	}
-	header := "# What upstream kube-proxy programs in IPVS mode (mode: ipvs, otherwise its defaults),\n" +
-		"# recorded by TestRecordUpstreamIPVSLayout in test/vm (" + recordEnv + "=1) in the test VM:\n" +
-		"# Debian's kernel under qemu, iptables on the nft backend (Debian's default), modules loaded\n" +
-		"# before kube-proxy started: " + strings.Join(ipvsModules, " ") + ".\n" +
-		"# Node " + framework.NodeName + ": its Node object's IPs " + framework.NodeIPv4 + " and " + framework.NodeIPv6 +
-		" are on the guest's eth0,\n# with the uplink's " + vm.GuestIP + "/30; clusterCIDR " + framework.ClusterCIDRs +
-		"; service CIDRs " + framework.ServiceCIDRs + ".\n" +
-		"# Services (namespace default), created before kube-proxy started:\n" + serviceSummary
-	if err := os.MkdirAll(filepath.Dir(layoutFile), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(layoutFile, append([]byte(header), layout...), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("wrote %s", layoutFile)
+	return layout
 }
+
+// nodeFiles are what a kube-proxy needs in the guest: the binary, its
+// config, and the kubeconfig with its certificates, which the kubeconfig
+// names by host path: the guest gets them at the same paths.
+func nodeFiles(cluster *framework.Cluster, binary, config string) map[string]string {
+	files := map[string]string{"/usr/local/bin/kube-proxy": binary,
+		config: config, cluster.KubeProxyKubeconfig: cluster.KubeProxyKubeconfig}
+	for _, f := range []string{"ca.crt", "kube-proxy.crt", "kube-proxy.key"} {
+		path := filepath.Join(cluster.Dir, f)
+		files[path] = path
+	}
+	return files
+}
+
+// nodeAddresses gives the guest the node's IPs, as its Node object has
+// them, as local addresses like on a real node; the API server stays
+// reached from the uplink's address.
+var nodeAddresses = `
+ip addr add ` + framework.NodeIPv4 + `/32 dev eth0
+ip addr add ` + framework.NodeIPv6 + `/128 dev eth0 nodad
+ip route replace ` + vm.APIServerRoute + ` via ` + vm.HostIP + ` src ` + vm.GuestIP + `
+`
+
+// waitForSync waits until the kube-proxy started last has synced both IP
+// families (the last-sync timestamp is set for each).
+const waitForSync = `
+i=0
+until [ "$(wget -q -O - http://127.0.0.1:10249/metrics 2>/dev/null | grep -c '^kubeproxy_sync_proxy_rules_last_timestamp_seconds{')" = 2 ]; do
+	i=$((i + 1))
+	if [ $i -gt 300 ] || ! kill -0 $!; then
+		grep -v nfacct /out/kube-proxy.log | tail -n 80
+		exit 1
+	fi
+	sleep 1
+done
+echo "kube-proxy synced after about ${i}s"
+`
 
 // ipvsModules are the modules the node loads first.
 var ipvsModules = []string{"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "nf_conntrack"}

@@ -1,0 +1,366 @@
+package ipvs_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
+	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
+	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
+	"github.com/rapidproxy/rapidproxy/pkg/proxy"
+	"github.com/rapidproxy/rapidproxy/pkg/state"
+)
+
+// fakeIPTables takes restores and holds nothing: the chains' own tests
+// run on the real kernel (chains_kernel_test.go).
+type fakeIPTables struct{ restores int }
+
+func (k *fakeIPTables) Restore(in io.Reader) error {
+	k.restores++
+	_, err := io.Copy(io.Discard, in)
+	return err
+}
+func (k *fakeIPTables) Save() ([]byte, error)                      { return nil, nil }
+func (k *fakeIPTables) ListRules(string, string) ([]string, error) { return nil, nil }
+func (k *fakeIPTables) Generation(string) (uint64, error)          { return 0, nil }
+
+// node is this test node: its addresses, and the kernel behind it.
+type node struct {
+	kernel   *ipvskernel.Fake
+	iptables *fakeIPTables
+}
+
+func newNode() *node {
+	k := ipvskernel.NewFake()
+	k.SetNodeAddresses(netip.MustParseAddr("10.255.0.2"), netip.MustParseAddr("10.255.1.1"))
+	return &node{kernel: k, iptables: &fakeIPTables{}}
+}
+
+// proxier is the proxy core running the IPVS mode on the node, as the
+// server wires them, with drain checks every few milliseconds.
+func (n *node) proxier(t *testing.T, exclude ...netip.Prefix) (*proxy.Core, *ipvs.Syncer) {
+	t.Helper()
+	detector, err := localdetect.New(localdetect.Settings{Mode: "ClusterCIDR", CIDRs: []string{"10.244.0.0/16"}}, v1.IPv4Protocol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mode := ipvs.New(ipvs.Config{
+		Family: v1.IPv4Protocol, Kernel: n.kernel, IPTables: n.iptables,
+		Params: ipvs.Params{Scheduler: "rr", MasqueradeBit: 14, LocalDetector: detector,
+			NodeIP: netip.MustParseAddr("10.255.0.2"), RandomFully: true},
+		NodePortAddresses:  func(node []netip.Addr) []netip.Addr { return node },
+		ExcludeCIDRs:       exclude,
+		DrainCheckInterval: 5 * time.Millisecond,
+	})
+	core := proxy.NewCore(proxy.Config{Family: v1.IPv4Protocol, ModeName: "ipvs", Node: state.Node{Name: "node-1"},
+		MinSyncPeriod: time.Second, SyncPeriod: time.Minute}, mode)
+	return core, mode
+}
+
+func sync(t *testing.T, c *proxy.Core) {
+	t.Helper()
+	if err := c.SyncOnce(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type svcOpt func(*v1.Service)
+
+func service(c *proxy.Core, name, clusterIP string, opts ...svcOpt) {
+	svc := &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name},
+		Spec: v1.ServiceSpec{ClusterIP: clusterIP, Type: v1.ServiceTypeClusterIP,
+			Ports: []v1.ServicePort{{Name: "p", Port: 80, Protocol: v1.ProtocolTCP}}},
+	}
+	for _, o := range opts {
+		o(svc)
+	}
+	c.OnService(svc, false)
+}
+
+func nodePort(port int32, local bool) svcOpt {
+	return func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeNodePort
+		s.Spec.Ports[0].NodePort = port
+		if local {
+			s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+			s.Spec.HealthCheckNodePort = port + 1000
+		}
+	}
+}
+
+func udp(s *v1.Service) { s.Spec.Ports[0].Protocol = v1.ProtocolUDP }
+
+func affinity(s *v1.Service) {
+	s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+	s.Spec.SessionAffinityConfig = &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr.To(int32(600))}}
+}
+
+func externalIPs(ips ...string) svcOpt {
+	return func(s *v1.Service) { s.Spec.ExternalIPs = ips }
+}
+
+func loadBalancer(ip string, ranges ...string) svcOpt {
+	return func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeLoadBalancer
+		s.Spec.Ports[0].NodePort = 30999
+		s.Spec.LoadBalancerSourceRanges = ranges
+		s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: ip}}
+	}
+}
+
+// endpoints gives the service these endpoints, "ip" on node-1 when it
+// ends in "@local", on node-2 otherwise.
+func endpoints(c *proxy.Core, name string, proto v1.Protocol, ips ...string) {
+	slice := &discovery.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: "ns", Name: name + "-x", Labels: map[string]string{discovery.LabelServiceName: name}},
+		AddressType: discovery.AddressTypeIPv4,
+		Ports:       []discovery.EndpointPort{{Name: ptr.To("p"), Port: ptr.To(int32(8080)), Protocol: ptr.To(proto)}},
+	}
+	for _, ip := range ips {
+		nodeName := "node-2"
+		if a, ok := strings.CutSuffix(ip, "@local"); ok {
+			ip, nodeName = a, "node-1"
+		}
+		slice.Endpoints = append(slice.Endpoints, discovery.Endpoint{Addresses: []string{ip}, NodeName: ptr.To(nodeName),
+			Conditions: discovery.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true)}})
+	}
+	c.OnEndpointSlice(slice, false)
+}
+
+// realServer tells whether the dump lists the real server with this
+// weight and number of active connections.
+func realServer(dump, addr string, weight, active int) bool {
+	return regexp.MustCompile(`-> ` + regexp.QuoteMeta(addr) + ` +Masq +` + fmt.Sprint(weight) + ` +` + fmt.Sprint(active) + ` `).MatchString(dump)
+}
+
+func synced(c *proxy.Core) {
+	c.OnServicesSynced()
+	c.OnEndpointSlicesSynced()
+}
+
+// feedServices gives the proxier every kind of service port.
+func feedServices(c *proxy.Core) {
+	service(c, "web", "10.96.0.10")
+	endpoints(c, "web", v1.ProtocolTCP, "10.244.0.5@local", "10.244.1.5")
+	service(c, "dns", "10.96.0.11", udp, affinity)
+	endpoints(c, "dns", v1.ProtocolUDP, "10.244.1.6")
+	service(c, "local", "10.96.0.12", nodePort(30080, true))
+	endpoints(c, "local", v1.ProtocolTCP, "10.244.0.7@local", "10.244.1.7")
+	service(c, "lb", "10.96.0.13", loadBalancer("10.255.3.1", "10.255.1.0/24"), externalIPs("10.255.2.1"))
+	endpoints(c, "lb", v1.ProtocolTCP, "10.244.1.8")
+	service(c, "empty", "10.96.0.14")
+	synced(c)
+}
+
+// The whole state the mode gives the kernel for every kind of service.
+func TestFullSyncGolden(t *testing.T) {
+	n := newNode()
+	core, _ := n.proxier(t)
+	feedServices(core)
+	sync(t, core)
+	got := n.kernel.Dump()
+	path := filepath.Join("testdata", "sync-full.golden")
+	if os.Getenv("UPDATE_GOLDEN") != "" {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (UPDATE_GOLDEN=1 writes it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("the kernel holds, unlike %s:\n%s", path, got)
+	}
+	if n.iptables.restores != 1 {
+		t.Errorf("%d iptables restores for a first sync, want 1", n.iptables.restores)
+	}
+}
+
+// A one-endpoint change costs a few netlink requests for that service
+// only: no process start, no set change, nothing of the other services.
+func TestOneEndpointChangeTouchesOneService(t *testing.T) {
+	n := newNode()
+	core, _ := n.proxier(t)
+	for i := range 200 {
+		name := fmt.Sprintf("svc-%d", i)
+		service(core, name, fmt.Sprintf("10.96.%d.%d", i/250, i%250+1))
+		endpoints(core, name, v1.ProtocolTCP, fmt.Sprintf("10.244.1.%d", i%250+1))
+	}
+	synced(core)
+	sync(t, core)
+	n.kernel.ResetCalls()
+	restores := n.iptables.restores
+	endpoints(core, "svc-7", v1.ProtocolTCP, "10.244.1.8", "10.244.2.1")
+	sync(t, core)
+	want := map[string]int{"NodeAddresses": 1, "RealServers": 1, "AddRealServer": 1}
+	if got := n.kernel.Calls(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("one added endpoint made the calls %v, want %v", got, want)
+	}
+	if n.iptables.restores != restores {
+		t.Errorf("one added endpoint started %d iptables-restore processes, want none", n.iptables.restores-restores)
+	}
+}
+
+// A restart over what a previous run (ours or upstream's) left in place
+// reads the kernel once and changes nothing.
+func TestRestartOverStateInPlaceChangesNothing(t *testing.T) {
+	n := newNode()
+	first, _ := n.proxier(t)
+	feedServices(first)
+	sync(t, first)
+	before := n.kernel.Dump()
+	n.kernel.ResetCalls()
+
+	second, _ := n.proxier(t)
+	feedServices(second)
+	sync(t, second)
+	for method, count := range n.kernel.Calls() {
+		if !strings.HasPrefix(method, "Ensure") && method != "VirtualServers" && method != "RealServers" &&
+			method != "BoundAddresses" && method != "NodeAddresses" && method != "SetEntries" {
+			t.Errorf("the restart called %s %d times", method, count)
+		}
+	}
+	if after := n.kernel.Dump(); after != before {
+		t.Errorf("the restart changed the kernel:\n%s\nwas:\n%s", after, before)
+	}
+}
+
+// A removed TCP real server with connections goes to weight 0 and is
+// deleted when they end; a UDP one is deleted at once.
+func TestRemovedRealServersDrain(t *testing.T) {
+	n := newNode()
+	core, mode := n.proxier(t)
+	service(core, "web", "10.96.0.10")
+	endpoints(core, "web", v1.ProtocolTCP, "10.244.1.5", "10.244.1.6")
+	service(core, "dns", "10.96.0.11", udp)
+	endpoints(core, "dns", v1.ProtocolUDP, "10.244.1.5", "10.244.1.6")
+	synced(core)
+	sync(t, core)
+	web := ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
+	gone := netip.MustParseAddrPort("10.244.1.6:8080")
+	if err := n.kernel.SetConnections(web, gone, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	endpoints(core, "web", v1.ProtocolTCP, "10.244.1.5")
+	endpoints(core, "dns", v1.ProtocolUDP, "10.244.1.5")
+	sync(t, core)
+	dump := n.kernel.Dump()
+	if !realServer(dump, "10.244.1.6:8080", 0, 1) {
+		t.Errorf("the TCP real server with a connection is not draining at weight 0:\n%s", dump)
+	}
+	if strings.Count(dump, "10.244.1.6:8080") != 1 {
+		t.Errorf("the UDP real server was not deleted at once:\n%s", dump)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go mode.Watch(ctx, nil)
+	time.Sleep(50 * time.Millisecond)
+	if !strings.Contains(n.kernel.Dump(), "10.244.1.6:8080") {
+		t.Error("the draining real server was deleted while its connection lasted")
+	}
+	if err := n.kernel.SetConnections(web, gone, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for strings.Contains(n.kernel.Dump(), "10.244.1.6:8080") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the drained real server is still there:\n%s", n.kernel.Dump())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A previous run's real servers left at weight 0 are wanted again: the
+// first sync sets them back to 1. Virtual servers inside excludeCIDRs
+// belong to other programs and stay; others no service wants go.
+func TestFirstSyncRepairsWeightsAndKeepsExcludedServers(t *testing.T) {
+	n := newNode()
+	web := ipvs.VirtualServer{VirtualServerKey: ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}, Scheduler: "rr"}
+	other := ipvs.VirtualServer{VirtualServerKey: ipvs.VirtualServerKey{Addr: netip.MustParseAddr("192.0.2.1"), Port: 80, Protocol: v1.ProtocolTCP}, Scheduler: "rr"}
+	stale := ipvs.VirtualServer{VirtualServerKey: ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.9.9"), Port: 80, Protocol: v1.ProtocolTCP}, Scheduler: "rr"}
+	for _, vs := range []ipvs.VirtualServer{web, other, stale} {
+		if err := n.kernel.AddVirtualServer(vs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.kernel.AddRealServer(web.VirtualServerKey, ipvs.RealServer{Addr: netip.MustParseAddr("10.244.1.5"), Port: 8080, Weight: 0}); err != nil {
+		t.Fatal(err)
+	}
+	core, _ := n.proxier(t, netip.MustParsePrefix("192.0.2.0/24"))
+	service(core, "web", "10.96.0.10")
+	endpoints(core, "web", v1.ProtocolTCP, "10.244.1.5")
+	synced(core)
+	sync(t, core)
+	dump := n.kernel.Dump()
+	if !realServer(dump, "10.244.1.5:8080", 1, 0) {
+		t.Errorf("the real server left at weight 0 was not set back to 1:\n%s", dump)
+	}
+	if !strings.Contains(dump, "192.0.2.1:80") || strings.Contains(dump, "10.96.9.9:80") {
+		t.Errorf("want the excluded virtual server kept and the stale one deleted:\n%s", dump)
+	}
+}
+
+// An address two services use stays bound until the last one goes.
+func TestSharedAddressStaysUntilTheLastServiceGoes(t *testing.T) {
+	n := newNode()
+	core, _ := n.proxier(t)
+	service(core, "a", "10.96.0.10", externalIPs("10.255.2.1"))
+	service(core, "b", "10.96.0.11", externalIPs("10.255.2.1"), func(s *v1.Service) { s.Spec.Ports[0].Port = 81 })
+	synced(core)
+	sync(t, core)
+	bound := func() bool { return strings.Contains(n.kernel.Dump(), "inet 10.255.2.1/32") }
+	core.OnService(&v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a"}}, true)
+	sync(t, core)
+	if !bound() {
+		t.Error("the shared external IP was unbound while service b still uses it")
+	}
+	core.OnService(&v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "b"}}, true)
+	sync(t, core)
+	if bound() {
+		t.Errorf("the external IP is still bound after both services went:\n%s", n.kernel.Dump())
+	}
+}
+
+// A kernel refusing one service's virtual server fails the sync, with
+// an error naming it, but the other services are programmed, and the
+// next (full) sync repairs it.
+func TestOneFailingServiceDoesNotStopTheOthers(t *testing.T) {
+	n := newNode()
+	core, _ := n.proxier(t)
+	feedServices(core)
+	refused := errors.New("refused by the test")
+	n.kernel.FailNext("AddVirtualServer", refused)
+	err := core.SyncOnce()
+	if !errors.Is(err, refused) || !strings.Contains(err.Error(), "adding virtual server") {
+		t.Fatalf("sync returned %v, want the refusal naming the virtual server", err)
+	}
+	servers := strings.Count(n.kernel.Dump(), "rr")
+	if servers < 8 {
+		t.Errorf("only %d virtual servers after one was refused:\n%s", servers, n.kernel.Dump())
+	}
+	sync(t, core)
+	after := newNode()
+	reference, _ := after.proxier(t)
+	feedServices(reference)
+	sync(t, reference)
+	if got, want := n.kernel.Dump(), after.kernel.Dump(); got != want {
+		t.Errorf("after the repairing sync the kernel holds:\n%s\nwant:\n%s", got, want)
+	}
+}
