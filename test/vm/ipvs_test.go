@@ -41,6 +41,9 @@ func TestIPVSModeMatchesUpstream(t *testing.T) {
 	got := programLayout(t, cluster, cluster.KubeProxy())
 	for _, section := range comparedSections {
 		w, g := normalize(section, string(want)), normalize(section, string(got))
+		if w == "" {
+			t.Errorf("%s: nothing to compare in %s", section, layoutFile)
+		}
 		if w != g {
 			t.Errorf("%s differs from upstream's:\n%s", section, lineDiff(w, g))
 		}
