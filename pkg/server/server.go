@@ -78,6 +78,13 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 	if err != nil {
 		return err
 	}
+	// As upstream: the iptables-based modes remove what the nftables mode
+	// left, which would otherwise still act on the traffic.
+	if removed, err := cleanupNFTables(); err != nil {
+		klog.ErrorS(err, "Removing the nftables mode's leftovers")
+	} else if len(removed) > 0 {
+		klog.InfoS("Removed the nftables mode's leftovers", "removed", removed)
+	}
 	recordStartEvent(ctx, client, nodeName)
 	return watch(ctx, client, cfg, nodeName, node, proxier, health)
 }

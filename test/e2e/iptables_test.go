@@ -438,6 +438,23 @@ func TestRestartAndTakeoverWithLiveTraffic(t *testing.T) {
 
 // --cleanup removes every chain and jump of ours, in both families and
 // both backends, and what the IPVS and nftables modes leave; nothing else.
+// Starting in iptables mode removes what the nftables mode left, which
+// would otherwise still act on the traffic, as upstream does.
+func TestStartRemovesTheNFTablesModesTables(t *testing.T) {
+	stopProxy()
+	for _, family := range []string{"ip", "ip6"} {
+		if out, err := cluster.Node.Command("nft", "add", "table", family, "kube-proxy").CombinedOutput(); err != nil {
+			t.Fatalf("nft add table %s kube-proxy: %v: %s", family, err, out)
+		}
+	}
+	useOurProxy(t)
+	for _, family := range []string{"ip", "ip6"} {
+		if out, err := cluster.Node.Command("nft", "list", "table", family, "kube-proxy").CombinedOutput(); err == nil {
+			t.Errorf("table %s kube-proxy is still there:\n%s", family, out)
+		}
+	}
+}
+
 func TestCleanupRemovesEverything(t *testing.T) {
 	useOurProxy(t)
 	defer useOurProxy(t)
