@@ -4,6 +4,7 @@ package testutil
 import (
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -38,4 +39,28 @@ func RequireCommands(t testing.TB, names ...string) {
 			Skip(t, "needs "+n+" on PATH")
 		}
 	}
+}
+
+// LineDiff lists the lines only in want (-) and only in got (+), each as
+// often as it is missing, for test failures that compare rule sets.
+func LineDiff(want, got string) string {
+	count := map[string]int{}
+	for _, l := range strings.Split(got, "\n") {
+		count[l]++
+	}
+	var b strings.Builder
+	for _, l := range strings.Split(want, "\n") {
+		if count[l] > 0 {
+			count[l]--
+			continue
+		}
+		b.WriteString("- " + l + "\n")
+	}
+	for _, l := range strings.Split(got, "\n") {
+		if count[l] > 0 {
+			count[l]--
+			b.WriteString("+ " + l + "\n")
+		}
+	}
+	return b.String()
 }

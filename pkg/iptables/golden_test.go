@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
 )
 
@@ -261,33 +262,10 @@ func TestGoldenRuleSets(t *testing.T) {
 				t.Fatalf("%v (run go test -update to create it)", err)
 			}
 			if got != string(want) {
-				t.Errorf("rules differ from %s (go test -update rewrites it after review):\n%s", path, diffLines(string(want), got))
+				t.Errorf("rules differ from %s (go test -update rewrites it after review):\n%s", path, testutil.LineDiff(string(want), got))
 			}
 		})
 	}
-}
-
-// diffLines lists the lines only in want (-) and only in got (+).
-func diffLines(want, got string) string {
-	count := map[string]int{}
-	for _, l := range strings.Split(got, "\n") {
-		count[l]++
-	}
-	var b strings.Builder
-	for _, l := range strings.Split(want, "\n") {
-		if count[l] > 0 {
-			count[l]--
-			continue
-		}
-		b.WriteString("- " + l + "\n")
-	}
-	for _, l := range strings.Split(got, "\n") {
-		if count[l] > 0 {
-			count[l]--
-			b.WriteString("+ " + l + "\n")
-		}
-	}
-	return b.String()
 }
 
 // failingKernel is a recordingKernel whose next restore fails.

@@ -554,7 +554,7 @@ func TestTakeoverFromUpstreamWritesNothing(t *testing.T) {
 		return nil
 	})
 	if after := ruleset(t); after != before {
-		t.Errorf("our kube-proxy rewrote upstream's rules:\n%s", lineDiff(before, after))
+		t.Errorf("our kube-proxy rewrote upstream's rules:\n%s", testutil.LineDiff(before, after))
 	}
 }
 
@@ -570,29 +570,6 @@ func ruleset(t *testing.T) string {
 		t.Fatalf("nft list ruleset: %v", err)
 	}
 	return counters.ReplaceAllString(string(out), "counter")
-}
-
-// lineDiff lists the lines only in a (-) and only in b (+).
-func lineDiff(a, b string) string {
-	count := map[string]int{}
-	for _, l := range strings.Split(b, "\n") {
-		count[l]++
-	}
-	var out strings.Builder
-	for _, l := range strings.Split(a, "\n") {
-		if count[l] > 0 {
-			count[l]--
-			continue
-		}
-		out.WriteString("- " + l + "\n")
-	}
-	for _, l := range strings.Split(b, "\n") {
-		if count[l] > 0 {
-			count[l]--
-			out.WriteString("+ " + l + "\n")
-		}
-	}
-	return out.String()
 }
 
 // A restore that fails is counted, partial and full alike, and the rules

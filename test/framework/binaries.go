@@ -35,7 +35,7 @@ func findBinaries() (binaries, error) {
 }
 
 func locate() (binaries, error) {
-	root, err := repoRoot()
+	root, err := RepoRoot()
 	if err != nil {
 		return binaries{}, err
 	}
@@ -77,8 +77,8 @@ func goBuild(root, env, out, pkg string) (string, error) {
 	return out, nil
 }
 
-// repoRoot finds the repository by walking up to its go.mod.
-func repoRoot() (string, error) {
+// RepoRoot finds the repository by walking up to its go.mod.
+func RepoRoot() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err

@@ -1,7 +1,6 @@
 package vm_test
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"os"
@@ -9,10 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
-	"github.com/rapidproxy/rapidproxy/test/framework"
 )
 
 // TestIPVSModeMatchesUpstream runs our kube-proxy in IPVS mode in the VM
@@ -22,7 +19,6 @@ import (
 // link's addresses and the sysctls. A node can then move between the two
 // without anything to rewrite.
 func TestIPVSModeMatchesUpstream(t *testing.T) {
-	testutil.RequireRoot(t)
 	if testing.Short() {
 		t.Skip("boots a VM")
 	}
@@ -30,14 +26,7 @@ func TestIPVSModeMatchesUpstream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	cluster, err := framework.Start(ctx)
-	if err != nil {
-		t.Fatalf("starting the local cluster: %v", err)
-	}
-	t.Cleanup(cluster.Stop)
-	createServices(ctx, t, cluster)
+	cluster := startCluster(t)
 	got := programLayout(t, cluster, cluster.KubeProxy())
 	for _, section := range comparedSections {
 		w, g := normalize(section, string(want)), normalize(section, string(got))
@@ -45,7 +34,7 @@ func TestIPVSModeMatchesUpstream(t *testing.T) {
 			t.Errorf("%s: nothing to compare in %s", section, layoutFile)
 		}
 		if w != g {
-			t.Errorf("%s differs from upstream's:\n%s", section, lineDiff(w, g))
+			t.Errorf("%s differs from upstream's:\n%s", section, testutil.LineDiff(w, g))
 		}
 	}
 }
@@ -118,21 +107,4 @@ func normalize(name, layout string) string {
 		}
 	}
 	return strings.Join(out, "\n")
-}
-
-// lineDiff lists the lines only one side has.
-func lineDiff(want, got string) string {
-	w, g := strings.Split(want, "\n"), strings.Split(got, "\n")
-	var b strings.Builder
-	for _, l := range w {
-		if !slices.Contains(g, l) {
-			fmt.Fprintf(&b, "- %s\n", l)
-		}
-	}
-	for _, l := range g {
-		if !slices.Contains(w, l) {
-			fmt.Fprintf(&b, "+ %s\n", l)
-		}
-	}
-	return b.String()
 }

@@ -33,15 +33,7 @@ func TestRecordUpstreamIPVSLayout(t *testing.T) {
 	if os.Getenv(recordEnv) == "" {
 		t.Skip("a recording tool: set " + recordEnv + "=1 to rewrite " + layoutFile)
 	}
-	testutil.RequireRoot(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	cluster, err := framework.Start(ctx)
-	if err != nil {
-		t.Fatalf("starting the local cluster: %v", err)
-	}
-	t.Cleanup(cluster.Stop)
-	createServices(ctx, t, cluster)
+	cluster := startCluster(t)
 
 	layout := programLayout(t, cluster, cluster.UpstreamKubeProxy())
 	header := "# What upstream kube-proxy programs in IPVS mode (mode: ipvs, otherwise its defaults),\n" +
@@ -151,6 +143,22 @@ until [ "$(wget -q -O - http://127.0.0.1:10249/metrics 2>/dev/null | grep -c '^k
 done
 echo "kube-proxy synced after about ${i}s"
 `
+
+// startCluster starts the local cluster, for the test's whole run, with
+// the services of createServices.
+func startCluster(t *testing.T) *framework.Cluster {
+	t.Helper()
+	testutil.RequireRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+	cluster, err := framework.Start(ctx)
+	if err != nil {
+		t.Fatalf("starting the local cluster: %v", err)
+	}
+	t.Cleanup(cluster.Stop)
+	createServices(ctx, t, cluster)
+	return cluster
+}
 
 // ipvsModules are the modules the node loads first.
 var ipvsModules = []string{"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "nf_conntrack"}

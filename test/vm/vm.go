@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
+	"github.com/rapidproxy/rapidproxy/test/framework"
 )
 
 // Config is what one VM runs.
@@ -260,7 +261,7 @@ func prepared(t testing.TB) *image {
 var vmTools = []string{"qemu-system-x86_64", "depmod", "xz", "dpkg-deb", "apt-get"}
 
 func prepare(logf func(string, ...any)) (*image, error) {
-	root, err := repoRoot()
+	root, err := framework.RepoRoot()
 	if err != nil {
 		return nil, err
 	}
@@ -308,23 +309,4 @@ func installDeps(root string, logf func(string, ...any)) error {
 		}
 	}
 	return nil
-}
-
-// repoRoot finds the repository by walking up to its go.mod.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.HasPrefix(data, []byte("module github.com/rapidproxy/rapidproxy\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("cannot find the rapidproxy repository above the working directory")
-		}
-		dir = parent
-	}
 }
