@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -39,6 +40,9 @@ type Config struct {
 	// DrainCheckInterval is how often draining real servers are checked;
 	// 0 means every 10 s.
 	DrainCheckInterval time.Duration
+	// CheckPeriod is how often the kernel is checked for other programs'
+	// changes (the sync period); 0 means every 30 s.
+	CheckPeriod time.Duration
 }
 
 // DefaultMaxDrain is upstream's former bound on graceful termination.
@@ -62,6 +66,9 @@ type Syncer struct {
 	// connections end or their time is up.
 	draining map[drainKey]time.Time
 	now      func() time.Time
+	// written is true once a full sync succeeded: from then on the
+	// kernel should hold what objects says.
+	written bool
 }
 
 type drainKey struct {
@@ -76,6 +83,9 @@ func New(cfg Config) *Syncer {
 	}
 	if cfg.DrainCheckInterval == 0 {
 		cfg.DrainCheckInterval = 10 * time.Second
+	}
+	if cfg.CheckPeriod == 0 {
+		cfg.CheckPeriod = 30 * time.Second
 	}
 	return &Syncer{
 		cfg:      cfg,
@@ -149,7 +159,9 @@ func (p *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]boo
 func (p *Syncer) FullSync(v state.View) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.fullSync(v)
+	err := p.fullSync(v)
+	p.written = err == nil
+	return err
 }
 
 func (p *Syncer) fullSync(v state.View) error {
@@ -500,8 +512,14 @@ func (w *write) finish(full bool) error {
 		w.errs = append(w.errs, fmt.Errorf("writing the iptables chains: %w", err))
 	}
 	if w.kernel != nil {
+		// A bound address no service wants is one a previous run (ours
+		// or upstream's) bound if KUBE-IPVS-IPS lists it; another
+		// program's addresses on the link are left alone.
+		previous := w.kernel.entries[p.cfg.Params.setName(setIPVSAddresses)]
 		for a := range w.kernel.bound {
-			w.unbind = append(w.unbind, a)
+			if previous[a.String()] {
+				w.unbind = append(w.unbind, a)
+			}
 		}
 		for key := range w.kernel.servers {
 			if !p.excluded(key.Addr) {
@@ -537,18 +555,71 @@ func (p *Syncer) excluded(a netip.Addr) bool {
 }
 
 // Watch deletes draining real servers once their connections have ended
-// or their time is up.
-func (p *Syncer) Watch(ctx context.Context, _ func()) {
-	ticker := time.NewTicker(p.cfg.DrainCheckInterval)
-	defer ticker.Stop()
+// or their time is up, and once per CheckPeriod asks for a full sync when
+// another program changed what the mode keeps in the kernel.
+func (p *Syncer) Watch(ctx context.Context, resync func()) {
+	drains := time.NewTicker(p.cfg.DrainCheckInterval)
+	defer drains.Stop()
+	checks := time.NewTicker(p.cfg.CheckPeriod)
+	defer checks.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-ticker.C:
+		case <-drains.C:
+			p.finishDrains()
+		case <-checks.C:
+			if drift := p.drift(); drift != "" {
+				klog.InfoS("Another program changed the IPVS mode's kernel state; resyncing", "ipFamily", p.cfg.Family, "found", drift)
+				resync()
+			}
 		}
-		p.finishDrains()
 	}
+}
+
+// drift tells what of the mode's kernel state is not as the last sync
+// left it: the virtual servers (one netlink dump, without their real
+// servers), the addresses on kube-ipvs0 and the jump into KUBE-SERVICES
+// (gone with an iptables flush). "" when all is in place, or nothing was
+// written yet.
+func (p *Syncer) drift() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.written {
+		return ""
+	}
+	servers, err := p.cfg.Kernel.VirtualServers()
+	if err != nil {
+		return "virtual servers unreadable: " + err.Error()
+	}
+	ours := 0
+	for _, vs := range servers {
+		if _, ok := p.objects.servers[vs.VirtualServerKey]; ok {
+			ours++
+		}
+	}
+	if ours != len(p.objects.servers) {
+		return fmt.Sprintf("%d of %d virtual servers", ours, len(p.objects.servers))
+	}
+	bound, err := p.cfg.Kernel.BoundAddresses()
+	if err != nil {
+		return "addresses unreadable: " + err.Error()
+	}
+	ours = 0
+	for _, a := range bound {
+		if p.objects.bound[a] > 0 {
+			ours++
+		}
+	}
+	if ours != len(p.objects.bound) {
+		return fmt.Sprintf("%d of %d addresses on %s", ours, len(p.objects.bound), DummyLink)
+	}
+	jump := Jumps()[1]
+	rules, err := p.cfg.IPTables.ListRules(string(jump.Table), string(jump.From))
+	if err != nil || !slices.ContainsFunc(rules, func(r string) bool { return strings.HasSuffix(r, "-j "+string(chainServices)) }) {
+		return "the jump from nat PREROUTING to " + string(chainServices)
+	}
+	return ""
 }
 
 // finishDrains deletes the draining real servers that are done.

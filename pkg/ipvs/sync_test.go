@@ -25,18 +25,27 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
-// fakeIPTables takes restores and holds nothing: the chains' own tests
-// run on the real kernel (chains_kernel_test.go).
-type fakeIPTables struct{ restores int }
+// fakeIPTables takes restores and holds nothing but the jump the drift
+// check looks for (unless flushed): the chains' own tests run on the real
+// kernel (chains_kernel_test.go).
+type fakeIPTables struct {
+	restores int
+	flushed  bool
+}
 
 func (k *fakeIPTables) Restore(in io.Reader) error {
 	k.restores++
 	_, err := io.Copy(io.Discard, in)
 	return err
 }
-func (k *fakeIPTables) Save() ([]byte, error)                      { return nil, nil }
-func (k *fakeIPTables) ListRules(string, string) ([]string, error) { return nil, nil }
-func (k *fakeIPTables) Generation(string) (uint64, error)          { return 0, nil }
+func (k *fakeIPTables) Save() ([]byte, error) { return nil, nil }
+func (k *fakeIPTables) ListRules(string, string) ([]string, error) {
+	if k.flushed {
+		return nil, nil
+	}
+	return []string{`-m comment --comment "kubernetes service portals" -j KUBE-SERVICES`}, nil
+}
+func (k *fakeIPTables) Generation(string) (uint64, error) { return 0, nil }
 
 // node is this test node: its addresses, and the kernel behind it.
 type node struct {
@@ -65,6 +74,7 @@ func (n *node) proxier(t *testing.T, exclude ...netip.Prefix) (*proxy.Core, *ipv
 		NodePortAddresses:  func(node []netip.Addr) []netip.Addr { return node },
 		ExcludeCIDRs:       exclude,
 		DrainCheckInterval: 5 * time.Millisecond,
+		CheckPeriod:        5 * time.Millisecond,
 	})
 	core := proxy.NewCore(proxy.Config{Family: v1.IPv4Protocol, ModeName: "ipvs", Node: state.Node{Name: "node-1"},
 		MinSyncPeriod: time.Second, SyncPeriod: time.Minute}, mode)
@@ -362,5 +372,69 @@ func TestOneFailingServiceDoesNotStopTheOthers(t *testing.T) {
 	sync(t, reference)
 	if got, want := n.kernel.Dump(), after.kernel.Dump(); got != want {
 		t.Errorf("after the repairing sync the kernel holds:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// Another program's address on kube-ipvs0 stays; one a previous run bound
+// (KUBE-IPVS-IPS lists it) goes once no service wants it.
+func TestUnrelatedAddressesOnTheLinkStay(t *testing.T) {
+	n := newNode()
+	first, _ := n.proxier(t)
+	service(first, "old", "10.96.0.20")
+	synced(first)
+	sync(t, first)
+	if err := n.kernel.Bind(netip.MustParseAddr("192.0.2.7")); err != nil {
+		t.Fatal(err)
+	}
+	second, _ := n.proxier(t)
+	service(second, "web", "10.96.0.10")
+	synced(second)
+	sync(t, second)
+	dump := n.kernel.Dump()
+	if !strings.Contains(dump, "inet 192.0.2.7/32") {
+		t.Errorf("another program's address was removed from kube-ipvs0:\n%s", dump)
+	}
+	if strings.Contains(dump, "inet 10.96.0.20/32") {
+		t.Errorf("the previous run's address no service wants is still bound:\n%s", dump)
+	}
+}
+
+// Once per check period the mode looks for what another program undid
+// (a virtual server, an address, the iptables jump) and asks for a full
+// sync, which puts it back.
+func TestDriftAsksForAFullSync(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		undo func(n *node) error
+	}{
+		{"virtual server deleted", func(n *node) error {
+			return n.kernel.DeleteVirtualServer(ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP})
+		}},
+		{"address unbound", func(n *node) error { return n.kernel.Unbind(netip.MustParseAddr("10.96.0.10")) }},
+		{"iptables flushed", func(n *node) error { n.iptables.flushed = true; return nil }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode()
+			core, mode := n.proxier(t)
+			feedServices(core)
+			sync(t, core)
+			resyncs := make(chan struct{}, 10)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go mode.Watch(ctx, func() { resyncs <- struct{}{} })
+			select {
+			case <-resyncs:
+				t.Fatal("a resync was asked for while nothing changed")
+			case <-time.After(50 * time.Millisecond):
+			}
+			if err := tc.undo(n); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-resyncs:
+			case <-time.After(5 * time.Second):
+				t.Fatal("no resync was asked for")
+			}
+		})
 	}
 }

@@ -53,6 +53,7 @@ func newIPVSMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mod
 		},
 		NodePortAddresses: nodePortAddresses(cfg.NodePortAddresses, f.nodePortAddrs),
 		ExcludeCIDRs:      exclude,
+		CheckPeriod:       f.syncPeriod,
 	}), nil
 }
 
