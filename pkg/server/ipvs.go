@@ -30,6 +30,20 @@ func newIPVSMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mod
 	if err := ipvs.CheckScheduler(kernel, scheduler, f.family == v1.IPv6Protocol); err != nil {
 		return nil, fmt.Errorf("ipvs mode: %w", err)
 	}
+	params := ipvs.Params{
+		IPv6:          f.family == v1.IPv6Protocol,
+		Scheduler:     scheduler,
+		MasqueradeBit: int(*cfg.IPTables.MasqueradeBit),
+		MasqueradeAll: config.MasqueradeAll(cfg),
+		LocalDetector: f.detector,
+		NodeIP:        f.nodeIP,
+		RandomFully:   f.iptables.RandomFullySupported(),
+	}
+	// The sets are created at start, so that a missing ipset tool or
+	// kernel module stops the start with its error, as upstream's check.
+	if err := kernel.EnsureSets(params.Sets()); err != nil {
+		return nil, fmt.Errorf("ipvs mode needs ipset: %w", err)
+	}
 	if err := ipvs.SetSysctls(sysctl.Proc{}, ipvs.KernelRelease(), cfg.IPVS.StrictARP); err != nil {
 		return nil, fmt.Errorf("ipvs mode: %w", err)
 	}
@@ -42,15 +56,7 @@ func newIPVSMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mod
 	}
 	return ipvs.New(ipvs.Config{
 		Family: f.family, Kernel: kernel, IPTables: f.iptables,
-		Params: ipvs.Params{
-			IPv6:          f.family == v1.IPv6Protocol,
-			Scheduler:     scheduler,
-			MasqueradeBit: int(*cfg.IPTables.MasqueradeBit),
-			MasqueradeAll: config.MasqueradeAll(cfg),
-			LocalDetector: f.detector,
-			NodeIP:        f.nodeIP,
-			RandomFully:   f.iptables.RandomFullySupported(),
-		},
+		Params:            params,
 		NodePortAddresses: nodePortAddresses(cfg.NodePortAddresses, f.nodePortAddrs),
 		ExcludeCIDRs:      exclude,
 		CheckPeriod:       f.syncPeriod,
