@@ -85,7 +85,7 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 	} else if len(removed) > 0 {
 		klog.InfoS("Removed the nftables mode's leftovers", "removed", removed)
 	}
-	recordStartEvent(ctx, client, nodeName)
+	recordStartEvent(ctx, client, nodeName, cfg.Mode)
 	return watch(ctx, client, cfg, nodeName, node, proxier, health)
 }
 

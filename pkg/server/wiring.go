@@ -458,11 +458,18 @@ func onObject[T any](o any, deleted bool, handle func(T, bool)) {
 	}
 }
 
-// recordStartEvent tells the cluster this node's proxy started.
-func recordStartEvent(ctx context.Context, client kubernetes.Interface, nodeName string) {
+// recordStartEvent tells the cluster this node's proxy started (and, in
+// IPVS mode, that the mode is deprecated, as upstream does).
+func recordStartEvent(ctx context.Context, client kubernetes.Interface, nodeName string, mode kpconfig.ProxyMode) {
 	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
 	broadcaster.StartRecordingToSink(ctx.Done())
 	recorder := broadcaster.NewRecorder(scheme.Scheme, "kube-proxy")
 	ref := &v1.ObjectReference{Kind: "Node", Name: nodeName, UID: types.UID(nodeName)}
+	if mode == config.ModeIPVS {
+		// Upstream's words, so that alerts on them keep working.
+		const deprecated = "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead."
+		klog.ErrorS(nil, deprecated)
+		recorder.Eventf(ref, nil, v1.EventTypeWarning, "IPVSDeprecation", "StartKubeProxy", deprecated)
+	}
 	recorder.Eventf(ref, nil, v1.EventTypeNormal, "Starting", "StartKubeProxy", "")
 }
