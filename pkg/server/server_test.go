@@ -318,3 +318,34 @@ func TestLocalhostNodePorts(t *testing.T) {
 		t.Error("iptables.localhostNodePorts false: still on")
 	}
 }
+
+// In IPVS mode the start also warns, with upstream's event, that the mode
+// is deprecated.
+func TestIPVSModeRecordsTheDeprecationEvent(t *testing.T) {
+	for _, mode := range []kpconfig.ProxyMode{config.ModeIPTables, config.ModeIPVS} {
+		client := fake.NewClientset()
+		ctx, cancel := context.WithCancel(context.Background())
+		recordStartEvent(ctx, client, "node-1", mode)
+		want := map[string]bool{"Starting": true, "IPVSDeprecation": mode == config.ModeIPVS}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			list, err := client.EventsV1().Events("").List(ctx, metav1.ListOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]bool{"Starting": false, "IPVSDeprecation": false}
+			for _, e := range list.Items {
+				got[e.Reason] = true
+			}
+			if got["Starting"] == want["Starting"] && got["IPVSDeprecation"] == want["IPVSDeprecation"] {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("%s mode: events %v, want %v", mode, got, want)
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		cancel()
+	}
+}
