@@ -72,15 +72,30 @@ func (r *Runner) Restore(input io.Reader) error {
 	return nil
 }
 
-// Save returns iptables-save output of every table.
-func (r *Runner) Save() ([]byte, error) {
+// Save hands iptables-save output of every table to read as the tool
+// prints it, so that it is never held whole: at 10k services it is some
+// 18 MB of text. read's error is returned unless the tool failed; what
+// read leaves unread is discarded.
+func (r *Runner) Save(read func(io.Reader) error) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out, err := exec.Command(r.tool("-save")).Output()
+	cmd := exec.Command(r.tool("-save"))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", r.tool("-save"), exitDetail(err))
+		return err
 	}
-	return out, nil
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("%s: %w", r.tool("-save"), err)
+	}
+	readErr := read(out)
+	// The tool blocks on a full pipe until its output is read to the end.
+	_, _ = io.Copy(io.Discard, out)
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("%s: %w: %s", r.tool("-save"), err, strings.TrimSpace(stderr.String()))
+	}
+	return readErr
 }
 
 // ListRules returns the rules of one chain, without their "-A CHAIN"; it

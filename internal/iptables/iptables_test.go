@@ -1,6 +1,9 @@
 package iptables
 
 import (
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
@@ -160,4 +163,41 @@ func TestRandomFullySupported(t *testing.T) {
 			t.Errorf("%s: --random-fully reported unsupported", b)
 		}
 	}
+}
+
+// Save hands the tool's output to its reader as it comes, whole when read
+// to the end; a reader that stops early gets its error back, and the rest
+// is drained so that the tool, blocked on a full pipe, still ends.
+func TestSaveStreamsToItsReader(t *testing.T) {
+	netns := testutil.NewNetns(t)
+	testutil.RequireCommands(t, "iptables-nft-restore")
+	const rules = 3000 // some 120 KB of output, beyond a pipe's 64 KiB
+	var in strings.Builder
+	in.WriteString("*filter\n:RPX-TEST - [0:0]\n")
+	for i := range rules {
+		fmt.Fprintf(&in, "-A RPX-TEST -s 10.0.%d.%d/32 -j ACCEPT\n", i/250, i%250)
+	}
+	in.WriteString("COMMIT\n")
+	testutil.DoInNetns(t, netns, func() {
+		r := New(false, NFT)
+		if err := r.Restore(strings.NewReader(in.String())); err != nil {
+			t.Fatal(err)
+		}
+		var whole strings.Builder
+		err := r.Save(func(out io.Reader) error {
+			_, err := io.Copy(&whole, out)
+			return err
+		})
+		if n := strings.Count(whole.String(), "-A RPX-TEST "); err != nil || n != rules {
+			t.Errorf("read to the end: %d rules, %v; want %d", n, err, rules)
+		}
+		stop := errors.New("stop reading")
+		err = r.Save(func(out io.Reader) error {
+			_, _ = out.Read(make([]byte, 16))
+			return stop
+		})
+		if err != stop {
+			t.Errorf("a reader that stops early: %v, want its error", err)
+		}
+	})
 }

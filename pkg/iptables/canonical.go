@@ -1,7 +1,6 @@
 package iptables
 
 import (
-	"hash/fnv"
 	"math"
 	"net/netip"
 	"slices"
@@ -209,10 +208,21 @@ func isFullMask(m string) bool {
 
 // chainFingerprint identifies a chain's content, rule order included.
 func chainFingerprint(rules []Rule) uint64 {
-	h := fnv.New64a()
+	h := fnvOffset
 	for _, r := range rules {
-		h.Write([]byte(canonicalRule(r)))
-		h.Write([]byte{'\n'})
+		h = fnvLine(h, canonicalRule(r))
 	}
-	return h.Sum64()
+	return h
+}
+
+// fnvOffset starts an FNV-1a hash, which fnvLine continues with a line
+// and a newline: byte by byte, so that hashing allocates nothing.
+const fnvOffset uint64 = 14695981039346656037
+
+func fnvLine(h uint64, line string) uint64 {
+	const prime = 1099511628211
+	for i := 0; i < len(line); i++ {
+		h = (h ^ uint64(line[i])) * prime
+	}
+	return (h ^ '\n') * prime
 }

@@ -59,7 +59,7 @@ func (s *ChainSet) Sync(chains map[Table][]OwnChain, jumps []Jump, full bool) er
 // diffKernel adds to in what turns the kernel's kube-proxy chains into
 // exactly the wanted ones.
 func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jumps []Jump) error {
-	save, err := s.kernel.Save()
+	kernel, err := saveTables(s.kernel, func(_ Table, c Chain) bool { return builtinChains[c] })
 	if err != nil {
 		return err
 	}
@@ -75,7 +75,6 @@ func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jum
 	for _, j := range jumps {
 		wantedJumps[jumpKey{j.Table, j.From, canonicalRule(j.Rule)}] = true
 	}
-	kernel := readTables(save, func(_ Table, c Chain) bool { return builtinChains[c] })
 	for _, t := range kubeTables {
 		for _, c := range chains[t] {
 			if !kernel[t].holds(c) {

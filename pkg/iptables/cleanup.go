@@ -17,11 +17,10 @@ func isKubeProxyChain(c Chain) bool { return cleanupChains[c] || IsServiceChain(
 // tables, and the rules of other chains that jump to them, in one restore
 // input per table. It returns how many chains it removed.
 func Cleanup(k Kernel) (int, error) {
-	save, err := k.Save()
+	tables, err := saveTables(k, func(_ Table, c Chain) bool { return !isKubeProxyChain(c) })
 	if err != nil {
 		return 0, err
 	}
-	tables := readTables(save, func(_ Table, c Chain) bool { return !isKubeProxyChain(c) })
 	in := newRestoreInput()
 	removed := 0
 	for _, t := range kubeTables {

@@ -3,9 +3,7 @@ package iptables
 import (
 	"bufio"
 	"bytes"
-	"hash"
-	"hash/fnv"
-	"strings"
+	"io"
 )
 
 // kernelTable is what a full sync needs to know of one table as the kernel
@@ -21,53 +19,79 @@ func newKernelTable() kernelTable {
 	return kernelTable{fingerprints: map[Chain]uint64{}, rules: map[Chain][]Rule{}}
 }
 
+// saveTables reads every table from the kernel with readTables, as
+// iptables-save prints them.
+func saveTables(k Kernel, keepRules func(Table, Chain) bool) (map[Table]kernelTable, error) {
+	var tables map[Table]kernelTable
+	err := k.Save(func(save io.Reader) (err error) {
+		tables, err = readTables(save, keepRules)
+		return err
+	})
+	return tables, err
+}
+
 // readTables parses iptables-save output of every table; keepRules says
 // which chains' rules to keep. A table missing from the output is empty.
-func readTables(save []byte, keepRules func(Table, Chain) bool) map[Table]kernelTable {
+func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]kernelTable, error) {
 	tables := map[Table]kernelTable{}
 	var table Table
 	var kt kernelTable
-	hashes := map[Chain]hash.Hash64{}
-	closeTable := func() {
-		for c, h := range hashes {
-			kt.fingerprints[c] = h.Sum64()
+	// The fingerprint of the chain whose rules are being read is stored
+	// when another chain's rules start: iptables-save prints each chain's
+	// rules together (a chain met again would resume where it was).
+	var chain Chain
+	var fingerprint uint64
+	declared := false
+	store := func() {
+		if declared {
+			kt.fingerprints[chain] = fingerprint
 		}
-		hashes = map[Chain]hash.Hash64{}
+		chain, declared = "", false
 	}
-	sc := bufio.NewScanner(bytes.NewReader(save))
+	sc := bufio.NewScanner(save)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Bytes()
 		switch {
 		case len(line) > 1 && line[0] == '*':
-			closeTable()
+			store()
 			table = Table(line[1:])
 			kt = newKernelTable()
 			tables[table] = kt
 		case len(line) > 1 && line[0] == ':':
 			if i := bytes.IndexByte(line, ' '); i > 1 {
-				hashes[Chain(line[1:i])] = fnv.New64a()
+				kt.fingerprints[Chain(line[1:i])] = fnvOffset
 			}
 		case bytes.HasPrefix(line, []byte("-A ")):
-			chain, rest, ok := strings.Cut(string(line[3:]), " ")
-			h := hashes[Chain(chain)]
-			if !ok || h == nil {
+			name, rest, ok := bytes.Cut(line[3:], []byte(" "))
+			if !ok {
 				continue
 			}
-			h.Write([]byte(canonicalRule(Rule(rest))))
-			h.Write([]byte{'\n'})
-			if keepRules(table, Chain(chain)) {
-				kt.rules[Chain(chain)] = append(kt.rules[Chain(chain)], Rule(rest))
+			if string(name) != string(chain) {
+				store()
+				chain = Chain(name)
+				fingerprint, declared = kt.fingerprints[chain]
+			}
+			if !declared {
+				continue
+			}
+			r := Rule(rest)
+			fingerprint = fnvLine(fingerprint, canonicalRule(r))
+			if keepRules(table, chain) {
+				kt.rules[chain] = append(kt.rules[chain], r)
 			}
 		}
 	}
-	closeTable()
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	store()
 	for _, t := range kubeTables {
 		if _, ok := tables[t]; !ok {
 			tables[t] = newKernelTable()
 		}
 	}
-	return tables
+	return tables, nil
 }
 
 // has tells whether the table holds the chain.

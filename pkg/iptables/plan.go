@@ -213,15 +213,11 @@ func summarize(r ServiceRules) appliedService {
 }
 
 // textFingerprint identifies a chain's rules as generated, rule order
-// included: FNV-1a, byte by byte, so that hashing allocates nothing.
+// included.
 func textFingerprint(rules []Rule) uint64 {
-	const offset, prime = 14695981039346656037, 1099511628211
-	h := uint64(offset)
+	h := fnvOffset
 	for _, r := range rules {
-		for i := 0; i < len(r); i++ {
-			h = (h ^ uint64(r[i])) * prime
-		}
-		h = (h ^ '\n') * prime
+		h = fnvLine(h, string(r))
 	}
 	return h
 }

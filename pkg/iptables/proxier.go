@@ -22,9 +22,11 @@ import (
 type Kernel interface {
 	// Restore applies iptables-restore --noflush input, atomically per table.
 	Restore(input io.Reader) error
-	// Save returns iptables-save output of every table: one dump costs no
-	// more than one table's on nft, which fetches the whole ruleset anyway.
-	Save() ([]byte, error)
+	// Save hands iptables-save output of every table to read as the tool
+	// prints it: one dump costs no more than one table's on nft, which
+	// fetches the whole ruleset anyway, and it is never held whole (some
+	// 18 MB at 10k services).
+	Save(read func(io.Reader) error) error
 	// ListRules returns a chain's rules without "-A CHAIN"; an error
 	// when the chain does not exist.
 	ListRules(table, chain string) ([]string, error)
@@ -280,12 +282,12 @@ func sharedChainContents(static StaticRules, services [][]SharedRule) map[Table]
 // rules of the shared and built-in chains.
 func (p *Syncer) readKernel() (map[Table]kernelTable, error) {
 	before := p.watch.generations()
-	data, err := p.cfg.Kernel.Save()
+	tables, err := saveTables(p.cfg.Kernel, func(t Table, c Chain) bool { return builtinChains[c] || slices.Contains(SharedChains[t], c) })
 	if err != nil {
 		return nil, err
 	}
 	p.watch.fullSyncRead(before, p.watch.generations())
-	return readTables(data, func(t Table, c Chain) bool { return builtinChains[c] || slices.Contains(SharedChains[t], c) }), nil
+	return tables, nil
 }
 
 // builtinChains are the kernel's own chains, which hold our jumps.

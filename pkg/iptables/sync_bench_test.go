@@ -2,12 +2,8 @@ package iptables
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
-	"runtime"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
@@ -27,19 +23,20 @@ func BenchmarkFullSyncIntoAnEmptyKernel(b *testing.B) {
 				for range b.N {
 					b.StopTimer()
 					netns := testutil.NewNetns(b)
-					leave := enterNetns(b, netns)
-					p := newTestProxier(b, iptablesrunner.New(false, backend))
-					if backend == iptablesrunner.NFT {
-						p.cfg.ChainRefsPerRestore = ChainRefsPerRestoreNFT
-					}
-					feedClusterIPs(p, n, 5)
-					b.StartTimer()
-					err := p.sync()
-					b.StopTimer()
-					leave()
-					if err != nil {
-						b.Fatal(err)
-					}
+					// The iptables tools the sync starts run in the namespace.
+					testutil.DoInNetns(b, netns, func() {
+						p := newTestProxier(b, iptablesrunner.New(false, backend))
+						if backend == iptablesrunner.NFT {
+							p.cfg.ChainRefsPerRestore = ChainRefsPerRestoreNFT
+						}
+						feedClusterIPs(p, n, 5)
+						b.StartTimer()
+						err := p.sync()
+						b.StopTimer()
+						if err != nil {
+							b.Fatal(err)
+						}
+					})
 					if out, err := exec.Command("ip", "netns", "delete", netns).CombinedOutput(); err != nil {
 						b.Fatalf("deleting %s: %v: %s", netns, err, out)
 					}
@@ -47,31 +44,5 @@ func BenchmarkFullSyncIntoAnEmptyKernel(b *testing.B) {
 				}
 			})
 		}
-	}
-}
-
-// enterNetns moves the calling goroutine's thread into a namespace, so
-// that the programs it starts run there, until the returned func.
-func enterNetns(b *testing.B, name string) (leave func()) {
-	b.Helper()
-	runtime.LockOSThread()
-	home, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		b.Fatal(err)
-	}
-	target, err := os.Open("/run/netns/" + name)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		b.Fatal(err)
-	}
-	return func() {
-		defer home.Close()
-		if err := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err != nil {
-			b.Fatal(err) // the thread stays locked, so it ends with the goroutine
-		}
-		runtime.UnlockOSThread()
 	}
 }

@@ -77,17 +77,20 @@ COMMIT
 	if err := iptables.NewChainSet(real).Sync(chains, Jumps(), true); err != nil {
 		t.Fatal(err)
 	}
-	save, err := real.Save()
-	if err != nil {
+	var save strings.Builder
+	if err := real.Save(func(r io.Reader) error {
+		_, err := io.Copy(&save, r)
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	for _, gone := range []string{"KUBE-SVC-ABCDEFGHIJKLMNOP", "KUBE-EXTERNAL-SERVICES", "10.96.0.1"} {
-		if strings.Contains(string(save), gone) {
-			t.Errorf("%s: %s is still there after the first sync:\n%s", backend, gone, save)
+		if strings.Contains(save.String(), gone) {
+			t.Errorf("%s: %s is still there after the first sync:\n%s", backend, gone, save.String())
 		}
 	}
-	if n := strings.Count(string(save), `--comment "kubernetes service portals" -j KUBE-SERVICES`); n != 2 {
-		t.Errorf("%s: %d jumps to KUBE-SERVICES, want the two of nat OUTPUT and PREROUTING:\n%s", backend, n, save)
+	if n := strings.Count(save.String(), `--comment "kubernetes service portals" -j KUBE-SERVICES`); n != 2 {
+		t.Errorf("%s: %d jumps to KUBE-SERVICES, want the two of nat OUTPUT and PREROUTING:\n%s", backend, n, save.String())
 	}
 
 	restarted := &countingIPTables{Kernel: real}

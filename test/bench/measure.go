@@ -250,6 +250,17 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	if own, ok := firstSyncDuration(ctx); ok {
 		r["restartSyncOwn"] = cell{value: own}
 	}
+	// The restart's peak, before any change: it reads every rule back,
+	// which a cold start does not.
+	if err := sleep(ctx, 5*time.Second); err != nil {
+		return r, err
+	}
+	usage, err := framework.ReadProcUsage(kp.Pid())
+	if err != nil {
+		return r, err
+	}
+	r["restartPeakRSS"] = cell{value: float64(usage.PeakRSS) / 1e6}
+	b.logf("  restart RSS peak %.0f MB", r["restartPeakRSS"].value)
 
 	if err := b.singleChanges(ctx, kp, r); err != nil {
 		return r, err

@@ -31,6 +31,7 @@ var rows = []row{
 	{"churnP50", "churn: API write -> DNAT rule in the kernel, p50 (s)", 3},
 	{"churnP99", "churn: API write -> DNAT rule in the kernel, p99 (s)", 3},
 	{"peakRSS", "peak RSS, VmHWM (MB)", 0},
+	{"restartPeakRSS", "restart: peak RSS, VmHWM, before any change (MB)", 0},
 	{"steadyRSS", "steady RSS, VmRSS after idling (MB)", 0},
 	{"idleCPU", "CPU while idle, user+system incl. its iptables children (s)", 2},
 }
