@@ -425,6 +425,8 @@ func TestNFAcctCountersOnTheRealKernel(t *testing.T) {
 	nfacctErr := EnsureNFAcctObjects()
 	if nfacctErr != nil {
 		t.Logf("%s: no nfacct here, checking the plain rules: %v", backend, nfacctErr)
+	} else {
+		metrics.ServeNFAcctCounters()
 	}
 	start := func(kernel Kernel) testProxier {
 		p := newTestProxier(t, kernel)

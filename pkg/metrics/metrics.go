@@ -4,6 +4,7 @@ package metrics
 
 import (
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,7 +96,17 @@ type nfacctCounter struct {
 
 func (c nfacctCounter) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
 
+// nfacctServed is set by the iptables mode once it counts packets in the
+// nfacct objects; the other modes serve no such counter, as upstream's.
+var nfacctServed atomic.Bool
+
+// ServeNFAcctCounters has the nfacct counters served from now on.
+func ServeNFAcctCounters() { nfacctServed.Store(true) }
+
 func (c nfacctCounter) Collect(ch chan<- prometheus.Metric) {
+	if !nfacctServed.Load() {
+		return
+	}
 	counter, err := nfacct.Get(c.object)
 	if err != nil {
 		// Not an error log: without nfacct this fails at every scrape,

@@ -230,6 +230,8 @@ func newIPTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy
 	nfacctErr := iptables.EnsureNFAcctObjects()
 	if nfacctErr != nil {
 		klog.InfoS("nfacct is not usable here: the rules count no packets, and the nfacct metrics are not served", "ipFamily", f.family, "err", nfacctErr)
+	} else {
+		metrics.ServeNFAcctCounters()
 	}
 	params := iptables.Params{
 		IPv6:               f.family == v1.IPv6Protocol,
