@@ -499,4 +499,19 @@ func TestNFAcctCountersOnTheRealKernel(t *testing.T) {
 			t.Errorf("%s: after cleanup, %s: %v", backend, name, err)
 		}
 	}
+
+	// With the rules and the objects gone (a flush, then someone deleting
+	// the objects), a full sync creates the objects again, as upstream's.
+	again := newTestProxier(t, real)
+	again.Syncer.cfg.Params.NFAcct = true
+	again.Syncer.cfg.EnsureNFAcct = EnsureNFAcctObjects
+	feed(again, 3)
+	if err := again.sync(); err != nil {
+		t.Fatalf("%s: a full sync after the objects were deleted: %v", backend, err)
+	}
+	for _, name := range nfacctObjects {
+		if _, err := nfacct.Get(name); err != nil {
+			t.Errorf("%s: the full sync did not create %s again: %v", backend, name, err)
+		}
+	}
 }

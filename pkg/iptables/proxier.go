@@ -3,6 +3,7 @@ package iptables
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"io"
 	"maps"
 	"slices"
@@ -45,6 +46,9 @@ type Config struct {
 	// ChainRefsPerRestore splits a full sync's service chains into inputs
 	// referring to about this many chain names; 0 writes them all in one.
 	ChainRefsPerRestore int
+	// EnsureNFAcct, with Params.NFAcct, re-creates the nfacct objects
+	// before each full sync (EnsureNFAcctObjects).
+	EnsureNFAcct func() error
 }
 
 // ChainRefsPerRestoreNFT bounds the chain names one restore input refers
@@ -103,6 +107,13 @@ func (p *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]boo
 func (p *Syncer) FullSync(v state.View) error {
 	p.state = v
 	p.cfg.Params.LargeCluster = p.largeCluster()
+	// As upstream: another program may have deleted the nfacct objects,
+	// and a restore of the rules that count in them would fail.
+	if p.cfg.Params.NFAcct && p.cfg.EnsureNFAcct != nil {
+		if err := p.cfg.EnsureNFAcct(); err != nil {
+			return fmt.Errorf("nfacct objects: %w", err)
+		}
+	}
 	if err := p.fullSync(); err != nil {
 		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
 		return err

@@ -33,6 +33,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/internal/sysctl"
 	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
+	"github.com/rapidproxy/rapidproxy/pkg/explain"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
 	"github.com/rapidproxy/rapidproxy/pkg/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
@@ -56,7 +57,7 @@ func (s servers) close() {
 
 // startServers opens the healthz and metrics servers where configured. A
 // port in use is fatal with bindAddressHardFail, else only logged.
-func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, health *healthcheck.ProxyHealth) (servers, error) {
+func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, health *healthcheck.ProxyHealth, services *explain.Handler) (servers, error) {
 	var out servers
 	listen := func(name, addr string, handler http.Handler) error {
 		if addr == "" {
@@ -84,7 +85,7 @@ func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, hea
 		out.close()
 		return nil, err
 	}
-	if err := listen("metrics", cfg.MetricsBindAddress, metricsMux(cfg)); err != nil {
+	if err := listen("metrics", cfg.MetricsBindAddress, metricsMux(cfg, services)); err != nil {
 		out.close()
 		return nil, err
 	}
@@ -95,10 +96,14 @@ func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, hea
 	return out, nil
 }
 
-// metricsMux serves /metrics, /healthz, /configz, /proxyMode and, with
-// profiling on, /debug/pprof; every other path is 404.
-func metricsMux(cfg *kpconfig.KubeProxyConfiguration) http.Handler {
+// metricsMux serves /metrics, /healthz, /configz, /proxyMode,
+// /debug/services (what the node does with each service: only here, on
+// the metrics address, which is loopback unless configured otherwise, as
+// /configz) and, with profiling on, /debug/pprof; every other path is 404.
+func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler) http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle(explain.Path, services)
+	mux.Handle(explain.Path+"/", services)
 	mux.Handle("/metrics", metrics.Handler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
 	mux.HandleFunc("/proxyMode", func(w http.ResponseWriter, _ *http.Request) {
@@ -121,7 +126,7 @@ func metricsMux(cfg *kpconfig.KubeProxyConfiguration) http.Handler {
 
 // newProxier builds one proxier per IP family the node can serve: the
 // proxy core, running the configured mode.
-func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.Node, nodeIPs map[v1.IPFamily]netip.Addr, health *healthcheck.ProxyHealth) (proxy.Proxier, error) {
+func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.Node, nodeIPs map[v1.IPFamily]netip.Addr, health *healthcheck.ProxyHealth) (proxy.DualStack, error) {
 	var newMode modeFactory
 	switch cfg.Mode {
 	case config.ModeIPTables:
@@ -253,6 +258,7 @@ func newIPTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy
 	return iptables.New(iptables.Config{
 		Family: f.family, Kernel: f.iptables, Params: params, SyncPeriod: f.syncPeriod,
 		ChainRefsPerRestore: chainRefsPerRestore(f.iptables.Backend()),
+		EnsureNFAcct:        iptables.EnsureNFAcctObjects,
 	}), nil
 }
 
