@@ -57,17 +57,18 @@ func newIPVSMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mod
 	return ipvs.New(ipvs.Config{
 		Family: f.family, Kernel: kernel, IPTables: f.iptables,
 		Params:            params,
-		NodePortAddresses: nodePortAddresses(cfg.NodePortAddresses, f.nodePortAddrs),
+		NodePortAddresses: nodePortAddresses(cfg.NodePortAddresses, f.family, f.nodePortAddrs),
 		ExcludeCIDRs:      exclude,
 		CheckPeriod:       f.syncPeriod,
 	}), nil
 }
 
-// nodePortAddresses picks, from the node's current addresses, those the
-// IPVS mode's NodePorts answer on: all of them when nodePortAddresses is
-// unset, else those it selects (the primary IP, or those in its CIDRs).
-func nodePortAddresses(setting []string, selected []netip.Addr) func(node []netip.Addr) []netip.Addr {
-	if len(setting) == 0 {
+// nodePortAddresses picks, from the node's current addresses of the
+// family, those the IPVS mode's NodePorts answer on: all of them unless
+// nodePortAddresses restricts the family, else those it selects (the
+// primary IP, or those in its CIDRs).
+func nodePortAddresses(setting []string, family v1.IPFamily, selected []netip.Addr) func(node []netip.Addr) []netip.Addr {
+	if !restrictsFamily(setting, family) {
 		return func(node []netip.Addr) []netip.Addr { return node }
 	}
 	if len(setting) == 1 && setting[0] == config.NodePortAddressesPrimary {

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/rapidproxy/rapidproxy/pkg/config"
+	"github.com/rapidproxy/rapidproxy/pkg/explain"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
 )
 
@@ -97,7 +99,7 @@ func TestMetricsServerPaths(t *testing.T) {
 		body, _ := io.ReadAll(rec.Result().Body)
 		return rec.Code, string(body)
 	}
-	mux := metricsMux(cfg)
+	mux := metricsMux(cfg, &explain.Handler{})
 	for path, want := range map[string]string{
 		"/metrics":   "# HELP",
 		"/healthz":   "ok",
@@ -113,8 +115,16 @@ func TestMetricsServerPaths(t *testing.T) {
 			t.Errorf("%s: %d, want 404", path, code)
 		}
 	}
+	// What the node does with each service is served on the metrics
+	// address only (here before the proxier exists), never on healthz.
+	if code, _ := get(mux, "/debug/services/default/web"); code != http.StatusServiceUnavailable {
+		t.Errorf("/debug/services/default/web: %d, want 503", code)
+	}
+	if code, _ := get(healthcheck.NewProxyHealth(time.Minute).Handler(), "/debug/services"); code != http.StatusNotFound {
+		t.Errorf("/debug/services on the healthz port: %d, want 404", code)
+	}
 	cfg.EnableProfiling = true
-	if code, _ := get(metricsMux(cfg), "/debug/pprof/"); code != http.StatusOK {
+	if code, _ := get(metricsMux(cfg, &explain.Handler{}), "/debug/pprof/"); code != http.StatusOK {
 		t.Errorf("/debug/pprof/ with profiling: %d", code)
 	}
 }
@@ -131,11 +141,11 @@ func TestPortInUse(t *testing.T) {
 	health := healthcheck.NewProxyHealth(time.Minute)
 
 	cfg.BindAddressHardFail = true
-	if _, err := startServers(context.Background(), cfg, health); err == nil || !strings.Contains(err.Error(), "healthz server on "+taken.Addr().String()) {
+	if _, err := startServers(context.Background(), cfg, health, &explain.Handler{}); err == nil || !strings.Contains(err.Error(), "healthz server on "+taken.Addr().String()) {
 		t.Errorf("hard fail: got %v, want an error naming the healthz address", err)
 	}
 	cfg.BindAddressHardFail = false
-	srv, err := startServers(context.Background(), cfg, health)
+	srv, err := startServers(context.Background(), cfg, health, &explain.Handler{})
 	if err != nil {
 		t.Errorf("soft fail: got %v", err)
 	}
@@ -347,5 +357,29 @@ func TestIPVSModeRecordsTheDeprecationEvent(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		cancel()
+	}
+}
+
+// nodePortAddresses restricts a family's NodePorts only with "primary" or
+// a CIDR of that family; the IPVS mode picks from the node's addresses.
+func TestNodePortAddressesPerFamily(t *testing.T) {
+	node := []netip.Addr{netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("192.168.1.2"), netip.MustParseAddr("fd00::2")}
+	for _, tc := range []struct {
+		setting []string
+		family  v1.IPFamily
+		want    string
+	}{
+		{nil, v1.IPv4Protocol, "[10.0.0.2 192.168.1.2 fd00::2]"},
+		{[]string{"10.0.0.0/24"}, v1.IPv4Protocol, "[10.0.0.2]"},
+		{[]string{"10.0.0.0/24"}, v1.IPv6Protocol, "[10.0.0.2 192.168.1.2 fd00::2]"},
+		{[]string{"primary"}, v1.IPv4Protocol, "[10.0.0.9]"},
+	} {
+		pick := nodePortAddresses(tc.setting, tc.family, []netip.Addr{netip.MustParseAddr("10.0.0.9")})
+		if got := fmt.Sprint(pick(node)); got != tc.want {
+			t.Errorf("%v, %s: %s, want %s", tc.setting, tc.family, got, tc.want)
+		}
+		if restricted := restrictsFamily(tc.setting, tc.family); restricted != (tc.want != "[10.0.0.2 192.168.1.2 fd00::2]") {
+			t.Errorf("%v, %s: restricts %v", tc.setting, tc.family, restricted)
+		}
 	}
 }

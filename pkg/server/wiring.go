@@ -189,7 +189,7 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 		}
 		mode, err := newMode(cfg, familySetup{
 			family: family, iptables: ipt, detector: detector, nodeIP: nodeIPs[family], syncPeriod: sync,
-			nodePortAddrs: ofFamily(nodePortAddrs, family, len(cfg.NodePortAddresses) > 0),
+			nodePortAddrs: ofFamily(nodePortAddrs, family, restrictsFamily(cfg.NodePortAddresses, family)),
 		})
 		if err != nil {
 			if family == primary {
@@ -301,6 +301,21 @@ func otherFamily(f v1.IPFamily) v1.IPFamily {
 		return v1.IPv6Protocol
 	}
 	return v1.IPv4Protocol
+}
+
+// restrictsFamily tells whether nodePortAddresses limits the NodePorts of
+// a family: "primary" does for both, CIDRs only for their own family (as
+// upstream, a family without any answers on all its addresses).
+func restrictsFamily(setting []string, family v1.IPFamily) bool {
+	for _, c := range setting {
+		if c == config.NodePortAddressesPrimary {
+			return true
+		}
+		if p, err := netip.ParsePrefix(c); err == nil && familyOf(p.Addr()) == family {
+			return true
+		}
+	}
+	return false
 }
 
 // ofFamily keeps the addresses of one family; nil (all local addresses)
