@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # The kube-proxy image: our binary plus the tools it drives (iptables in both backends, ipset,
 # conntrack, kmod). The binary picks the iptables backend (legacy or nft) the host already uses,
-# so no wrapper script is needed.
+# so no wrapper script is needed. kube-proxy-explain, for `kubectl exec`, prints what the node
+# does with a service.
 
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
@@ -11,11 +12,11 @@ COPY . .
 ARG VERSION=v0.0.0-dev
 RUN CGO_ENABLED=0 go build -trimpath \
       -ldflags "-s -w -X github.com/rapidproxy/rapidproxy/pkg/version.gitVersion=${VERSION}" \
-      -o /out/kube-proxy ./cmd/kube-proxy
+      -o /out/ ./cmd/kube-proxy ./cmd/kube-proxy-explain
 
 FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables ipset conntrack kmod nftables \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=build /out/kube-proxy /usr/local/bin/kube-proxy
+COPY --from=build /out/kube-proxy /out/kube-proxy-explain /usr/local/bin/
 ENTRYPOINT ["/usr/local/bin/kube-proxy"]

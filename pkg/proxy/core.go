@@ -88,6 +88,13 @@ type Core struct {
 	noLocal      noLocalEndpoints
 	// lastReconcile is when every conntrack flow was last checked.
 	lastReconcile time.Time
+
+	// For explanations: when each service last changed in the state, when
+	// the last successful sync and full sync started, and how many syncs
+	// ran, so that a check of the kernel can tell that one ran meanwhile.
+	changed                map[types.NamespacedName]time.Time
+	lastSync, lastFullSync time.Time
+	syncs                  int
 }
 
 // NewCore returns a proxier running mode; nothing is written before
@@ -102,6 +109,7 @@ func NewCore(cfg Config, mode Mode) *Core {
 		needFullSync: true,
 		ready:        make(chan struct{}),
 		noLocal:      noLocalEndpoints{},
+		changed:      map[types.NamespacedName]time.Time{},
 	}
 	c.runner = runner.New(c.SyncOnce, cfg.MinSyncPeriod, cfg.SyncPeriod)
 	return c
@@ -211,6 +219,14 @@ func (c *Core) SyncOnce() error {
 	start := time.Now()
 	pendingServices, pendingEndpoints := c.tracker.Pending()
 	changes := c.tracker.Apply(c.state)
+	c.syncs++
+	for name := range changes.ServicePorts {
+		if len(c.state.PortsOf(name.NamespacedName)) == 0 {
+			delete(c.changed, name.NamespacedName)
+		} else {
+			c.changed[name.NamespacedName] = start
+		}
+	}
 	metrics.ServiceChangesTotal.Add(float64(pendingServices))
 	metrics.EndpointChangesTotal.Add(float64(pendingEndpoints))
 
@@ -232,7 +248,9 @@ func (c *Core) SyncOnce() error {
 			return fmt.Errorf("%s %s sync: %w", c.cfg.ModeName, family, err)
 		}
 		c.needFullSync = false
+		c.lastFullSync = start
 	}
+	c.lastSync = start
 	elapsed := time.Since(start).Seconds()
 	metrics.SyncProxyRulesLatency.WithLabelValues(family).Observe(elapsed)
 	if full {

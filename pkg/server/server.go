@@ -25,6 +25,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/internal/sysctl"
 	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
+	"github.com/rapidproxy/rapidproxy/pkg/explain"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
 )
 
@@ -68,7 +69,8 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 
 	health := healthcheck.NewProxyHealth(2 * syncPeriod(cfg))
 	health.SetNode(node)
-	servers, err := startServers(ctx, cfg, health)
+	services := &explain.Handler{}
+	servers, err := startServers(ctx, cfg, health, services)
 	if err != nil {
 		return err
 	}
@@ -78,6 +80,7 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 	if err != nil {
 		return err
 	}
+	services.SetSource(proxier)
 	// As upstream: the iptables-based modes remove what the nftables mode
 	// left, which would otherwise still act on the traffic.
 	if removed, err := cleanupNFTables(); err != nil {

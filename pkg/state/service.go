@@ -45,6 +45,7 @@ func servicePorts(svc *v1.Service, family v1.IPFamily) map[ServicePortName]*Serv
 	externalIPs := addrsOfFamily(svc.Spec.ExternalIPs, family)
 	lbIPs := loadBalancerIPs(svc, family)
 	sourceRanges := sourceRanges(svc, family)
+	skipped := skippedAddresses(svc, family)
 	var affinity int32
 	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
 		affinity = defaultAffinityTimeout
@@ -80,6 +81,7 @@ func servicePorts(svc *v1.Service, family v1.IPFamily) map[ServicePortName]*Serv
 			InternalPolicyLocal:      svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
 			HealthCheckNodePort:      healthCheckPort,
 			TrafficDistribution:      distribution,
+			Skipped:                  skipped,
 		}
 	}
 	return ports
@@ -103,6 +105,38 @@ func loadBalancerIPs(svc *v1.Service, family v1.IPFamily) []netip.Addr {
 		ips = append(ips, ing.IP)
 	}
 	return addrsOfFamily(ips, family)
+}
+
+// skippedAddresses are the external and load-balancer IPs that
+// addrsOfFamily and loadBalancerIPs leave out, with why.
+func skippedAddresses(svc *v1.Service, family v1.IPFamily) []SkippedAddress {
+	var out []SkippedAddress
+	skip := func(s, reason string) {
+		switch a := parseAddr(s); {
+		case !a.IsValid():
+			reason = "not an IP address"
+		case familyOf(a) != family:
+			reason = "other IP family"
+		}
+		if reason != "" {
+			out = append(out, SkippedAddress{Address: s, Reason: reason})
+		}
+	}
+	for _, ip := range svc.Spec.ExternalIPs {
+		skip(ip, "")
+	}
+	for _, ing := range svc.Status.LoadBalancer.Ingress {
+		// A hostname-only ingress has no address to skip.
+		if ing.IP == "" {
+			continue
+		}
+		reason := ""
+		if ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy {
+			reason = "ipMode Proxy: the load balancer proxies it"
+		}
+		skip(ing.IP, reason)
+	}
+	return out
 }
 
 // sourceRanges are loadBalancerSourceRanges of the family. Entries that do

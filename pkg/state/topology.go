@@ -37,7 +37,7 @@ func Select(svc *ServicePort, endpoints []*Endpoint, node Node) Selection {
 	}
 	mode := topologyMode(endpoints, node)
 	if svc.UsesClusterEndpoints() {
-		sel.Cluster = filter(endpoints, func(ep *Endpoint) bool { return ep.Ready && availableForTopology(ep, mode, node) })
+		sel.Cluster = filter(endpoints, func(ep *Endpoint) bool { return clusterReady(ep, mode, node) })
 		if len(sel.Cluster) == 0 {
 			sel.Cluster = filter(endpoints, servingTerminating)
 		}
@@ -52,9 +52,9 @@ func Select(svc *ServicePort, endpoints []*Endpoint, node Node) Selection {
 			sel.HasAny = true
 		}
 	}
-	sel.Local = filter(endpoints, func(ep *Endpoint) bool { return ep.IsLocal && ep.Ready })
+	sel.Local = filter(endpoints, localReady)
 	if len(sel.Local) == 0 {
-		sel.Local = filter(endpoints, func(ep *Endpoint) bool { return ep.IsLocal && servingTerminating(ep) })
+		sel.Local = filter(endpoints, localServingTerminating)
 	}
 	if !svc.UsesClusterEndpoints() {
 		sel.All = sel.Local
@@ -64,7 +64,17 @@ func Select(svc *ServicePort, endpoints []*Endpoint, node Node) Selection {
 	return sel
 }
 
+// The predicates Select picks with; Explain words their answers.
+
 func servingTerminating(ep *Endpoint) bool { return ep.Serving && ep.Terminating }
+
+func clusterReady(ep *Endpoint, mode string, node Node) bool {
+	return ep.Ready && availableForTopology(ep, mode, node)
+}
+
+func localReady(ep *Endpoint) bool { return ep.IsLocal && ep.Ready }
+
+func localServingTerminating(ep *Endpoint) bool { return ep.IsLocal && servingTerminating(ep) }
 
 // topologyMode says which hints apply: PreferSameNode when every ready
 // endpoint has node hints and one names this node, else PreferSameZone

@@ -77,11 +77,15 @@ func TestServicesBecomeServicePortsOfTheFamily(t *testing.T) {
 		{"headless is skipped", v1.IPv4Protocol, service("a", func(s *v1.Service) { s.Spec.ClusterIP, s.Spec.ClusterIPs = "None", []string{"None"} }), nil, true},
 		{"ExternalName is skipped", v1.IPv4Protocol, service("a", func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeExternalName }), nil, true},
 		{"external IPs of the family", v1.IPv4Protocol, service("a", func(s *v1.Service) { s.Spec.ExternalIPs = []string{"1.2.3.4", "2001:db8::1", "bogus"} }),
-			func(sp *ServicePort) string { return eq(fmt.Sprint(sp.ExternalIPs), "[1.2.3.4]") }, false},
+			func(sp *ServicePort) string {
+				return eq(fmt.Sprint(sp.ExternalIPs, sp.Skipped), "[1.2.3.4] [{2001:db8::1 other IP family} {bogus not an IP address}]")
+			}, false},
 		{"LB ingress of the family, ipMode Proxy skipped", v1.IPv4Protocol, service("a", func(s *v1.Service) {
 			s.Spec.Type = v1.ServiceTypeLoadBalancer
 			s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "5.6.7.8"}, {IP: "5.6.7.9", IPMode: ptr.To(v1.LoadBalancerIPModeProxy)}, {IP: "5.6.7.10", IPMode: ptr.To(v1.LoadBalancerIPModeVIP)}, {IP: "2001:db8::2"}}
-		}), func(sp *ServicePort) string { return eq(fmt.Sprint(sp.LoadBalancerIPs), "[5.6.7.8 5.6.7.10]") }, false},
+		}), func(sp *ServicePort) string {
+			return eq(fmt.Sprint(sp.LoadBalancerIPs, sp.Skipped), "[5.6.7.8 5.6.7.10] [{5.6.7.9 ipMode Proxy: the load balancer proxies it} {2001:db8::2 other IP family}]")
+		}, false},
 		{"source ranges from the spec", v1.IPv4Protocol, service("a", func(s *v1.Service) {
 			s.Spec.LoadBalancerSourceRanges = []string{"192.168.0.0/16", " 10.0.0.1/8", "2001:db8::/32", "junk"}
 		}), func(sp *ServicePort) string {

@@ -51,6 +51,15 @@ type ServicePort struct {
 	HealthCheckNodePort int32
 	// TrafficDistribution is spec.trafficDistribution, "" when unset.
 	TrafficDistribution string
+	// Skipped are the service's external and load-balancer IPs this
+	// family leaves out, and why; only explanations read them.
+	Skipped []SkippedAddress
+}
+
+// SkippedAddress is an address of a service that gets no rules here.
+type SkippedAddress struct {
+	Address string `json:"address"`
+	Reason  string `json:"reason"`
 }
 
 // HasExternal tells whether the service port can be reached from outside

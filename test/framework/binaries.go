@@ -18,6 +18,7 @@ type binaries struct {
 	etcd      string
 	podserver string
 	kubeProxy string // ours
+	explain   string // kube-proxy-explain
 }
 
 var (
@@ -56,6 +57,9 @@ func locate() (binaries, error) {
 		return b, err
 	}
 	if b.kubeProxy, err = goBuild(root, "RAPIDPROXY_KUBE_PROXY", filepath.Join(bin, "kube-proxy"), "./cmd/kube-proxy"); err != nil {
+		return b, err
+	}
+	if b.explain, err = goBuild(root, "RAPIDPROXY_KUBE_PROXY_EXPLAIN", filepath.Join(bin, "kube-proxy-explain"), "./cmd/kube-proxy-explain"); err != nil {
 		return b, err
 	}
 	return b, nil
@@ -106,3 +110,10 @@ func (c *Cluster) UpstreamKubeProxy() string {
 
 // KubeProxy is the path of our kube-proxy binary.
 func (c *Cluster) KubeProxy() string { return c.bins.kubeProxy }
+
+// Podserver is the path of the pod server binary (test/podserver), for
+// pods the framework does not run (those in a VM).
+func (c *Cluster) Podserver() string { return c.bins.podserver }
+
+// KubeProxyExplain is the path of our kube-proxy-explain binary.
+func (c *Cluster) KubeProxyExplain() string { return c.bins.explain }

@@ -1,0 +1,82 @@
+// Command kube-proxy-explain prints what the kube-proxy on this node does
+// with a service: each endpoint with whether and why it is used, and the
+// kernel objects that implement it. It asks kube-proxy's metrics server,
+// which serves /debug/services on loopback, so it is meant to run on the
+// node, e.g. by kubectl exec into the node's kube-proxy pod:
+//
+//	kube-proxy-explain default/my-svc [--verify] [--address 127.0.0.1:10249]
+//
+// Without a service it lists every service port the node programs.
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// timeout bounds one answer: a verification lists a few iptables chains,
+// which on a large legacy node take a second or two each.
+const timeout = 2 * time.Minute
+
+func run(args []string, stdout, stderr io.Writer) int {
+	flags := pflag.NewFlagSet("kube-proxy-explain", pflag.ContinueOnError)
+	flags.SetOutput(stderr)
+	flags.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: kube-proxy-explain [NAMESPACE/NAME] [--verify] [--address HOST:PORT]")
+		fmt.Fprintln(stderr, "Explains what this node's kube-proxy does with a service; lists every service port without one.")
+		flags.PrintDefaults()
+	}
+	address := flags.String("address", "127.0.0.1:10249", "kube-proxy's metrics server (metricsBindAddress)")
+	verify := flags.Bool("verify", false, "also read the kernel for the service and report what differs from what kube-proxy wants")
+	if err := flags.Parse(args); err != nil {
+		return 2
+	}
+	path := "/debug/services"
+	switch flags.NArg() {
+	case 0:
+	case 1:
+		namespace, name, ok := strings.Cut(flags.Arg(0), "/")
+		if !ok || namespace == "" || name == "" || strings.Contains(name, "/") {
+			fmt.Fprintf(stderr, "kube-proxy-explain: %q is not NAMESPACE/NAME\n", flags.Arg(0))
+			return 2
+		}
+		path += "/" + url.PathEscape(namespace) + "/" + url.PathEscape(name)
+	default:
+		flags.Usage()
+		return 2
+	}
+	query := url.Values{"format": {"text"}}
+	if *verify {
+		query.Set("verify", "1")
+	}
+	target := "http://" + *address + path + "?" + query.Encode()
+	resp, err := (&http.Client{Timeout: timeout}).Get(target)
+	if err != nil {
+		fmt.Fprintf(stderr, "kube-proxy-explain: %v\n(is kube-proxy running here, with its metrics server on %s? see --address)\n", err, *address)
+		return 1
+	}
+	defer resp.Body.Close()
+	out := stdout
+	if resp.StatusCode != http.StatusOK {
+		out = stderr
+	}
+	if _, err := io.Copy(out, resp.Body); err != nil {
+		fmt.Fprintf(stderr, "kube-proxy-explain: reading the answer: %v\n", err)
+		return 1
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 1
+	}
+	return 0
+}
