@@ -148,21 +148,19 @@ func writeKernel(w io.Writer, k *proxy.KernelExplanation) {
 		io.WriteString(w, wrap(text, fmt.Sprintf("    %-*s  ", kindWidth, o.Kind), indent))
 	}
 	v := k.Verify
-	switch {
-	case v == nil:
-		return
-	case v.Error != "":
-		io.WriteString(w, wrap("could not read the kernel: "+v.Error, "  verify: ", "    "))
-	case len(v.Differences) == 0:
-		fmt.Fprintln(w, "  verify: the kernel holds what this node wants")
+	if v == nil {
 		return
 	}
-	switch len(v.Differences) {
-	case 0:
-	case 1:
+	if v.Error != "" {
+		io.WriteString(w, wrap("could not read the kernel: "+v.Error, "  verify: ", "    "))
+	}
+	switch n := len(v.Differences); {
+	case n == 0 && v.Error == "":
+		fmt.Fprintln(w, "  verify: the kernel holds what this node wants")
+	case n == 1:
 		fmt.Fprintln(w, "  verify: 1 difference from what this node wants")
-	default:
-		fmt.Fprintf(w, "  verify: %d differences from what this node wants\n", len(v.Differences))
+	case n > 1:
+		fmt.Fprintf(w, "  verify: %d differences from what this node wants\n", n)
 	}
 	for _, d := range v.Differences {
 		io.WriteString(w, wrap(d, "    - ", "      "))

@@ -156,3 +156,23 @@ func golden(t *testing.T, name, got string) {
 		t.Errorf("text differs from %s (go test -update rewrites it after review):\n%s", path, testutil.LineDiff(string(want), got))
 	}
 }
+
+func TestVerifyText(t *testing.T) {
+	cases := []struct {
+		verify *proxy.Verification
+		want   string
+	}{
+		{nil, ""},
+		{&proxy.Verification{}, "  verify: the kernel holds what this node wants\n"},
+		{&proxy.Verification{Error: "netlink said no"}, "  verify: could not read the kernel: netlink said no\n"},
+		{&proxy.Verification{Error: "listing failed", Differences: []string{"a", "b"}},
+			"  verify: could not read the kernel: listing failed\n  verify: 2 differences from what this node wants\n    - a\n    - b\n"},
+	}
+	for _, tc := range cases {
+		var b strings.Builder
+		writeKernel(&b, &proxy.KernelExplanation{Mode: "ipvs", Verify: tc.verify})
+		if got := strings.TrimPrefix(b.String(), "  kernel objects (ipvs)\n"); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.verify, got, tc.want)
+		}
+	}
+}
