@@ -6,8 +6,10 @@
 // which BuildStatic makes of Go packages) and script, streams the serial
 // console into the test log, and returns once the guest prints its result
 // line ("RPX-VM-RESULT: PASS" or "RPX-VM-RESULT: FAIL <reason>"), or fails
-// the test. The guest's /out is a host directory (Result.OutDir), for
-// files the test reads back. For example:
+// the test; a script that fails may first write the reason to
+// /run/rpx-failure, which the result line then gives. The guest's /out is
+// a host directory (Result.OutDir), for files the test reads back. For
+// example:
 //
 //	probe := vm.BuildStatic(t, "./probe")
 //	res := vm.Run(t, vm.Config{

@@ -37,8 +37,10 @@ if [ -n "$RPX_GUEST_CIDR" ]; then
 	done
 fi
 
+# A failing script may write why to /run/rpx-failure: the result line says it.
 if sh -e /rpx/script; then
 	result PASS
 else
-	result "FAIL the script exited with status $?"
+	status=$?
+	result "FAIL $(head -n 1 /run/rpx-failure 2>/dev/null || echo "the script exited with status $status")"
 fi
