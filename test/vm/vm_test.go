@@ -2,11 +2,9 @@ package vm
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"net"
 	"strings"
-	"syscall"
 	"testing"
 )
 
@@ -65,21 +63,7 @@ lsmod | grep -E '^(ip_vs|ip_set_hash_ipport|xt_set|xt_comment|xt_mark) '
 func TestVMReachesHost(t *testing.T) {
 	probe := BuildStatic(t, "./probe")
 	seen := make(chan string, 1)
-	// Run creates the tap and its address: IP_FREEBIND binds to it before.
-	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-		var err error
-		if cerr := c.Control(func(fd uintptr) {
-			err = syscall.SetsockoptInt(int(fd), syscall.SOL_IP, syscall.IP_FREEBIND, 1)
-		}); cerr != nil {
-			return cerr
-		}
-		return err
-	}}
-	l, err := lc.Listen(context.Background(), "tcp4", HostIP+":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := ListenOnHost(t)
 	go func() {
 		for {
 			c, err := l.Accept()
