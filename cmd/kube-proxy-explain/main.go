@@ -10,6 +10,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -39,7 +40,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	address := flags.String("address", "127.0.0.1:10249", "kube-proxy's metrics server (metricsBindAddress)")
 	verify := flags.Bool("verify", false, "also read the kernel for the service and report what differs from what kube-proxy wants")
-	if err := flags.Parse(args); err != nil {
+	if err := flags.Parse(args); errors.Is(err, pflag.ErrHelp) {
+		return 0
+	} else if err != nil {
+		fmt.Fprintf(stderr, "kube-proxy-explain: %v\n", err)
 		return 2
 	}
 	path := "/debug/services"

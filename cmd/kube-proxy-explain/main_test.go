@@ -32,6 +32,8 @@ func TestRun(t *testing.T) {
 		{[]string{"default/missing", "--address", address}, 1, "/debug/services/default/missing?format=text", "", "this node programs no port of it"},
 		{[]string{"my-svc", "--address", address}, 2, "", "", `"my-svc" is not NAMESPACE/NAME`},
 		{[]string{"a/b", "c/d", "--address", address}, 2, "", "", "Usage:"},
+		{[]string{"--help"}, 0, "", "", "Usage:"},
+		{[]string{"--nope"}, 2, "", "", "unknown flag: --nope"},
 		{[]string{"a/b", "--address", "127.0.0.1:1"}, 1, "", "", "is kube-proxy running here"},
 	}
 	for _, tc := range cases {
