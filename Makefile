@@ -34,9 +34,10 @@ tools:
 test: deps build tools
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(GO) test -count=1 -timeout 40m ./...
 
-# The IPVS tests, in a VM booting Debian's kernel (test/vm): this machine's kernel may lack IPVS.
-test-ipvs: deps
-	$(GO) test -count=1 -v ./test/vm/...
+# The IPVS tests, in a VM booting Debian's kernel (test/vm, internal/ipvs): this machine's
+# kernel may lack IPVS.
+test-ipvs: deps build tools
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(GO) test -count=1 -v ./test/vm/... ./internal/ipvs/...
 
 # Unit tests only: no root, no cluster.
 unit:
