@@ -1,11 +1,11 @@
 package vm
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
-	"testing"
 )
 
 // The guest's network (Config.Network): a point-to-point /30 on a tap in
@@ -26,37 +26,42 @@ const (
 // netLock serializes networked VMs: they would share the tap's name and addresses.
 const netLock = "/run/rapidproxy/vm-net.lock"
 
-// setUpTap creates the tap and removes it when the test ends. The host
-// forwards nothing that arrives on it and it carries no IPv6, so the guest
-// reaches this machine's own addresses only.
-func setUpTap(t testing.TB) {
-	t.Helper()
+// setUpTap creates the tap, waiting for any other networked VM to end
+// first, and returns what removes it. The host forwards nothing that
+// arrives on it and it carries no IPv6, so the guest reaches this
+// machine's own addresses only.
+func setUpTap(logf func(string, ...any)) (remove func(), err error) {
 	if err := os.MkdirAll(filepath.Dir(netLock), 0o755); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	lock, err := os.OpenFile(netLock, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+	if syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		logf("vm: waiting for the other networked VM to end (%s)", netLock)
+		if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+			lock.Close()
+			return nil, err
+		}
+	}
+	remove = func() {
+		_ = exec.Command("ip", "link", "delete", TapName).Run()
 		lock.Close()
-		t.Fatal(err)
 	}
-	t.Cleanup(func() { lock.Close() })
 	// Holding the lock, a tap of that name can only be a killed run's.
 	_ = exec.Command("ip", "link", "delete", TapName).Run()
-	if out, err := exec.Command("ip", "tuntap", "add", "dev", TapName, "mode", "tap").CombinedOutput(); err != nil {
-		t.Fatalf("vm: creating %s: %v: %s", TapName, err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "delete", TapName).Run() })
 	steps := [][]string{
+		{"ip", "tuntap", "add", "dev", TapName, "mode", "tap"},
 		{"sysctl", "-qw", "net.ipv4.conf." + TapName + ".forwarding=0", "net.ipv6.conf." + TapName + ".disable_ipv6=1"},
 		{"ip", "addr", "add", HostIP + "/30", "dev", TapName},
 		{"ip", "link", "set", TapName, "up"},
 	}
 	for _, s := range steps {
 		if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
-			t.Fatalf("vm: %v: %v: %s", s, err, out)
+			remove()
+			return nil, fmt.Errorf("%v: %v: %s", s, err, out)
 		}
 	}
+	return remove, nil
 }

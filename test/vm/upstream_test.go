@@ -39,7 +39,7 @@ func TestRecordUpstreamIPVSLayout(t *testing.T) {
 	header := "# What upstream kube-proxy programs in IPVS mode (mode: ipvs, otherwise its defaults),\n" +
 		"# recorded by TestRecordUpstreamIPVSLayout in test/vm (" + recordEnv + "=1) in the test VM:\n" +
 		"# Debian's kernel under qemu, iptables on the nft backend (Debian's default), modules loaded\n" +
-		"# before kube-proxy started: " + strings.Join(ipvsModules, " ") + ".\n" +
+		"# before kube-proxy started: " + strings.Join(vm.IPVSModules, " ") + ".\n" +
 		"# Node " + framework.NodeName + ": its Node object's IPs " + framework.NodeIPv4 + " and " + framework.NodeIPv6 +
 		" are on the guest's eth0,\n# with the uplink's " + vm.GuestIP + "/30; clusterCIDR " + framework.ClusterCIDRs +
 		"; service CIDRs " + framework.ServiceCIDRs + ".\n" +
@@ -63,12 +63,11 @@ func programLayout(t *testing.T, cluster *framework.Cluster, binary string) []by
 		t.Fatal(err)
 	}
 	res := vm.Run(t, vm.Config{
-		// What upstream's IPVS README has a node load before kube-proxy starts.
-		Modules: ipvsModules,
+		Modules: vm.IPVSModules,
 		Network: true,
-		Files:   nodeFiles(cluster, binary, config),
+		Files:   vm.NodeFiles(cluster, binary, config),
 		Timeout: 8 * time.Minute,
-		Script: nodeAddresses + `
+		Script: vm.NodeAddresses + `
 kube-proxy --config=` + config + ` --v=2 >/out/kube-proxy.log 2>&1 &
 ` + waitForSync + `
 # A few more seconds for anything a first sync leaves to the next.
@@ -107,28 +106,6 @@ section() { echo; echo "### $*"; "$@"; }
 	return layout
 }
 
-// nodeFiles are what a kube-proxy needs in the guest: the binary, its
-// config, and the kubeconfig with its certificates, which the kubeconfig
-// names by host path: the guest gets them at the same paths.
-func nodeFiles(cluster *framework.Cluster, binary, config string) map[string]string {
-	files := map[string]string{"/usr/local/bin/kube-proxy": binary,
-		config: config, cluster.KubeProxyKubeconfig: cluster.KubeProxyKubeconfig}
-	for _, f := range []string{"ca.crt", "kube-proxy.crt", "kube-proxy.key"} {
-		path := filepath.Join(cluster.Dir, f)
-		files[path] = path
-	}
-	return files
-}
-
-// nodeAddresses gives the guest the node's IPs, as its Node object has
-// them, as local addresses like on a real node; the API server stays
-// reached from the uplink's address.
-var nodeAddresses = `
-ip addr add ` + framework.NodeIPv4 + `/32 dev eth0
-ip addr add ` + framework.NodeIPv6 + `/128 dev eth0 nodad
-ip route replace ` + vm.APIServerRoute + ` via ` + vm.HostIP + ` src ` + vm.GuestIP + `
-`
-
 // waitForSync waits until the kube-proxy started last has synced both IP
 // families (the last-sync timestamp is set for each).
 const waitForSync = `
@@ -159,9 +136,6 @@ func startCluster(t *testing.T) *framework.Cluster {
 	createServices(ctx, t, cluster)
 	return cluster
 }
-
-// ipvsModules are the modules the node loads first.
-var ipvsModules = []string{"ip_vs", "ip_vs_rr", "ip_vs_wrr", "ip_vs_sh", "nf_conntrack"}
 
 // serviceSummary describes what createServices makes, for the header.
 const serviceSummary = `#   affinity:  ClusterIP 10.96.100.10, tcp 80->8080 and udp 53->5353, sessionAffinity ClientIP

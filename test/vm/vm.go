@@ -62,15 +62,64 @@ const resultPrefix = "RPX-VM-RESULT: "
 func Run(t testing.TB, cfg Config) *Result {
 	t.Helper()
 	requireVM(t)
-	img := prepared(t)
-	dir := t.TempDir()
+	m, err := Start(cfg, t.Logf)
+	if errors.Is(err, errMissingTools) {
+		testutil.Skip(t, "vm: "+err.Error())
+	}
+	if err != nil {
+		t.Fatalf("vm: %v", err)
+	}
+	t.Cleanup(m.Stop)
+	res, err := m.Wait()
+	if err != nil {
+		t.Fatalf("vm: %v", err)
+	}
+	t.Logf("vm: boot and script took %s", res.Elapsed.Round(time.Millisecond))
+	return res
+}
+
+// Machine is a VM whose script may still be running, for a program that
+// works with the guest meanwhile (the benchmark drives one over the
+// network); tests use Run, which waits for the result.
+type Machine struct {
+	// OutDir is the host directory the guest sees as /out.
+	OutDir string
+
+	cfg     Config
+	start   time.Time
+	cmd     *exec.Cmd
+	exited  chan struct{} // qemu has ended
+	done    chan struct{} // the result line came, or qemu ended without one
+	console strings.Builder
+	verdict string
+	undo    []func() // what Stop removes, last first
+}
+
+// Start boots a VM that runs cfg.Script and returns once qemu runs; logf
+// gets the harness's messages and the console, line by line, until the
+// result line. The caller must Stop it.
+func Start(cfg Config, logf func(format string, args ...any)) (_ *Machine, err error) {
+	img, err := prepared(logf)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "rapidproxy-vm-")
+	if err != nil {
+		return nil, err
+	}
+	m := &Machine{OutDir: filepath.Join(dir, "out"), cfg: cfg, exited: make(chan struct{}), done: make(chan struct{}),
+		undo: []func(){func() { _ = os.RemoveAll(dir) }}}
+	defer func() {
+		if err != nil {
+			m.Stop()
+		}
+	}()
 	initrd := filepath.Join(dir, "initrd.cpio")
 	if err := writeRunImage(initrd, img.initramfs, cfg); err != nil {
-		t.Fatalf("vm: writing the initramfs: %v", err)
+		return nil, fmt.Errorf("writing the initramfs: %w", err)
 	}
-	outDir := filepath.Join(dir, "out")
-	if err := os.Mkdir(outDir, 0o755); err != nil {
-		t.Fatal(err)
+	if err := os.Mkdir(m.OutDir, 0o755); err != nil {
+		return nil, err
 	}
 	args := []string{
 		"-accel", "tcg", "-m", "2048", "-nodefaults", "-nographic", "-no-reboot",
@@ -79,11 +128,15 @@ func Run(t testing.TB, cfg Config) *Result {
 		"-serial", "stdio",
 		"-kernel", img.kernel.boot, "-initrd", initrd,
 		"-append", "console=ttyS0 panic=-1 quiet",
-		"-fsdev", "local,id=out,path=" + outDir + ",security_model=none",
+		"-fsdev", "local,id=out,path=" + m.OutDir + ",security_model=none",
 		"-device", "virtio-9p-pci,fsdev=out,mount_tag=out",
 	}
 	if cfg.Network {
-		setUpTap(t)
+		removeTap, err := setUpTap(logf)
+		if err != nil {
+			return nil, err
+		}
+		m.undo = append(m.undo, removeTap)
 		// romfile= skips loading the network boot ROM, which -kernel never uses.
 		args = append(args, "-netdev", "tap,id=net0,ifname="+TapName+",script=no,downscript=no",
 			"-device", "virtio-net-pci,netdev=net0,romfile=")
@@ -95,44 +148,67 @@ func Run(t testing.TB, cfg Config) *Result {
 	// exits, would close that one under the reader and lose the last lines.
 	serial, w, err := os.Pipe()
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	defer serial.Close()
 	cmd.Stdout, cmd.Stderr = w, w
-	start := time.Now()
+	m.start = time.Now()
 	err = cmd.Start()
 	w.Close()
 	if err != nil {
-		t.Fatalf("vm: starting qemu: %v", err)
+		serial.Close()
+		return nil, fmt.Errorf("starting qemu: %w", err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	m.cmd = cmd
+	go func() { _ = m.cmd.Wait(); close(m.exited) }()
+	go m.readSerial(serial, logf)
+	return m, nil
+}
 
-	timeout := cfg.Timeout
+// Done is closed once the guest has printed its result line, or qemu has
+// ended without one.
+func (m *Machine) Done() <-chan struct{} { return m.done }
+
+// Wait waits for the guest's result, until Config.Timeout after the start
+// (zero: 5 minutes), and returns the run, or an error saying why it failed.
+func (m *Machine) Wait() (*Result, error) {
+	timeout := m.cfg.Timeout
 	if timeout == 0 {
 		timeout = 5 * time.Minute
 	}
-	var console strings.Builder
-	verdict, err := readSerial(t, serial, &console, timeout, cmd)
-	elapsed := time.Since(start)
-	if err != nil {
-		t.Fatalf("vm: %v (qemu ran %s)", err, elapsed.Round(time.Millisecond))
+	select {
+	case <-m.done:
+	case <-time.After(time.Until(m.start.Add(timeout))):
+		_ = m.cmd.Process.Kill()
+		return nil, fmt.Errorf("no result line within %s", timeout)
+	}
+	elapsed := time.Since(m.start)
+	if m.verdict == "" {
+		return nil, fmt.Errorf("qemu exited without a result line (it ran %s)", elapsed.Round(time.Millisecond))
 	}
 	// The guest powers off right after the result; only a hung guest needs the kill.
 	select {
-	case <-exited:
+	case <-m.exited:
 	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
+		_ = m.cmd.Process.Kill()
 	}
-	if verdict != "PASS" {
-		t.Fatalf("vm: the guest says %s (after %s)", verdict, elapsed.Round(time.Millisecond))
+	if m.verdict != "PASS" {
+		return nil, fmt.Errorf("the guest says %s (after %s)", m.verdict, elapsed.Round(time.Millisecond))
 	}
-	t.Logf("vm: boot and script took %s", elapsed.Round(time.Millisecond))
-	return &Result{Console: console.String(), OutDir: outDir, Elapsed: elapsed}
+	return &Result{Console: m.console.String(), OutDir: m.OutDir, Elapsed: elapsed}, nil
+}
+
+// Stop ends qemu if it still runs and removes what Start made; it may be
+// called more than once. Nothing is logged after it returns.
+func (m *Machine) Stop() {
+	if m.cmd != nil { // qemu started
+		_ = m.cmd.Process.Kill()
+		<-m.exited
+		<-m.done // the serial pipe ends with qemu
+	}
+	for i := len(m.undo) - 1; i >= 0; i-- {
+		m.undo[i]()
+	}
+	m.undo = nil
 }
 
 // BuildStatic builds the Go main package pkg (a path as `go build` takes
@@ -160,41 +236,24 @@ func requireVM(t testing.TB) {
 	testutil.RequireRoot(t)
 }
 
-// readSerial logs the console line by line and returns the verdict on the
-// result line, or an error when qemu ends or time runs out first.
-func readSerial(t testing.TB, serial io.Reader, console *strings.Builder, timeout time.Duration, cmd *exec.Cmd) (string, error) {
-	lines := make(chan string)
-	done := make(chan struct{})
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(serial)
-		sc.Buffer(make([]byte, 64*1024), 1024*1024)
-		for sc.Scan() {
-			select {
-			case lines <- strings.TrimRight(sc.Text(), "\r"):
-			case <-done:
-				return
-			}
-		}
-	}()
-	defer close(done)
-	deadline := time.After(timeout)
-	for {
-		select {
-		case line, ok := <-lines:
-			if !ok {
-				return "", errors.New("qemu exited without a result line")
-			}
-			t.Log("vm| " + line)
-			console.WriteString(line + "\n")
-			if _, verdict, found := strings.Cut(line, resultPrefix); found {
-				return verdict, nil
-			}
-		case <-deadline:
-			_ = cmd.Process.Kill()
-			return "", fmt.Errorf("no result line within %s", timeout)
+// readSerial logs the console line by line, keeps it, and records the
+// verdict of the result line; then it reads what qemu still prints
+// without logging it, so qemu never blocks on the pipe.
+func (m *Machine) readSerial(serial *os.File, logf func(string, ...any)) {
+	defer serial.Close()
+	sc := bufio.NewScanner(serial)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line := strings.TrimRight(sc.Text(), "\r")
+		logf("vm| %s", line)
+		m.console.WriteString(line + "\n")
+		if _, verdict, found := strings.Cut(line, resultPrefix); found {
+			m.verdict = verdict
+			break
 		}
 	}
+	close(m.done)
+	_, _ = io.Copy(io.Discard, serial)
 }
 
 // writeRunImage writes the base image followed by a second archive with
@@ -239,22 +298,18 @@ var (
 
 // prepared returns the kernel and base image, made once per process (and,
 // through the cache, once per machine until an input changes).
-func prepared(t testing.TB) *image {
-	t.Helper()
+func prepared(logf func(string, ...any)) (*image, error) {
 	prepareOnce.Do(func() {
 		start := time.Now()
-		prepareImg, prepareErr = prepare(t.Logf)
+		prepareImg, prepareErr = prepare(logf)
 		if prepareErr == nil {
-			t.Logf("vm: kernel %s and initramfs ready in %s", prepareImg.kernel.version, time.Since(start).Round(time.Millisecond))
+			logf("vm: kernel %s and initramfs ready in %s", prepareImg.kernel.version, time.Since(start).Round(time.Millisecond))
 		}
 	})
-	if errors.Is(prepareErr, errMissingTools) {
-		testutil.Skip(t, "vm: "+prepareErr.Error())
-	}
 	if prepareErr != nil {
-		t.Fatalf("vm: preparing the kernel and initramfs: %v", prepareErr)
+		return nil, fmt.Errorf("preparing the kernel and initramfs: %w", prepareErr)
 	}
-	return prepareImg
+	return prepareImg, nil
 }
 
 // vmTools are the host programs the harness itself runs.
