@@ -52,7 +52,7 @@ func New(ipv6 bool) (*Kernel, error) {
 // Close releases the netlink sockets.
 func (k *Kernel) Close() {
 	k.table.h.Close()
-	k.links.h.Close()
+	k.links.close()
 }
 
 // openIPVS loads ip_vs and returns a handle that has been seen to reach

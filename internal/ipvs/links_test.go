@@ -37,10 +37,34 @@ func TestLinksKernel(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	defer k4.h.Close()
-	defer k6.h.Close()
+	defer k4.close()
+	defer k6.close()
 	// The handles stay in the namespace they were opened in.
 	checkLinks(t, ns, k4, k6)
+
+	// NodeAddresses never reads kube-ipvs0's addresses: the kernel filters
+	// each dump by link, so one link's dump holds its addresses alone.
+	if k4.byLink == nil {
+		t.Fatal("no strict checking of netlink dumps on this kernel (before Linux 4.20?)")
+	}
+	dummy, err := k4.h.LinkByName(ipvsmode.DummyLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []*links{k4, k6} {
+		got, err := k.addressesOf(dummy.Attrs().Index)
+		want := map[bool]string{false: "[10.96.0.1]", true: "[fd00::1]"}[k.ipv6]
+		if err != nil || fmt.Sprint(got) != want {
+			t.Errorf("IPv6 %t: the addresses of %s alone = %v, %v; want %s", k.ipv6, ipvsmode.DummyLink, got, err, want)
+		}
+	}
+	// A kernel without strict checking: one dump of every address.
+	k4.byLink.Close()
+	k4.byLink = nil
+	got, err := k4.NodeAddresses()
+	if want := "[10.96.0.1 169.254.1.1 192.0.2.5 192.0.2.99]"; err != nil || fmt.Sprint(got) != want {
+		t.Errorf("IPv4 NodeAddresses() without strict checking = %v, %v; want %s", got, err, want)
+	}
 }
 
 // checkLinks checks every link method of the two families' kernels, opened
