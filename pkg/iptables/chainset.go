@@ -59,16 +59,17 @@ func (s *ChainSet) Sync(chains map[Table][]OwnChain, jumps []Jump, full bool) er
 // diffKernel adds to in what turns the kernel's kube-proxy chains into
 // exactly the wanted ones.
 func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jumps []Jump) error {
-	kernel, err := saveTables(s.kernel, func(_ Table, c Chain) bool { return builtinChains[c] })
+	wanted := map[Table]map[Chain]bool{}
+	unordered := map[Table]map[Chain]bool{}
+	for t, list := range chains {
+		wanted[t], unordered[t] = map[Chain]bool{}, map[Chain]bool{}
+		for _, c := range list {
+			wanted[t][c.Name], unordered[t][c.Name] = true, c.Unordered
+		}
+	}
+	kernel, err := saveTables(s.kernel, func(t Table, c Chain) bool { return builtinChains[c] || unordered[t][c] })
 	if err != nil {
 		return err
-	}
-	wanted := map[Table]map[Chain]bool{}
-	for t, list := range chains {
-		wanted[t] = map[Chain]bool{}
-		for _, c := range list {
-			wanted[t][c.Name] = true
-		}
 	}
 	unwanted := func(t Table, c Chain) bool { return isKubeProxyChain(c) && !wanted[t][c] }
 	wantedJumps := map[jumpKey]bool{}
@@ -77,7 +78,7 @@ func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jum
 	}
 	for _, t := range kubeTables {
 		for _, c := range chains[t] {
-			if !kernel[t].holds(c) {
+			if !kernel[t].holds(c) && !(c.Unordered && kernel[t].holdsInAnyOrder(c)) {
 				in.writeChain(t, c)
 			}
 		}
@@ -85,6 +86,9 @@ func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jum
 		// ours: the other mode jumps into some of the same chains
 		// differently.
 		for _, from := range slices.Sorted(maps.Keys(kernel[t].rules)) {
+			if !builtinChains[from] {
+				continue // an unordered chain's rules, kept for the comparison
+			}
 			for _, r := range kernel[t].rules[from] {
 				if isKubeProxyChain(jumpTarget(string(r))) && !wantedJumps[jumpKey{t, from, canonicalRule(r)}] {
 					in.removeShared(SharedRule{Table: t, Chain: from, Rule: r})

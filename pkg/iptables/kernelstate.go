@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"slices"
 )
 
 // kernelTable is what a full sync needs to know of one table as the kernel
@@ -105,6 +106,24 @@ func (kt kernelTable) has(c Chain) bool {
 func (kt kernelTable) holds(c OwnChain) bool {
 	fp, ok := kt.fingerprints[c.Name]
 	return ok && fp == chainFingerprint(c.Rules)
+}
+
+// holdsInAnyOrder tells whether the table holds the chain with these
+// rules in some order; the chain's rules must have been kept.
+func (kt kernelTable) holdsInAnyOrder(c OwnChain) bool {
+	current := kt.rules[c.Name]
+	if !kt.has(c.Name) || len(current) != len(c.Rules) {
+		return false
+	}
+	canonical := func(rules []Rule) []string {
+		out := make([]string, len(rules))
+		for i, r := range rules {
+			out[i] = canonicalRule(r)
+		}
+		slices.Sort(out)
+		return out
+	}
+	return slices.Equal(canonical(current), canonical(c.Rules))
 }
 
 // diffSharedChain adds to in what turns the kernel's content of a shared

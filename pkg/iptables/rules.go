@@ -20,6 +20,10 @@ type Rule string
 type OwnChain struct {
 	Name  Chain
 	Rules []Rule
+	// Unordered says the rules' order does not matter, each matching
+	// packets no other does: a ChainSet leaves the chain as it is when
+	// the kernel holds the same rules in another order.
+	Unordered bool
 }
 
 // SharedRule is a rule that one service adds to a chain all services share.

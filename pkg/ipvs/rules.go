@@ -148,7 +148,9 @@ func (p *Params) Chains(nonEmpty func(set string) bool, outFilter []iptables.Rul
 		if c == chainNodePort {
 			r = filterNodePort
 		}
-		out[iptables.TableFilter] = append(out[iptables.TableFilter], iptables.OwnChain{Name: c, Rules: r})
+		// Upstream writes the out-filter rules, one per load-balancer IP, in
+		// its map's order: a takeover keeps them in whatever order they are.
+		out[iptables.TableFilter] = append(out[iptables.TableFilter], iptables.OwnChain{Name: c, Rules: r, Unordered: c == chainIPVSOutFilter})
 	}
 	return out
 }

@@ -1,0 +1,49 @@
+package iptables
+
+import (
+	"io"
+	"strings"
+	"testing"
+)
+
+// savedKernel holds fixed iptables-save output and records restores.
+type savedKernel struct {
+	recordingKernel
+	save string
+}
+
+func (k *savedKernel) Save(read func(io.Reader) error) error { return read(strings.NewReader(k.save)) }
+
+// Upstream's IPVS mode writes KUBE-IPVS-OUT-FILTER's rules in its map's
+// order: a full sync over them leaves an unordered chain that holds the
+// same rules alone, and rewrites one whose rules differ, or whose order
+// matters.
+func TestChainSetKeepsAnUnorderedChainInAnotherOrder(t *testing.T) {
+	drop := func(ip string) Rule {
+		return Rule("-s " + ip + "/32 -m ipvs --vproto 6 --vaddr " + ip + " --vport 80 -j DROP")
+	}
+	kernel := "*filter\n:KUBE-IPVS-OUT-FILTER - [0:0]\n" +
+		"-A KUBE-IPVS-OUT-FILTER " + string(drop("10.255.3.40")) + "\n" +
+		"-A KUBE-IPVS-OUT-FILTER " + string(drop("10.255.3.30")) + "\n" +
+		"COMMIT\n"
+	for _, tc := range []struct {
+		name      string
+		rules     []Rule
+		unordered bool
+		rewritten bool
+	}{
+		{"the same rules in another order", []Rule{drop("10.255.3.30"), drop("10.255.3.40")}, true, false},
+		{"the same rules in another order, order mattering", []Rule{drop("10.255.3.30"), drop("10.255.3.40")}, false, true},
+		{"one rule more", []Rule{drop("10.255.3.30"), drop("10.255.3.40"), drop("10.255.3.50")}, true, true},
+		{"another rule", []Rule{drop("10.255.3.30"), drop("10.255.3.50")}, true, true},
+	} {
+		k := &savedKernel{save: kernel}
+		chains := map[Table][]OwnChain{TableFilter: {{Name: "KUBE-IPVS-OUT-FILTER", Rules: tc.rules, Unordered: tc.unordered}}}
+		if err := NewChainSet(k).Sync(chains, nil, true); err != nil {
+			t.Fatal(err)
+		}
+		if rewritten := strings.Contains(k.written.String(), "-A KUBE-IPVS-OUT-FILTER"); rewritten != tc.rewritten {
+			t.Errorf("%s: rewritten %t, want %t:\n%s", tc.name, rewritten, tc.rewritten, k.written.String())
+		}
+	}
+}
