@@ -54,7 +54,8 @@ demo: deps build tools
 
 # Our kube-proxy against upstream's in the local cluster (not part of `test`):
 # N services x E endpoints (comma lists: every N x E shape runs), on each
-# iptables BACKEND; CAP bounds any one sync wait, IDLE the idle-CPU window.
+# iptables BACKEND, or with MODE=ipvs in IPVS mode, each proxy in a VM
+# (test/vm); CAP bounds any one sync wait, IDLE the idle-CPU window.
 # More flags (e.g. -profile-dir DIR): BENCH_FLAGS. See docs/performance.md.
 N        ?= 1000
 E        ?= 5
@@ -63,7 +64,9 @@ CAP      ?= 10m
 IDLE     ?= 60s
 bench: deps build tools
 	$(GO) build -o $(BIN)/bench ./test/bench
-	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -n $(N) -e $(E) -backends $(BACKENDS) -cap $(CAP) -idle $(IDLE) $(BENCH_FLAGS)
+	$(GO) build -o $(BIN)/bench-agent ./test/bench/agent
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -mode $(MODE) -agent $(BIN)/bench-agent \
+		-n $(N) -e $(E) -backends $(BACKENDS) -cap $(CAP) -idle $(IDLE) $(BENCH_FLAGS)
 
 # A shell in the demo's client pod (run while `make demo` is up).
 demo-shell:

@@ -3,7 +3,9 @@
 // iptables backend and each proxy it measures the first sync, a restart
 // over existing rules, single changes, network programming latency under
 // endpoint churn, memory and idle CPU, then prints one markdown table per
-// shape. See docs/performance.md for what each row means.
+// shape. With -mode ipvs both run in IPVS mode, each in a VM (guest.go),
+// and the rows that measure iptables are left out. See
+// docs/performance.md for what each row means.
 package main
 
 import (
@@ -24,6 +26,8 @@ import (
 
 // options are the benchmark's flags.
 type options struct {
+	mode       string // modeIPTables (also "") or modeIPVS
+	agent      string // the VM's agent binary (mode ipvs)
 	services   []int
 	endpoints  []int
 	backends   []framework.IPTablesBackend
@@ -41,11 +45,16 @@ type options struct {
 const (
 	ours     = "ours"
 	upstream = "upstream"
+
+	modeIPTables = "iptables"
+	modeIPVS     = "ipvs"
 )
 
 func main() {
 	var opts options
 	var services, endpoints, backends, proxies string
+	flag.StringVar(&opts.mode, "mode", modeIPTables, "proxy mode: iptables (in the cluster's node namespace, on each of -backends) or ipvs (in a VM)")
+	flag.StringVar(&opts.agent, "agent", "", "mode ipvs: the static binary of test/bench/agent, which the VM runs")
 	flag.StringVar(&services, "n", "1000", "comma-separated numbers of services (N)")
 	flag.StringVar(&endpoints, "e", "5", "comma-separated endpoints per service (E); every N x E shape runs")
 	flag.StringVar(&backends, "backends", "nft", "comma-separated iptables backends: nft, legacy")
@@ -78,6 +87,9 @@ func main() {
 				return fmt.Errorf("unknown proxy %q", p)
 			}
 			opts.proxies = append(opts.proxies, p)
+		}
+		if opts.mode != modeIPTables && (opts.mode != modeIPVS || opts.agent == "") {
+			return fmt.Errorf("-mode must be iptables, or ipvs with -agent")
 		}
 		if opts.profileDir != "" {
 			if err := os.MkdirAll(opts.profileDir, 0o755); err != nil {
@@ -114,7 +126,7 @@ func run(ctx context.Context, opts options, out, log io.Writer) error {
 			results, err := benchShape(ctx, opts, n, e, log)
 			if results != nil {
 				fmt.Fprintf(out, "\n### %d services x %d endpoints\n\n", n, e)
-				writeTable(out, opts.backends, results)
+				writeTable(out, opts.mode, opts.columns(), results)
 			}
 			if err != nil {
 				return fmt.Errorf("N=%d E=%d: %w", n, e, err)
@@ -124,7 +136,20 @@ func run(ctx context.Context, opts options, out, log io.Writer) error {
 	return nil
 }
 
-func benchShape(ctx context.Context, opts options, n, e int, log io.Writer) (map[framework.IPTablesBackend]map[string]results, error) {
+// columns are the table's groups of columns: one per iptables backend, or
+// one for mode ipvs.
+func (o options) columns() []string {
+	if o.mode == modeIPVS {
+		return []string{modeIPVS}
+	}
+	var out []string
+	for _, b := range o.backends {
+		out = append(out, string(b))
+	}
+	return out
+}
+
+func benchShape(ctx context.Context, opts options, n, e int, log io.Writer) (map[string]map[string]results, error) {
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(log, "%s bench: "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 	}
@@ -143,18 +168,18 @@ func benchShape(ctx context.Context, opts options, n, e int, log io.Writer) (map
 		return nil, err
 	}
 	logf("created %d services and %d EndpointSlices in %s", n, n, time.Since(start).Round(time.Millisecond))
-	all := map[framework.IPTablesBackend]map[string]results{}
+	all := map[string]map[string]results{}
 	var failed error
-	for _, backend := range opts.backends {
-		all[backend] = map[string]results{}
+	for _, column := range opts.columns() {
+		all[column] = map[string]results{}
 		for _, proxy := range opts.proxies {
-			logf("%s kube-proxy, iptables-%s", proxy, backend)
-			r, err := b.measure(ctx, proxy, backend)
-			all[backend][proxy] = r
+			logf("%s kube-proxy, %s", proxy, column)
+			r, err := b.measure(ctx, proxy, column)
+			all[column][proxy] = r
 			if err != nil {
 				// Keep what the other runs measure: a table with gaps beats none.
-				logf("%s, %s failed: %v", proxy, backend, err)
-				failed = errors.Join(failed, fmt.Errorf("%s, %s: %w", proxy, backend, err))
+				logf("%s, %s failed: %v", proxy, column, err)
+				failed = errors.Join(failed, fmt.Errorf("%s, %s: %w", proxy, column, err))
 			}
 		}
 	}

@@ -126,41 +126,60 @@ func (b *bench) replaceEndpoint(ctx context.Context, i int, written func(dest st
 	return nil
 }
 
-// measure runs one proxy on one backend from clean iptables and fills its
-// column; after an error, what it measured so far.
-func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPTablesBackend) (results, error) {
+// proxyProcess is a running kube-proxy: in the cluster's node namespace
+// (localProxy) or in a VM (guestProxy).
+type proxyProcess interface {
+	Exited() <-chan struct{}
+	Err() error // how it ended, once Exited is closed
+	LogTail(lines int) string
+	Stop()
+	usage() (framework.ProcUsage, error)
+	metricsURL() string
+	// hostTime turns a time of the process's clock (Unix seconds, as its
+	// metrics give it) into one of ours.
+	hostTime(unix float64) float64
+	// pollInterval is how often the bench reads its metrics while it
+	// waits for a sync.
+	pollInterval() time.Duration
+}
+
+// localProxy is a kube-proxy in the cluster's node namespace.
+type localProxy struct{ *framework.KubeProxy }
+
+func (p localProxy) usage() (framework.ProcUsage, error) { return framework.ReadProcUsage(p.Pid()) }
+func (localProxy) metricsURL() string                    { return framework.MetricsURL }
+func (localProxy) hostTime(unix float64) float64         { return unix }
+func (localProxy) pollInterval() time.Duration           { return pollInterval }
+
+// exitError says that kp has exited, and how.
+func exitError(kp proxyProcess) error {
+	return fmt.Errorf("kube-proxy exited: %v\n%s", kp.Err(), kp.LogTail(20))
+}
+
+// measure runs one proxy from a clean kernel, in the column's iptables
+// backend or in mode ipvs, and fills its column; after an error, what it
+// measured so far.
+func (b *bench) measure(ctx context.Context, proxy, column string) (results, error) {
 	b.runs++
 	r := results{}
-	node := b.cluster.Node
-	if err := node.ResetIPTables(); err != nil {
-		return r, err
-	}
-	if err := node.PreferIPTablesBackend(backend); err != nil {
-		return r, err
-	}
-	binary, err := b.binary(proxy, backend)
+	profile := proxy == ours && b.opts.profileDir != ""
+	startProxy, stopNode, err := b.node(ctx, proxy, column, profile)
 	if err != nil {
 		return r, err
 	}
-	// Inside a network namespace nf_conntrack_max is read-only: leave it.
-	config := "mode: iptables\nmetricsBindAddress: 0.0.0.0:10249\nconntrack:\n  maxPerCore: 0\n"
-	profile := proxy == ours && b.opts.profileDir != ""
-	if profile {
-		config += "enableProfiling: true\n"
-	}
-	config = b.cluster.KubeProxyConfig(config)
-	name := fmt.Sprintf("%s-%s", proxy, backend)
+	defer stopNode()
+	name := fmt.Sprintf("%s-%s", proxy, column)
 
 	// Cold start.
 	start := time.Now()
-	kp, err := b.cluster.StartKubeProxy(name, binary, config)
+	kp, err := startProxy(name)
 	if err != nil {
 		return r, err
 	}
 	defer kp.Stop()
 	var profiled sync.WaitGroup
 	if profile {
-		b.profileCPU(ctx, kp, backend, "first-sync", b.opts.profileFor, &profiled)
+		b.profileCPU(ctx, kp, column, "first-sync", b.opts.profileFor, &profiled)
 	}
 	first, err := b.firstSync(ctx, kp, start)
 	if err != nil {
@@ -171,23 +190,25 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	if first.capped {
 		return r, nil
 	}
-	m, err := framework.FetchMetrics(framework.MetricsURL + "/metrics")
-	if err != nil {
-		return r, err
-	}
-	if own, ok := firstSyncDuration(ctx); ok {
+	if own, ok := firstSyncDuration(ctx, kp); ok {
 		r["firstSyncOwn"] = cell{value: own}
 	}
-	if v, ok := familyValue(m, "kubeproxy_sync_proxy_rules_iptables_total", "table=nat"); ok {
-		r["natRules"] = cell{value: v}
-	}
-	if b.opts.profileDir != "" {
-		// Both proxies' rules, to compare what each leaves in the kernel.
-		path := b.outputPath(proxy, backend, "rules.txt")
-		if out, err := node.Exec("iptables-" + string(backend) + "-save"); err != nil {
-			b.logf("saving the rules: %v", err)
-		} else if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
-			b.logf("saving the rules: %v", err)
+	if b.opts.mode != modeIPVS {
+		m, err := framework.FetchMetrics(framework.MetricsURL + "/metrics")
+		if err != nil {
+			return r, err
+		}
+		if v, ok := familyValue(m, "kubeproxy_sync_proxy_rules_iptables_total", "table=nat"); ok {
+			r["natRules"] = cell{value: v}
+		}
+		if b.opts.profileDir != "" {
+			// Both proxies' rules, to compare what each leaves in the kernel.
+			path := b.outputPath(proxy, column, "rules.txt")
+			if out, err := b.cluster.Node.Exec("iptables-" + column + "-save"); err != nil {
+				b.logf("saving the rules: %v", err)
+			} else if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+				b.logf("saving the rules: %v", err)
+			}
 		}
 	}
 
@@ -197,16 +218,16 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	}
 	profiled.Wait() // a process takes one CPU profile at a time
 	if profile {
-		b.profileCPU(ctx, kp, backend, "idle", b.opts.idle, &profiled)
+		b.profileCPU(ctx, kp, column, "idle", b.opts.idle, &profiled)
 	}
-	before, err := framework.ReadProcUsage(kp.Pid())
+	before, err := kp.usage()
 	if err != nil {
 		return r, err
 	}
 	if err := sleep(ctx, b.opts.idle); err != nil {
 		return r, err
 	}
-	after, err := framework.ReadProcUsage(kp.Pid())
+	after, err := kp.usage()
 	if err != nil {
 		return r, err
 	}
@@ -218,7 +239,7 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	if profile {
 		// The heap after the first sync: what is kept (inuse_space) and
 		// everything allocated since the start (alloc_space).
-		path := b.outputPath(ours, backend, "heap.pprof")
+		path := b.outputPath(ours, column, "heap.pprof")
 		if err := fetchProfile(ctx, kp, "heap", path); err != nil {
 			b.logf("heap profile: %v", err)
 		} else {
@@ -229,13 +250,13 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 
 	// Restart over the rules the first process left.
 	start = time.Now()
-	kp, err = b.cluster.StartKubeProxy(name+"-restart", binary, config)
+	kp, err = startProxy(name + "-restart")
 	if err != nil {
 		return r, err
 	}
 	defer kp.Stop()
 	if profile {
-		b.profileCPU(ctx, kp, backend, "restart", b.opts.profileFor, &profiled)
+		b.profileCPU(ctx, kp, column, "restart", b.opts.profileFor, &profiled)
 	}
 	restart, err := b.firstSync(ctx, kp, start)
 	if err != nil {
@@ -247,7 +268,7 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	if restart.capped {
 		return r, nil
 	}
-	if own, ok := firstSyncDuration(ctx); ok {
+	if own, ok := firstSyncDuration(ctx, kp); ok {
 		r["restartSyncOwn"] = cell{value: own}
 	}
 	// The restart's peak, before any change: it reads every rule back,
@@ -255,7 +276,7 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	if err := sleep(ctx, 5*time.Second); err != nil {
 		return r, err
 	}
-	usage, err := framework.ReadProcUsage(kp.Pid())
+	usage, err := kp.usage()
 	if err != nil {
 		return r, err
 	}
@@ -265,6 +286,10 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	if err := b.singleChanges(ctx, kp, r); err != nil {
 		return r, err
 	}
+	if b.opts.mode == modeIPVS {
+		return r, nil
+	}
+	backend := framework.IPTablesBackend(column)
 	if err := b.restoreFloor(backend, r); err != nil {
 		return r, err
 	}
@@ -274,14 +299,55 @@ func (b *bench) measure(ctx context.Context, proxy string, backend framework.IPT
 	return r, nil
 }
 
-// binary is the program to run: ours picks its backend itself (by
-// counting rules, see PreferIPTablesBackend); upstream's runs plain
-// `iptables`, so a wrapper puts the backend's commands first in PATH, as
-// upstream's image does with its iptables-wrapper.
-func (b *bench) binary(proxy string, backend framework.IPTablesBackend) (string, error) {
-	if proxy == ours {
-		return b.cluster.KubeProxy(), nil
+// node prepares where the run's kube-proxy runs, with a config that
+// serves metrics to the bench (and profiles, if profile), and returns what
+// starts it there (name tells its log apart) and what ends the node.
+func (b *bench) node(ctx context.Context, proxy, column string, profile bool) (startProxy func(name string) (proxyProcess, error), stop func(), err error) {
+	config := "metricsBindAddress: 0.0.0.0:10249\n"
+	if profile {
+		config += "enableProfiling: true\n"
 	}
+	binary := b.cluster.KubeProxy()
+	if proxy == upstream {
+		binary = b.cluster.UpstreamKubeProxy()
+	}
+	if b.opts.mode == modeIPVS {
+		g, err := b.bootGuest(ctx, binary, b.cluster.KubeProxyConfig("mode: ipvs\n"+config))
+		if err != nil {
+			return nil, nil, err
+		}
+		return g.startProxy, g.stop, nil
+	}
+	backend := framework.IPTablesBackend(column)
+	if err := b.cluster.Node.ResetIPTables(); err != nil {
+		return nil, nil, err
+	}
+	if err := b.cluster.Node.PreferIPTablesBackend(backend); err != nil {
+		return nil, nil, err
+	}
+	if proxy == upstream {
+		if binary, err = b.upstreamWrapper(backend); err != nil {
+			return nil, nil, err
+		}
+	}
+	// Inside a network namespace nf_conntrack_max is read-only: leave it.
+	config = b.cluster.KubeProxyConfig("mode: iptables\n" + config + "conntrack:\n  maxPerCore: 0\n")
+	startProxy = func(name string) (proxyProcess, error) {
+		kp, err := b.cluster.StartKubeProxy(name, binary, config)
+		if err != nil {
+			return nil, err
+		}
+		return localProxy{kp}, nil
+	}
+	return startProxy, func() {}, nil
+}
+
+// upstreamWrapper runs upstream's kube-proxy on an iptables backend. Ours
+// picks its backend itself (by counting rules, see
+// PreferIPTablesBackend); upstream's runs plain `iptables`, so the wrapper
+// puts the backend's commands first in PATH, as upstream's image does with
+// its iptables-wrapper.
+func (b *bench) upstreamWrapper(backend framework.IPTablesBackend) (string, error) {
 	dir := filepath.Join(b.cluster.Dir, "iptables-"+string(backend))
 	if err := framework.IPTablesAlternatives(dir, backend); err != nil {
 		return "", err
@@ -297,23 +363,19 @@ func (b *bench) binary(proxy string, backend framework.IPTablesBackend) (string,
 // before its informers have listed them all, so that sync programs all of
 // them. The time is the metric's own value (the end of the sync) minus
 // the process start.
-func (b *bench) firstSync(ctx context.Context, kp *framework.KubeProxy, start time.Time) (cell, error) {
+func (b *bench) firstSync(ctx context.Context, kp proxyProcess, start time.Time) (cell, error) {
 	deadline := start.Add(b.opts.cap)
 	for {
-		if m, err := framework.FetchMetrics(framework.MetricsURL + "/metrics"); err == nil {
+		if m, err := framework.FetchMetrics(kp.metricsURL() + "/metrics"); err == nil {
 			if ts, ok := familyValue(m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds"); ok && ts > 0 {
-				return cell{value: ts - unixSeconds(start)}, nil
+				return cell{value: kp.hostTime(ts) - unixSeconds(start)}, nil
 			}
 		}
 		if time.Now().After(deadline) {
 			return cell{value: b.opts.cap.Seconds(), capped: true}, nil
 		}
-		select {
-		case <-kp.Exited():
-			return cell{}, fmt.Errorf("%s exited: %v\n%s", kp.Name, kp.Err(), kp.LogTail(20))
-		case <-ctx.Done():
-			return cell{}, ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		if err := pause(ctx, kp, max(50*time.Millisecond, kp.pollInterval())); err != nil {
+			return cell{}, err
 		}
 	}
 }
@@ -321,9 +383,9 @@ func (b *bench) firstSync(ctx context.Context, kp *framework.KubeProxy, start ti
 // firstSyncDuration is the duration a fresh process reports for its first
 // sync. Upstream sets the sync timestamp before it records the duration,
 // so the histogram may still be empty when the timestamp shows.
-func firstSyncDuration(ctx context.Context) (float64, bool) {
+func firstSyncDuration(ctx context.Context, kp proxyProcess) (float64, bool) {
 	for range 100 {
-		if s, err := readSyncState(); err == nil && s.count > 0 {
+		if s, err := readSyncState(kp); err == nil && s.count > 0 {
 			return s.sum, true
 		}
 		if sleep(ctx, 100*time.Millisecond) != nil {
@@ -335,29 +397,30 @@ func firstSyncDuration(ctx context.Context) (float64, bool) {
 
 // syncState is what the proxy's metrics say about its IPv4 syncs.
 type syncState struct {
-	lastSync, lastQueued float64 // Unix seconds
+	lastSync, lastQueued float64 // Unix seconds, of our clock
 	count, sum           float64 // of the sync duration histogram
 }
 
-func readSyncState() (syncState, error) {
-	m, err := framework.FetchMetrics(framework.MetricsURL + "/metrics")
+func readSyncState(kp proxyProcess) (syncState, error) {
+	m, err := framework.FetchMetrics(kp.metricsURL() + "/metrics")
 	if err != nil {
 		return syncState{}, err
 	}
 	var s syncState
 	s.lastSync, _ = familyValue(m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
 	s.lastQueued, _ = familyValue(m, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds")
+	s.lastSync, s.lastQueued = kp.hostTime(s.lastSync), kp.hostTime(s.lastQueued)
 	s.count, _ = familyValue(m, "kubeproxy_sync_proxy_rules_duration_seconds_count")
 	s.sum, _ = familyValue(m, "kubeproxy_sync_proxy_rules_duration_seconds_sum")
 	return s, nil
 }
 
 // timedChange makes one change once the proxy is idle, and waits until a
-// sync has applied it: a change was queued after the write and a sync
-// ended after that. It returns the mean duration of the syncs in between
-// (nearly always one) and the time from the write to the end of that sync.
-func (b *bench) timedChange(ctx context.Context, kp *framework.KubeProxy, change func() error) (sync, wall float64, err error) {
-	s0, err := b.waitQuiet(ctx, kp)
+// sync has applied it: a change was queued after the write, and a sync
+// that started after the write ended after that. It returns that sync's
+// duration and the time from the write to its end.
+func (b *bench) timedChange(ctx context.Context, kp proxyProcess, change func() error) (sync, wall float64, err error) {
+	prev, err := b.waitQuiet(ctx, kp)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -367,11 +430,24 @@ func (b *bench) timedChange(ctx context.Context, kp *framework.KubeProxy, change
 	}
 	deadline := time.Now().Add(b.opts.cap)
 	for time.Now().Before(deadline) {
-		s, err := readSyncState()
-		if err == nil && s.lastQueued >= t0 && s.lastSync >= s.lastQueued && s.count > s0.count {
-			return (s.sum - s0.sum) / (s.count - s0.count), s.lastSync - t0, nil
+		s, err := readSyncState(kp)
+		if err == nil && s.lastQueued >= t0 && s.lastSync >= s.lastQueued && s.count > prev.count {
+			// A sync that was running at the write (a periodic one, when
+			// syncs are slow) has not applied the change: wait for the
+			// next. The polls come more often than minSyncPeriod, so they
+			// see the syncs one at a time, each one's duration the sum's
+			// increase; after two at once, their mean. (The start is
+			// checked against the write, not the queueing a few ms later:
+			// upstream's duration ends a little after its timestamp.)
+			own := (s.sum - prev.sum) / (s.count - prev.count)
+			if s.count > prev.count+1 || s.lastSync-own >= t0 {
+				return own, s.lastSync - t0, nil
+			}
 		}
-		if err := pause(ctx, kp, pollInterval); err != nil {
+		if err == nil {
+			prev = s
+		}
+		if err := pause(ctx, kp, kp.pollInterval()); err != nil {
 			return 0, 0, err
 		}
 	}
@@ -380,14 +456,14 @@ func (b *bench) timedChange(ctx context.Context, kp *framework.KubeProxy, change
 
 // waitQuiet waits until every queued change is applied and the last sync
 // is more than minSyncPeriod ago.
-func (b *bench) waitQuiet(ctx context.Context, kp *framework.KubeProxy) (syncState, error) {
+func (b *bench) waitQuiet(ctx context.Context, kp proxyProcess) (syncState, error) {
 	deadline := time.Now().Add(b.opts.cap)
 	for time.Now().Before(deadline) {
-		s, err := readSyncState()
+		s, err := readSyncState(kp)
 		if err == nil && s.lastSync >= s.lastQueued && unixSeconds(time.Now())-s.lastSync >= quietBeforeChange.Seconds() {
 			return s, nil
 		}
-		if err := pause(ctx, kp, pollInterval); err != nil {
+		if err := pause(ctx, kp, kp.pollInterval()); err != nil {
 			return s, err
 		}
 	}
@@ -396,7 +472,7 @@ func (b *bench) waitQuiet(ctx context.Context, kp *framework.KubeProxy) (syncSta
 
 // singleChanges times endpoint changes, service additions and service
 // deletions, one at a time.
-func (b *bench) singleChanges(ctx context.Context, kp *framework.KubeProxy, r results) error {
+func (b *bench) singleChanges(ctx context.Context, kp proxyProcess, r results) error {
 	k := b.opts.changes
 	var epSync, epWall, addSync, addWall, delSync, delWall []float64
 	record := func(s, w *[]float64, change func() error) error {
@@ -628,11 +704,11 @@ func familyValue(m framework.Metrics, name string, labels ...string) (float64, b
 
 // profileCPU writes a CPU profile of kp's next length, taken in the
 // background; done tells when it is written.
-func (b *bench) profileCPU(ctx context.Context, kp *framework.KubeProxy, backend framework.IPTablesBackend, what string, length time.Duration, done *sync.WaitGroup) {
+func (b *bench) profileCPU(ctx context.Context, kp proxyProcess, column, what string, length time.Duration, done *sync.WaitGroup) {
 	done.Add(1)
 	go func() {
 		defer done.Done()
-		path := b.outputPath(ours, backend, what+".pprof")
+		path := b.outputPath(ours, column, what+".pprof")
 		query := fmt.Sprintf("profile?seconds=%d", int(length.Seconds()))
 		if err := fetchProfile(ctx, kp, query, path); err != nil {
 			b.logf("CPU profile: %v", err)
@@ -642,23 +718,23 @@ func (b *bench) profileCPU(ctx context.Context, kp *framework.KubeProxy, backend
 	}()
 }
 
-// outputPath names a file of -profile-dir for one proxy, backend and shape.
-func (b *bench) outputPath(proxy string, backend framework.IPTablesBackend, name string) string {
-	return filepath.Join(b.opts.profileDir, fmt.Sprintf("%s-%s-N%d-E%d-%s", proxy, backend, b.n, b.e, name))
+// outputPath names a file of -profile-dir for one proxy, column and shape.
+func (b *bench) outputPath(proxy, column, name string) string {
+	return filepath.Join(b.opts.profileDir, fmt.Sprintf("%s-%s-N%d-E%d-%s", proxy, column, b.n, b.e, name))
 }
 
 // fetchProfile saves the process's pprof profile named by query, for
 // example "heap" or "profile?seconds=20" (CPU, from now on).
-func fetchProfile(ctx context.Context, kp *framework.KubeProxy, query, path string) error {
+func fetchProfile(ctx context.Context, kp proxyProcess, query, path string) error {
 	for { // the metrics server comes up first thing
-		if _, err := framework.FetchMetrics(framework.MetricsURL + "/metrics"); err == nil {
+		if _, err := framework.FetchMetrics(kp.metricsURL() + "/metrics"); err == nil {
 			break
 		}
-		if err := pause(ctx, kp, pollInterval); err != nil {
+		if err := pause(ctx, kp, kp.pollInterval()); err != nil {
 			return err
 		}
 	}
-	url := framework.MetricsURL + "/debug/pprof/" + query
+	url := kp.metricsURL() + "/debug/pprof/" + query
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
@@ -683,10 +759,10 @@ func fetchProfile(ctx context.Context, kp *framework.KubeProxy, query, path stri
 }
 
 // pause waits, unless the process exits or ctx ends first.
-func pause(ctx context.Context, kp *framework.KubeProxy, d time.Duration) error {
+func pause(ctx context.Context, kp proxyProcess, d time.Duration) error {
 	select {
 	case <-kp.Exited():
-		return fmt.Errorf("%s exited: %v\n%s", kp.Name, kp.Err(), kp.LogTail(20))
+		return exitError(kp)
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-time.After(d):

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-
-	"github.com/rapidproxy/rapidproxy/test/framework"
 )
 
 // row is one measure of the table.
@@ -35,6 +33,10 @@ var rows = []row{
 	{"steadyRSS", "steady RSS, VmRSS after idling (MB)", 0},
 	{"idleCPU", "CPU while idle, user+system incl. its iptables children (s)", 2},
 }
+
+// iptablesRows measure the iptables tools and rules: mode ipvs leaves
+// them out.
+var iptablesRows = map[string]bool{"natRules": true, "restoreFloor": true, "churnP50": true, "churnP99": true}
 
 // cell is one measured value. capped means the value is a lower bound (a
 // wait hit the cap); note says something about how it was measured.
@@ -74,20 +76,24 @@ func ratio(ours, upstream cell, okOurs, okUpstream bool) string {
 	return r
 }
 
-// writeTable prints a markdown table: a row per measure, and per backend
-// the columns ours, upstream and ours/upstream.
-func writeTable(w io.Writer, backends []framework.IPTablesBackend, all map[framework.IPTablesBackend]map[string]results) {
+// writeTable prints a markdown table: a row per measure of the mode, and
+// per column group (an iptables backend, or ipvs) the columns ours,
+// upstream and ours/upstream.
+func writeTable(w io.Writer, mode string, columns []string, all map[string]map[string]results) {
 	header := []string{"measure"}
-	for _, b := range backends {
-		header = append(header, string(b)+": ours", string(b)+": upstream", string(b)+": ours/upstream")
+	for _, c := range columns {
+		header = append(header, c+": ours", c+": upstream", c+": ours/upstream")
 	}
 	fmt.Fprintln(w, "| "+strings.Join(header, " | ")+" |")
 	fmt.Fprintln(w, "|"+strings.Repeat(" --- |", len(header)))
 	for _, r := range rows {
+		if iptablesRows[r.key] && mode == modeIPVS {
+			continue
+		}
 		line := []string{r.title}
-		for _, b := range backends {
-			o, okO := all[b][ours][r.key]
-			u, okU := all[b][upstream][r.key]
+		for _, c := range columns {
+			o, okO := all[c][ours][r.key]
+			u, okU := all[c][upstream][r.key]
 			line = append(line, formatOr(o, okO, r.decimals), formatOr(u, okU, r.decimals), ratio(o, u, okO, okU))
 		}
 		fmt.Fprintln(w, "| "+strings.Join(line, " | ")+" |")

@@ -73,8 +73,11 @@ func (p *Process) Stop() {
 }
 
 // LogTail returns the last lines of the process's log.
-func (p *Process) LogTail(lines int) string {
-	data, _ := os.ReadFile(p.LogPath)
+func (p *Process) LogTail(lines int) string { return FileTail(p.LogPath, lines) }
+
+// FileTail returns the last lines of a file, or what there is of them.
+func FileTail(path string, lines int) string {
+	data, _ := os.ReadFile(path)
 	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
 	if len(all) > lines {
 		all = all[len(all)-lines:]

@@ -1,6 +1,8 @@
 package framework
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -24,11 +26,21 @@ const clockTick = 10 * time.Millisecond
 
 // ReadProcUsage reads /proc/PID/status and /proc/PID/stat.
 func ReadProcUsage(pid int) (ProcUsage, error) {
-	var u ProcUsage
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return u, err
+		return ProcUsage{}, err
 	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ProcUsage{}, err
+	}
+	return ParseProcUsage(status, stat)
+}
+
+// ParseProcUsage reads a process's usage from the content of its
+// /proc/PID/status and /proc/PID/stat, read on this machine or another.
+func ParseProcUsage(status, stat []byte) (ProcUsage, error) {
+	var u ProcUsage
 	for _, line := range strings.Split(string(status), "\n") {
 		key, value, _ := strings.Cut(line, ":")
 		f := strings.Fields(value)
@@ -43,9 +55,9 @@ func ReadProcUsage(pid int) (ProcUsage, error) {
 			u.PeakRSS = kb << 10
 		}
 	}
-	f := statFields(pid)
+	f := parseStat(stat)
 	if len(f) < 15 {
-		return u, fmt.Errorf("cannot read /proc/%d/stat", pid)
+		return u, errors.New("cannot parse /proc/PID/stat")
 	}
 	// Fields 14 to 17 of stat (utime, stime, cutime, cstime): 11 to 14
 	// after the name.
@@ -63,6 +75,11 @@ func statFields(pid int) []string {
 	if err != nil {
 		return nil
 	}
-	// The command name (field 2) may hold spaces; count from its end.
-	return strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+	return parseStat(data)
+}
+
+// parseStat splits the content of /proc/PID/stat after the command name,
+// which may hold spaces: it counts from the name's end.
+func parseStat(data []byte) []string {
+	return strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
 }
