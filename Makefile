@@ -10,6 +10,7 @@ MODE    ?= iptables
 
 # Tests and the demo find the binaries they drive through these.
 export RAPIDPROXY_KUBE_PROXY := $(BIN)/kube-proxy
+export RAPIDPROXY_KUBE_PROXY_EXPLAIN := $(BIN)/kube-proxy-explain
 export RAPIDPROXY_PODSERVER  := $(BIN)/podserver
 export CGO_ENABLED           := 0
 # The upstream tools' directory, known once `tools` has run (it prints it last).
@@ -21,6 +22,7 @@ all: build
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/kube-proxy ./cmd/kube-proxy
+	$(GO) build -o $(BIN)/kube-proxy-explain ./cmd/kube-proxy-explain
 	$(GO) build -o $(BIN)/podserver ./test/podserver
 
 deps:
