@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -249,21 +248,7 @@ func TestGoldenRuleSets(t *testing.T) {
 			if err := p.sync(); err != nil {
 				t.Fatal(err)
 			}
-			path := filepath.Join("testdata", tc.name+".golden")
-			got := kernel.written.String()
-			if *update {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test -update to create it)", err)
-			}
-			if got != string(want) {
-				t.Errorf("rules differ from %s (go test -update rewrites it after review):\n%s", path, testutil.LineDiff(string(want), got))
-			}
+			testutil.Golden(t, filepath.Join("testdata", tc.name+".golden"), kernel.written.String(), *update)
 		})
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
@@ -183,20 +184,7 @@ func TestFullSyncGolden(t *testing.T) {
 	core, _ := n.proxier(t)
 	feedServices(core)
 	sync(t, core)
-	got := n.kernel.Dump()
-	path := filepath.Join("testdata", "sync-full.golden")
-	if os.Getenv("UPDATE_GOLDEN") != "" {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (UPDATE_GOLDEN=1 writes it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("the kernel holds, unlike %s:\n%s", path, got)
-	}
+	testutil.Golden(t, filepath.Join("testdata", "sync-full.golden"), n.kernel.Dump(), os.Getenv("UPDATE_GOLDEN") != "")
 	if n.iptables.restores != 1 {
 		t.Errorf("%d iptables restores for a first sync, want 1", n.iptables.restores)
 	}
