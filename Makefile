@@ -34,7 +34,7 @@ tools:
 
 # Every test: unit tests and the end-to-end tests against a real API server and kernel.
 test: deps build tools
-	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(GO) test -count=1 -timeout 40m ./...
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(GO) test -count=1 -timeout 70m ./...
 
 # The IPVS tests, in a VM booting Debian's kernel (test/vm, internal/ipvs): this machine's
 # kernel may lack IPVS.
