@@ -39,7 +39,7 @@ test: deps build tools
 # The IPVS tests, in a VM booting Debian's kernel (test/vm, internal/ipvs): this machine's
 # kernel may lack IPVS.
 test-ipvs: deps build tools
-	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(GO) test -count=1 -v ./test/vm/... ./internal/ipvs/...
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(GO) test -count=1 -timeout 70m -v ./test/vm/... ./internal/ipvs/...
 
 # Unit tests only: no root, no cluster.
 unit:

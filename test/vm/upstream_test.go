@@ -126,7 +126,7 @@ echo "kube-proxy synced after about ${i}s"
 func startCluster(t *testing.T) *framework.Cluster {
 	t.Helper()
 	testutil.RequireRoot(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	t.Cleanup(cancel)
 	cluster, err := framework.Start(ctx)
 	if err != nil {
