@@ -27,7 +27,7 @@ func TestBenchSmoke(t *testing.T) {
 		changes: 2, churnRate: 5, churnFor: 2 * time.Second,
 		workers: 4,
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
 	var out, log bytes.Buffer
 	if err := run(ctx, opts, &out, &log); err != nil {
