@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 		fmt.Println("e2e: skipped: needs root")
 		os.Exit(0)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	start := time.Now()
 	var err error
 	cluster, err = framework.Start(ctx)
