@@ -20,6 +20,9 @@
 //	})
 //	data, err := os.ReadFile(filepath.Join(res.OutDir, "ipvs.txt"))
 //
+// A program that works with the guest while its script runs (the
+// benchmark, test/bench) uses Start, then Machine.Wait and Machine.Stop.
+//
 // The image, cached under _output/vm:
 //
 //   - kernel/<package>: Debian's linux-image package behind
