@@ -588,24 +588,29 @@ func (p *Syncer) drift() string {
 	if !p.written {
 		return ""
 	}
-	servers, err := p.cfg.Kernel.VirtualServers()
-	if err != nil {
-		return "virtual servers unreadable: " + err.Error()
-	}
-	ours := 0
-	for _, vs := range servers {
-		if _, ok := p.objects.servers[vs.VirtualServerKey]; ok {
-			ours++
+	// The dump holds every family's virtual servers (IPVS has no dump by
+	// family): at 10,000 services, 0.3 s of CPU and some 20 MB of heap in
+	// the benchmark's VM. A family that owns none has none to miss.
+	if len(p.objects.servers) > 0 {
+		servers, err := p.cfg.Kernel.VirtualServers()
+		if err != nil {
+			return "virtual servers unreadable: " + err.Error()
 		}
-	}
-	if ours != len(p.objects.servers) {
-		return fmt.Sprintf("%d of %d virtual servers", ours, len(p.objects.servers))
+		ours := 0
+		for _, vs := range servers {
+			if _, ok := p.objects.servers[vs.VirtualServerKey]; ok {
+				ours++
+			}
+		}
+		if ours != len(p.objects.servers) {
+			return fmt.Sprintf("%d of %d virtual servers", ours, len(p.objects.servers))
+		}
 	}
 	bound, err := p.cfg.Kernel.BoundAddresses()
 	if err != nil {
 		return "addresses unreadable: " + err.Error()
 	}
-	ours = 0
+	ours := 0
 	for _, a := range bound {
 		if p.objects.bound[a] > 0 {
 			ours++

@@ -426,3 +426,23 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 		})
 	}
 }
+
+// A family that owns no virtual server (the IPv6 one on a node whose
+// services are all IPv4) checks for drift without dumping the others'.
+func TestDriftWithoutVirtualServersReadsNone(t *testing.T) {
+	n := newNode()
+	core, mode := n.proxier(t)
+	synced(core)
+	sync(t, core)
+	n.kernel.ResetCalls()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	mode.Watch(ctx, func() { t.Error("a resync was asked for while nothing changed") })
+	calls := n.kernel.Calls()
+	if calls["BoundAddresses"] == 0 {
+		t.Fatal("no drift check ran")
+	}
+	if calls["VirtualServers"] != 0 {
+		t.Errorf("%d dumps of the virtual servers, want none", calls["VirtualServers"])
+	}
+}
