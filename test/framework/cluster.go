@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -246,7 +247,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil && string(body) == "ok"
 	}); err != nil {
-		return err
+		return fmt.Errorf("%w\nits failing readiness checks:\n%s", err, c.failingReadyChecks())
 	}
 	kcm, err := c.start("kube-controller-manager", exec.Command(filepath.Join(c.bins.tools, "kube-controller-manager"),
 		"--kubeconfig="+kcmConfig,
@@ -268,6 +269,24 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	case <-time.After(time.Second):
 	}
 	return nil
+}
+
+// failingReadyChecks lists the API server's readiness checks that fail,
+// which its log rarely names.
+func (c *Cluster) failingReadyChecks() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").Param("verbose", "1").DoRaw(ctx)
+	var failing []string
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.Contains(line, "failed") {
+			failing = append(failing, line)
+		}
+	}
+	if len(failing) == 0 {
+		return fmt.Sprintf("(none named; /readyz?verbose answered %v)", err)
+	}
+	return strings.Join(failing, "\n")
 }
 
 func (c *Cluster) startEtcd(ctx context.Context) error {
