@@ -17,6 +17,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -200,8 +201,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		return fmt.Errorf("certificates: %w", err)
 	}
 	server := "https://" + net.JoinHostPort(APIServerIP, apiServerPort)
-	adminConfig, err := pki.kubeconfig("admin", server)
-	if err != nil {
+	if _, err := pki.kubeconfig("admin", server); err != nil {
 		return err
 	}
 	if c.KubeProxyKubeconfig, err = pki.kubeconfig("kube-proxy", server); err != nil {
@@ -236,7 +236,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	restConfig, err := clientcmd.BuildConfigFromFlags("", adminConfig)
+	restConfig, err := c.adminRESTConfig()
 	if err != nil {
 		return err
 	}
@@ -269,6 +269,18 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	case <-time.After(time.Second):
 	}
 	return nil
+}
+
+// adminRESTConfig is the admin's client configuration, certificates and
+// key loaded as data: client-go caches transports by certificate file path,
+// so a second cluster in one test binary (new certificates at the same
+// paths) would get the first one's and fail to trust its API server.
+func (c *Cluster) adminRESTConfig() (*rest.Config, error) {
+	config, err := clientcmd.BuildConfigFromFlags("", filepath.Join(c.Dir, "admin.kubeconfig"))
+	if err != nil {
+		return nil, err
+	}
+	return config, rest.LoadTLSFiles(config)
 }
 
 // failingReadyChecks lists the API server's readiness checks that fail,

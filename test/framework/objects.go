@@ -2,7 +2,6 @@ package framework
 
 import (
 	"context"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 
@@ -11,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 )
 
@@ -51,7 +49,7 @@ func ManualEndpointSlice(service string, port int32, addresses ...string) *disco
 // FastClient is a cluster-admin client without client-side rate limits,
 // for creating many objects quickly.
 func (c *Cluster) FastClient() (kubernetes.Interface, error) {
-	config, err := clientcmd.BuildConfigFromFlags("", filepath.Join(c.Dir, "admin.kubeconfig"))
+	config, err := c.adminRESTConfig()
 	if err != nil {
 		return nil, err
 	}
