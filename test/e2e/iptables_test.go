@@ -1,14 +1,11 @@
 package e2e
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -39,11 +36,7 @@ func TestCleanupRemovesEverything(t *testing.T) {
 		{"nft", "add", "table", "ip", "kube-proxy"},
 		{"nft", "add", "table", "ip6", "kube-proxy"},
 	}
-	for _, cmd := range leftovers {
-		if out, err := cluster.Node.Command(cmd...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v: %s", cmd, err, out)
-		}
-	}
+	onNode(t, leftovers...)
 	nfacctObjects := func() (left []string) {
 		testutil.DoInNetns(t, cluster.Node.Name, func() {
 			for _, name := range []string{proxymetrics.NFAcctCTStateInvalidDropped, proxymetrics.NFAcctLocalhostNodePortsAccepted} {
@@ -139,68 +132,4 @@ func ruleset(t *testing.T) string {
 		t.Fatalf("nft list ruleset: %v", err)
 	}
 	return counters.ReplaceAllString(string(out), "counter")
-}
-
-// A restore that fails is counted, partial and full alike, and the rules
-// are put right once it can succeed: here another program's rule jumps to
-// the chain of an endpoint that went away, which the kernel then refuses
-// to delete.
-func TestRestoreFailuresAreCountedAndRecovered(t *testing.T) {
-	useOurProxy(t, iptablesMode)
-	addPod(t, "fail-a", framework.PodOptions{Labels: map[string]string{"app": "fail"}})
-	svc := service("fail", "fail", v1.ProtocolTCP)
-	svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
-	svc = createService(t, svc)
-	var endpointChain string
-	eventually(t, convergence, "the endpoint's chain", func() error {
-		for _, line := range strings.Split(nodeRules(t), "\n") {
-			if f := strings.Fields(line); len(f) > 1 && f[0] == "-A" && strings.HasPrefix(f[1], "KUBE-SEP-") &&
-				strings.Contains(line, `"default/fail:tcp"`) && strings.Contains(line, "DNAT") {
-				endpointChain = f[1]
-				return nil
-			}
-		}
-		return fmt.Errorf("not written yet")
-	})
-	foreign := []string{"iptables-nft", "-t", "nat", "-N", "RPX-FOREIGN"}
-	if out, err := cluster.Node.Command(foreign...).CombinedOutput(); err != nil {
-		t.Fatalf("%v: %v: %s", foreign, err, out)
-	}
-	jump := []string{"iptables-nft", "-t", "nat", "-A", "RPX-FOREIGN", "-j", endpointChain}
-	if out, err := cluster.Node.Command(jump...).CombinedOutput(); err != nil {
-		t.Fatalf("%v: %v: %s", jump, err, out)
-	}
-	failures := func() (partial, full float64) {
-		text := metrics(t)
-		return metricValue(text, `kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IPv4"}`),
-			metricValue(text, `kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`)
-	}
-	partialBefore, fullBefore := failures()
-	if err := cluster.RemovePod(context.Background(), "fail-a"); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, convergence, "the failures counted", func() error {
-		if partial, full := failures(); partial <= partialBefore || full <= fullBefore {
-			return fmt.Errorf("partial %v -> %v, full %v -> %v", partialBefore, partial, fullBefore, full)
-		}
-		return nil
-	})
-	for _, cmd := range [][]string{{"iptables-nft", "-t", "nat", "-F", "RPX-FOREIGN"}, {"iptables-nft", "-t", "nat", "-X", "RPX-FOREIGN"}} {
-		if out, err := cluster.Node.Command(cmd...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v: %s", cmd, err, out)
-		}
-	}
-	eventually(t, time.Minute, "the endpoint's chain removed", func() error {
-		if strings.Contains(nodeRules(t), endpointChain) {
-			return fmt.Errorf("%s is still there", endpointChain)
-		}
-		return nil
-	})
-	eventually(t, convergence, "the service rejects, having no endpoint", func() error {
-		_, err := cluster.Node.Request("tcp", net.JoinHostPort(svc.Spec.ClusterIP, "80"), 2*time.Second)
-		if err == nil || !strings.Contains(err.Error(), "connection refused") {
-			return fmt.Errorf("want connection refused, got %v", err)
-		}
-		return nil
-	})
 }

@@ -44,14 +44,8 @@ func TestStartRemovesTheOtherModesLeftovers(t *testing.T) {
 			// From a node without anything of kube-proxy's, so that the
 			// leftovers made here are all there is.
 			stopProxy()
-			if out, err := cluster.Node.Command(cluster.KubeProxy(), "--cleanup").CombinedOutput(); err != nil {
-				t.Fatalf("--cleanup: %v\n%s", err, out)
-			}
-			for _, cmd := range tc.leftovers {
-				if out, err := cluster.Node.Command(cmd...).CombinedOutput(); err != nil {
-					t.Fatalf("%v: %v: %s", cmd, err, out)
-				}
-			}
+			onNode(t, []string{cluster.KubeProxy(), "--cleanup"})
+			onNode(t, tc.leftovers...)
 			useOurProxy(t, tc.mode)
 			for _, check := range tc.checks {
 				out, err := cluster.Node.Command(check...).Output()

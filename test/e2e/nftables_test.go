@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -120,70 +119,4 @@ func unallocatedServiceIP(t *testing.T) string {
 	}
 	t.Fatal("no unallocated address in 10.96.255.0/24")
 	return ""
-}
-
-// serviceChain matches a service port's chain in `nft list table`.
-var serviceChain = regexp.MustCompile(`chain (service-[A-Z2-7]{8}-default/fail/tcp/tcp) \{`)
-
-// A failed nftables transaction is counted, and the rules are put right
-// once one can succeed: here another program's rule in our table jumps to
-// the chain of a service that went away, which the kernel then refuses to
-// delete. Where the mode deletes stale chains (in the sync's transaction
-// or after it) decides which counter counts it.
-func TestNFTablesFailuresAreCountedAndRecovered(t *testing.T) {
-	useOurProxy(t, nftablesMode)
-	addPod(t, "fail-a", framework.PodOptions{Labels: map[string]string{"app": "fail"}})
-	svc := service("fail", "fail", v1.ProtocolTCP)
-	svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
-	svc = createService(t, svc)
-	var chain string
-	eventually(t, convergence, "the service's chain", func() error {
-		m := serviceChain.FindStringSubmatch(nftablesRules(t))
-		if m == nil {
-			return fmt.Errorf("not written yet")
-		}
-		chain = m[1]
-		return nil
-	})
-	foreign := [][]string{
-		{"nft", "add", "chain", "ip", "kube-proxy", "rpx-foreign"},
-		{"nft", "add", "rule", "ip", "kube-proxy", "rpx-foreign", "jump", chain},
-	}
-	for _, cmd := range foreign {
-		if out, err := cluster.Node.Command(cmd...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v: %s", cmd, err, out)
-		}
-	}
-	failures := func() float64 {
-		text := metrics(t)
-		return metricValue(text, `kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"}`) +
-			metricValue(text, `kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family="IPv4"}`)
-	}
-	before := failures()
-	if err := cluster.Client.CoreV1().Services(framework.DefaultNamespace).Delete(context.Background(), "fail", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, convergence, "the failures counted", func() error {
-		if after := failures(); after <= before {
-			return fmt.Errorf("failures %v -> %v", before, after)
-		}
-		return nil
-	})
-	for _, cmd := range [][]string{{"nft", "flush", "chain", "ip", "kube-proxy", "rpx-foreign"}, {"nft", "delete", "chain", "ip", "kube-proxy", "rpx-foreign"}} {
-		if out, err := cluster.Node.Command(cmd...).CombinedOutput(); err != nil {
-			t.Fatalf("%v: %v: %s", cmd, err, out)
-		}
-	}
-	eventually(t, time.Minute, "the service's chain removed", func() error {
-		if strings.Contains(nftablesRules(t), chain) {
-			return fmt.Errorf("%s is still there", chain)
-		}
-		return nil
-	})
-	eventually(t, convergence, "the cluster IP no longer served", func() error {
-		if r, err := cluster.Node.Request("tcp", net.JoinHostPort(svc.Spec.ClusterIP, "80"), 2*time.Second); err == nil {
-			return fmt.Errorf("answered by %s", r.Pod)
-		}
-		return nil
-	})
 }

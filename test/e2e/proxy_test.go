@@ -225,6 +225,17 @@ func metricValue(text, prefix string) float64 {
 	return -1
 }
 
+// onNode runs each command in the node namespace, failing the test at
+// the first that fails.
+func onNode(t *testing.T, cmds ...[]string) {
+	t.Helper()
+	for _, cmd := range cmds {
+		if out, err := cluster.Node.Command(cmd...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", cmd, err, out)
+		}
+	}
+}
+
 // proxyMode is what our kube-proxy's /proxyMode says.
 func proxyMode(t *testing.T) string {
 	t.Helper()

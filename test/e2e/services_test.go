@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -350,9 +351,7 @@ func TestFlushedRulesAreRestored(t *testing.T) {
 			nftablesMode: {{"nft", "flush", "table", "ip", "kube-proxy"}, {"nft", "delete", "table", "ip", "kube-proxy"}},
 		}[mode]
 		for _, cmd := range damage {
-			if out, err := cluster.Node.Command(cmd...).CombinedOutput(); err != nil {
-				t.Fatalf("%v: %v: %s", cmd, err, out)
-			}
+			onNode(t, cmd)
 			if _, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "flush-a"); err == nil {
 				t.Logf("the service still answered right after %v (repaired already)", cmd)
 			}
@@ -483,5 +482,140 @@ func TestRestartAndTakeoverWithLiveTraffic(t *testing.T) {
 				t.Errorf("%s: %d of %d requests failed:\n%s", step.name, failed, ok+failed, errs)
 			}
 		}
+	})
+}
+
+// A sync that fails is counted, and the rules are put right once one can
+// succeed: here another program's rule jumps to a chain of ours that goes
+// away, which the kernel then refuses to delete. In iptables mode that is
+// an endpoint's chain (its pod goes), and partial and full restores alike
+// fail; in nftables mode a service's chain (the service goes), counted as
+// a failed sync or a failed clean-up, by where the mode deletes stale
+// chains.
+func TestFailedSyncsAreCountedAndRecovered(t *testing.T) {
+	type failure struct {
+		// chain finds the chain in the mode's rules.
+		chain func(rules string) string
+		// jump and unjump are another program's rule to it and its removal.
+		jump, unjump func(chain string) [][]string
+		// remove makes the chain stale; counted tells whether the
+		// counters' values grew enough.
+		remove  func(t *testing.T)
+		counted func(before, after []float64) bool
+		// counters are the failure counters read, each for IPv4.
+		counters []string
+	}
+	removePod := func(t *testing.T) {
+		if err := cluster.RemovePod(context.Background(), "fail-a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleteService := func(t *testing.T) {
+		if err := cluster.Client.CoreV1().Services(framework.DefaultNamespace).Delete(context.Background(), "fail", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	each := func(before, after []float64) bool {
+		for i := range before {
+			if after[i] <= before[i] {
+				return false
+			}
+		}
+		return true
+	}
+	some := func(before, after []float64) bool {
+		for i := range before {
+			if after[i] > before[i] {
+				return true
+			}
+		}
+		return false
+	}
+	modeFailures := map[string]failure{
+		iptablesMode: {
+			chain: func(rules string) string {
+				for _, line := range strings.Split(rules, "\n") {
+					if f := strings.Fields(line); len(f) > 1 && f[0] == "-A" && strings.HasPrefix(f[1], "KUBE-SEP-") &&
+						strings.Contains(line, `"default/fail:tcp"`) && strings.Contains(line, "DNAT") {
+						return f[1]
+					}
+				}
+				return ""
+			},
+			jump: func(chain string) [][]string {
+				return [][]string{{"iptables-nft", "-t", "nat", "-N", "RPX-FOREIGN"}, {"iptables-nft", "-t", "nat", "-A", "RPX-FOREIGN", "-j", chain}}
+			},
+			unjump: func(string) [][]string {
+				return [][]string{{"iptables-nft", "-t", "nat", "-F", "RPX-FOREIGN"}, {"iptables-nft", "-t", "nat", "-X", "RPX-FOREIGN"}}
+			},
+			remove:   removePod,
+			counted:  each,
+			counters: []string{"sync_proxy_rules_iptables_partial_restore_failures_total", "sync_proxy_rules_iptables_restore_failures_total"},
+		},
+		nftablesMode: {
+			chain: func(rules string) string {
+				if m := regexp.MustCompile(`chain (service-[A-Z2-7]{8}-default/fail/tcp/tcp) \{`).FindStringSubmatch(rules); m != nil {
+					return m[1]
+				}
+				return ""
+			},
+			jump: func(chain string) [][]string {
+				return [][]string{{"nft", "add", "chain", "ip", "kube-proxy", "rpx-foreign"}, {"nft", "add", "rule", "ip", "kube-proxy", "rpx-foreign", "jump", chain}}
+			},
+			unjump: func(string) [][]string {
+				return [][]string{{"nft", "flush", "chain", "ip", "kube-proxy", "rpx-foreign"}, {"nft", "delete", "chain", "ip", "kube-proxy", "rpx-foreign"}}
+			},
+			remove:   deleteService,
+			counted:  some,
+			counters: []string{"sync_proxy_rules_nftables_sync_failures_total", "sync_proxy_rules_nftables_cleanup_failures_total"},
+		},
+	}
+	inEachMode(t, func(t *testing.T, mode string) {
+		f := modeFailures[mode]
+		addPod(t, "fail-a", framework.PodOptions{Labels: map[string]string{"app": "fail"}})
+		svc := service("fail", "fail", v1.ProtocolTCP)
+		svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
+		svc = createService(t, svc)
+		var chain string
+		eventually(t, convergence, "the chain", func() error {
+			if chain = f.chain(modeRules(t, mode)); chain == "" {
+				return fmt.Errorf("not written yet")
+			}
+			return nil
+		})
+		onNode(t, f.jump(chain)...)
+		failures := func() []float64 {
+			text := metrics(t)
+			var values []float64
+			for _, c := range f.counters {
+				values = append(values, metricValue(text, "kubeproxy_"+c+`{ip_family="IPv4"}`))
+			}
+			return values
+		}
+		before := failures()
+		f.remove(t)
+		eventually(t, convergence, "the failures counted", func() error {
+			if after := failures(); !f.counted(before, after) {
+				return fmt.Errorf("%v: %v -> %v", f.counters, before, after)
+			}
+			return nil
+		})
+		onNode(t, f.unjump(chain)...)
+		eventually(t, time.Minute, "the chain removed", func() error {
+			if strings.Contains(modeRules(t, mode), chain) {
+				return fmt.Errorf("%s is still there", chain)
+			}
+			return nil
+		})
+		eventually(t, convergence, "the service rejects, having no endpoint, or is gone", func() error {
+			r, err := cluster.Node.Request("tcp", net.JoinHostPort(svc.Spec.ClusterIP, "80"), 2*time.Second)
+			switch {
+			case err == nil:
+				return fmt.Errorf("answered by %s", r.Pod)
+			case mode == iptablesMode && !strings.Contains(err.Error(), "connection refused"):
+				return fmt.Errorf("want connection refused, got %v", err)
+			}
+			return nil
+		})
 	})
 }
