@@ -22,8 +22,8 @@ import (
 type table struct {
 	exists  bool
 	comment string
-	chains map[string]*Chain
-	sets   map[string]*tableSet
+	chains  map[string]*Chain
+	sets    map[string]*tableSet
 }
 
 // tableSet is a set or map and its elements, key to value ("" in a set),
