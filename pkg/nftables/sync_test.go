@@ -26,6 +26,14 @@ func operations(tx string) []string {
 	return strings.Split(strings.TrimSuffix(tx, "\n"), "\n")
 }
 
+// requireTransaction checks the last transaction, operation by operation.
+func requireTransaction(t *testing.T, h *harness, want []string) {
+	t.Helper()
+	if got := strings.Join(operations(h.nft.last()), "\n"); got != strings.Join(want, "\n") {
+		t.Errorf("transaction:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+}
+
 func requireNoTransaction(t *testing.T, h *harness, before int) {
 	t.Helper()
 	if len(h.nft.txs) != before {
@@ -86,9 +94,7 @@ func TestEndpointChangeWritesOnlyItsService(t *testing.T) {
 		"add rule ip kube-proxy local-JVAD2WNX-hx-conf/fid-b/tcp/http meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.1.11 . 8080, 1 : 10.244.1.15 . 8080 }",
 		"add element ip kube-proxy hairpin-connections { 10.244.1.15 . 10.244.1.15 . tcp . 8080 }",
 	}
-	if got := strings.Join(operations(h.nft.last()), "\n"); got != strings.Join(want, "\n") {
-		t.Errorf("transaction:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
-	}
+	requireTransaction(t, h, want)
 	checkAgainstFreshSync(t, h)
 }
 
@@ -198,9 +204,7 @@ func TestFullSyncRemovesStaleObjects(t *testing.T) {
 		"delete element ip kube-proxy cluster-ips { 10.96.99.99 }",
 		"delete element ip kube-proxy service-ips { 10.96.99.99 . tcp . 80 }",
 	}
-	if got := strings.Join(operations(h.nft.last()), "\n"); got != strings.Join(want, "\n") {
-		t.Errorf("transaction:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
-	}
+	requireTransaction(t, h, want)
 	h.syncer.now = func() time.Time { return time.Now().Add(time.Minute) }
 	h.changed = nil
 	h.partial()
@@ -218,9 +222,7 @@ func TestServiceCIDRChangeRewritesClusterIPsCheck(t *testing.T) {
 		`add rule ip kube-proxy cluster-ips-check ip daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"`,
 		`add rule ip kube-proxy cluster-ips-check ip daddr { 10.96.0.0/15 } drop comment "Drop traffic to unallocated ClusterIPs"`,
 	}
-	if got := strings.Join(operations(h.nft.last()), "\n"); got != strings.Join(want, "\n") {
-		t.Errorf("transaction:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
-	}
+	requireTransaction(t, h, want)
 }
 
 // Watch's check notices a deleted or flushed table.
