@@ -226,11 +226,11 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 			Health: health, ServiceHealth: sh, Conntrack: conntrack.Cleaner{},
 			SyncFailures: syncFailures,
 		}, mode))
+		using := []any{"mode", cfg.Mode, "ipFamily", family}
 		if iptablesBased {
-			klog.InfoS("Using proxier", "mode", cfg.Mode, "ipFamily", family, "backend", backend)
-		} else {
-			klog.InfoS("Using proxier", "mode", cfg.Mode, "ipFamily", family)
+			using = append(using, "backend", backend)
 		}
+		klog.InfoS("Using proxier", using...)
 	}
 	return proxiers, nil
 }
