@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# The kube-proxy image: our binary plus the tools it drives (iptables in both backends, ipset,
-# conntrack, kmod). The binary picks the iptables backend (legacy or nft) the host already uses,
+# The kube-proxy image: our binary plus the tools it drives (iptables in both backends, nft,
+# ipset, conntrack, kmod). The binary picks the iptables backend (legacy or nft) the host already uses,
 # so no wrapper script is needed. kube-proxy-explain, for `kubectl exec`, prints what the node
 # does with a service.
 

@@ -4,13 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"strconv"
-	"strings"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/rapidproxy/rapidproxy/internal/kernel"
 	"github.com/rapidproxy/rapidproxy/internal/sysctl"
 )
 
@@ -90,26 +88,16 @@ func SetSysctls(s sysctl.Interface, kernelRelease string, strictARP bool) error 
 	return errors.Join(errs...)
 }
 
-// KernelRelease is the running kernel's release ("6.1.0-18-amd64").
+// KernelRelease is the running kernel's release ("6.1.0-18-amd64"), ""
+// when unreadable.
 func KernelRelease() string {
-	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSpace(string(b))
+	release, _ := kernel.Release()
+	return release
 }
 
 // kernelAtLeast compares a release's major and minor numbers; an
 // unreadable release counts as new enough.
 func kernelAtLeast(release string, major, minor int) bool {
-	parts := strings.SplitN(release, ".", 3)
-	if len(parts) < 2 {
-		return true
-	}
-	mj, err1 := strconv.Atoi(parts[0])
-	mn, err2 := strconv.Atoi(strings.TrimRightFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' }))
-	if err1 != nil || err2 != nil {
-		return true
-	}
-	return mj > major || mj == major && mn >= minor
+	v, err := kernel.ParseVersion(release)
+	return err != nil || v.AtLeast(kernel.Version{Major: major, Minor: minor})
 }

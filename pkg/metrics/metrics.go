@@ -61,6 +61,10 @@ var (
 	// IPTablesFlushRecoveriesTotal is ours, not upstream's: how often another
 	// program flushed the rules and they were restored.
 	IPTablesFlushRecoveriesTotal = counter("sync_proxy_rules_iptables_flush_recoveries_total", "Times kube-proxy's iptables rules were found flushed by another program and restored", "ip_family")
+	// The nftables mode's: failed sync transactions, and failed deletions of
+	// stale chains (done after the sync that stopped using them).
+	NFTablesSyncFailuresTotal    = counter("sync_proxy_rules_nftables_sync_failures_total", "Cumulative proxy nftables sync failures", "ip_family")
+	NFTablesCleanupFailuresTotal = counter("sync_proxy_rules_nftables_cleanup_failures_total", "Cumulative proxy nftables cleanup failures", "ip_family")
 	NoLocalEndpointsTotal        = gauge("sync_proxy_rules_no_local_endpoints_total", "Number of services with a Local traffic policy and no endpoints", "traffic_policy", "ip_family")
 
 	ProxyHealthzTotal = counter("proxy_healthz_total", "Cumulative proxy healthz HTTP status", "code")
@@ -125,6 +129,7 @@ var Registry = func() *prometheus.Registry {
 		SyncProxyRulesLastTimestamp, SyncProxyRulesLastQueued, NetworkProgrammingLatency,
 		EndpointChangesPending, EndpointChangesTotal, ServiceChangesPending, ServiceChangesTotal,
 		IPTablesRestoreFailuresTotal, IPTablesPartialRestoreFailuresTotal, IPTablesRulesTotal, IPTablesRulesLastSync, IPTablesFlushRecoveriesTotal,
+		NFTablesSyncFailuresTotal, NFTablesCleanupFailuresTotal,
 		NoLocalEndpointsTotal, ProxyHealthzTotal, ProxyLivezTotal,
 		ConntrackReconcilerSyncDuration, ConntrackReconcilerDeleted,
 		IPTablesCTStateInvalidDropped, IPTablesLocalhostNodePortsAccepted,

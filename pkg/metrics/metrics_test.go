@@ -19,6 +19,8 @@ func TestUpstreamMetricNames(t *testing.T) {
 	IPTablesPartialRestoreFailuresTotal.WithLabelValues("IPv4")
 	IPTablesRulesTotal.WithLabelValues("nat", "IPv4")
 	IPTablesRulesLastSync.WithLabelValues("filter", "IPv4")
+	NFTablesSyncFailuresTotal.WithLabelValues("IPv4")
+	NFTablesCleanupFailuresTotal.WithLabelValues("IPv6")
 	NoLocalEndpointsTotal.WithLabelValues("internal", "IPv4")
 	ProxyHealthzTotal.WithLabelValues("200")
 	ProxyLivezTotal.WithLabelValues("200")
@@ -43,6 +45,8 @@ func TestUpstreamMetricNames(t *testing.T) {
 		`kubeproxy_sync_proxy_rules_iptables_last{ip_family="IPv4",table="filter"}`,
 		`kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"}`,
 		`kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IPv4"}`,
+		`kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"} 0`,
+		`kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family="IPv6"} 0`,
 		`kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="internal"}`,
 		`kubeproxy_proxy_healthz_total{code="200"}`,
 		`kubeproxy_proxy_livez_total{code="200"}`,

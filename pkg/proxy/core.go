@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -39,6 +42,14 @@ type Watcher interface {
 	Watch(ctx context.Context, resync func())
 }
 
+// ServiceCIDRUser is a mode that acts on the cluster's service CIDRs (the
+// ServiceCIDR objects' ranges): the nftables mode drops traffic to their
+// addresses that no service has. The core calls it between syncs, never
+// during one.
+type ServiceCIDRUser interface {
+	SetServiceCIDRs(cidrs []netip.Prefix)
+}
+
 // ErrFullSyncNeeded is returned by a partial sync whose changes touch
 // every service's rules.
 var ErrFullSyncNeeded = errors.New("the changes need a full sync")
@@ -64,6 +75,10 @@ type Config struct {
 	// ServiceHealth and Conntrack are optional.
 	ServiceHealth *healthcheck.ServiceHealth
 	Conntrack     Conntrack
+	// SyncFailures, when set, counts the mode's failed syncs, partial and
+	// full (the nftables mode's metric; the iptables-based modes count
+	// their restores' failures themselves).
+	SyncFailures prometheus.Counter
 }
 
 // Core is a proxier for one IP family: it folds API changes into the
@@ -95,6 +110,12 @@ type Core struct {
 	changed                map[types.NamespacedName]time.Time
 	lastSync, lastFullSync time.Time
 	syncs                  int
+
+	// The family's service CIDRs for a ServiceCIDRUser mode, and whether
+	// the mode has yet to get them; apart from mu, which a sync holds.
+	cidrMu       sync.Mutex
+	serviceCIDRs []netip.Prefix
+	cidrsPending bool
 }
 
 // NewCore returns a proxier running mode; nothing is written before
@@ -173,6 +194,53 @@ func (c *Core) OnNode(node *v1.Node) {
 	}
 }
 
+// UsesServiceCIDRs tells whether the mode acts on the service CIDRs.
+func (c *Core) UsesServiceCIDRs() bool {
+	_, ok := c.mode.(ServiceCIDRUser)
+	return ok
+}
+
+// OnServiceCIDRs passes the ranges of every ServiceCIDR object. When the
+// family's changed, the mode gets them before the next sync, a full one.
+func (c *Core) OnServiceCIDRs(cidrs []netip.Prefix) {
+	if !c.UsesServiceCIDRs() {
+		return
+	}
+	var own []netip.Prefix
+	for _, p := range cidrs {
+		if p.IsValid() && p.Addr().Is4() == (c.cfg.Family == v1.IPv4Protocol) {
+			own = append(own, p.Masked())
+		}
+	}
+	slices.SortFunc(own, func(a, b netip.Prefix) int {
+		if n := a.Addr().Compare(b.Addr()); n != 0 {
+			return n
+		}
+		return a.Bits() - b.Bits()
+	})
+	own = slices.Compact(own)
+	c.cidrMu.Lock()
+	changed := !slices.Equal(own, c.serviceCIDRs)
+	if changed {
+		c.serviceCIDRs, c.cidrsPending = own, true
+	}
+	c.cidrMu.Unlock()
+	if changed {
+		c.RequestFullSync()
+	}
+}
+
+// passServiceCIDRs hands the mode the service CIDRs it has not had yet.
+func (c *Core) passServiceCIDRs() {
+	c.cidrMu.Lock()
+	cidrs, pending := c.serviceCIDRs, c.cidrsPending
+	c.cidrsPending = false
+	c.cidrMu.Unlock()
+	if user, ok := c.mode.(ServiceCIDRUser); ok && pending {
+		user.SetServiceCIDRs(cidrs)
+	}
+}
+
 // SyncLoop syncs until the context ends, with the mode's watch, if any,
 // running beside it.
 func (c *Core) SyncLoop(ctx context.Context) {
@@ -217,6 +285,7 @@ func (c *Core) SyncOnce() error {
 	defer c.mu.Unlock()
 	family := string(c.cfg.Family)
 	start := time.Now()
+	c.passServiceCIDRs()
 	pendingServices, pendingEndpoints := c.tracker.Pending()
 	changes := c.tracker.Apply(c.state)
 	c.syncs++
@@ -239,11 +308,13 @@ func (c *Core) SyncOnce() error {
 			full = true
 		case err != nil:
 			klog.ErrorS(err, "Partial sync failed; doing a full sync", "mode", c.cfg.ModeName, "ipFamily", family)
+			c.countFailure()
 			full = true
 		}
 	}
 	if full {
 		if err := c.mode.FullSync(view); err != nil {
+			c.countFailure()
 			c.needFullSync = true
 			return fmt.Errorf("%s %s sync: %w", c.cfg.ModeName, family, err)
 		}
@@ -277,6 +348,12 @@ func (c *Core) SyncOnce() error {
 		debug.FreeOSMemory()
 	}
 	return nil
+}
+
+func (c *Core) countFailure() {
+	if c.cfg.SyncFailures != nil {
+		c.cfg.SyncFailures.Inc()
+	}
 }
 
 // afterSync updates what depends on a successful sync: health-check

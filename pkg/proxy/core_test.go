@@ -3,11 +3,13 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -144,5 +146,68 @@ func TestCoreCountsServicesWithoutLocalEndpoints(t *testing.T) {
 		case 1:
 			c.OnService(&v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "c"}}, true)
 		}
+	}
+}
+
+// cidrMode is a mode that uses the service CIDRs.
+type cidrMode struct {
+	fakeMode
+	cidrs [][]netip.Prefix
+}
+
+func (m *cidrMode) SetServiceCIDRs(cidrs []netip.Prefix) {
+	m.cidrs = append(m.cidrs, cidrs)
+	m.calls = append(m.calls, fmt.Sprint("cidrs", cidrs))
+}
+
+// A mode using the service CIDRs gets its family's, once per change,
+// before a full sync; other modes ignore them.
+func TestCorePassesTheFamilysServiceCIDRs(t *testing.T) {
+	mode := &cidrMode{}
+	c := newTestCore(mode)
+	if !c.UsesServiceCIDRs() || newTestCore(&fakeMode{}).UsesServiceCIDRs() {
+		t.Fatal("UsesServiceCIDRs is not whether the mode is a ServiceCIDRUser")
+	}
+	newTestCore(&fakeMode{}).OnServiceCIDRs([]netip.Prefix{netip.MustParsePrefix("10.96.0.0/16")})
+	sync := func() {
+		t.Helper()
+		if err := c.SyncOnce(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	localService(c, "a", "10.96.0.1", "node-1")
+	sync()
+	c.OnServiceCIDRs([]netip.Prefix{netip.MustParsePrefix("fd00::/112"), netip.MustParsePrefix("10.97.0.0/16"), netip.MustParsePrefix("10.96.0.1/16")})
+	sync()
+	// The same ranges again (another object holding one of them): nothing to do.
+	c.OnServiceCIDRs([]netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("10.97.0.0/16"), netip.MustParsePrefix("10.96.0.0/16")})
+	sync()
+	c.OnServiceCIDRs(nil)
+	sync()
+	want := []string{"full(1)", "cidrs[10.96.0.0/16 10.97.0.0/16]", "full(1)", "partial()", "cidrs[]", "full(1)"}
+	if !slices.Equal(mode.calls, want) {
+		t.Errorf("calls %v, want %v", mode.calls, want)
+	}
+}
+
+// With SyncFailures set, every failed partial or full sync is counted.
+func TestCoreCountsSyncFailures(t *testing.T) {
+	mode := &fakeMode{}
+	failures := prometheus.NewCounter(prometheus.CounterOpts{Name: "failures"})
+	c := NewCore(Config{Family: v1.IPv4Protocol, ModeName: "fake", Node: state.Node{Name: "node-1"},
+		MinSyncPeriod: time.Second, SyncPeriod: time.Minute, SyncFailures: failures}, mode)
+	_ = c.SyncOnce()
+	mode.partialErr = ErrFullSyncNeeded
+	_ = c.SyncOnce()
+	mode.partialErr = errors.New("transaction failed")
+	_ = c.SyncOnce()
+	mode.fullErr = errors.New("transaction failed")
+	_ = c.SyncOnce()
+	var m dto.Metric
+	if err := failures.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.GetCounter().GetValue(); got != 3 {
+		t.Errorf("%v failures counted, want 3 (a partial, then a full and a partial sync)", got)
 	}
 }

@@ -4,6 +4,8 @@ package proxy
 
 import (
 	"context"
+	"net/netip"
+	"slices"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
@@ -21,6 +23,10 @@ type Proxier interface {
 	OnEndpointSlicesSynced()
 	// OnNode passes the node's own object (topology labels).
 	OnNode(node *v1.Node)
+	// UsesServiceCIDRs tells whether the proxier acts on the ServiceCIDR
+	// objects' ranges; OnServiceCIDRs passes all of them, of both families.
+	UsesServiceCIDRs() bool
+	OnServiceCIDRs(cidrs []netip.Prefix)
 	// SyncLoop programs the kernel until the context ends.
 	SyncLoop(ctx context.Context)
 }
@@ -55,6 +61,16 @@ func (d DualStack) OnEndpointSlicesSynced() {
 func (d DualStack) OnNode(node *v1.Node) {
 	for _, p := range d {
 		p.OnNode(node)
+	}
+}
+
+func (d DualStack) UsesServiceCIDRs() bool {
+	return slices.ContainsFunc(d, Proxier.UsesServiceCIDRs)
+}
+
+func (d DualStack) OnServiceCIDRs(cidrs []netip.Prefix) {
+	for _, p := range d {
+		p.OnServiceCIDRs(cidrs)
 	}
 }
 

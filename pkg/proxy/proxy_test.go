@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"net/netip"
 	"sync"
 	"testing"
 
@@ -10,8 +11,9 @@ import (
 )
 
 type recorder struct {
-	mu     sync.Mutex
-	events []string
+	mu        sync.Mutex
+	events    []string
+	usesCIDRs bool
 }
 
 func (r *recorder) add(e string) { r.mu.Lock(); r.events = append(r.events, e); r.mu.Unlock() }
@@ -22,6 +24,8 @@ func (r *recorder) OnServicesSynced()                              { r.add("serv
 func (r *recorder) OnEndpointSlicesSynced()                        { r.add("slices-synced") }
 func (r *recorder) OnNode(*v1.Node)                                { r.add("node") }
 func (r *recorder) SyncLoop(ctx context.Context)                   { r.add("loop"); <-ctx.Done() }
+func (r *recorder) UsesServiceCIDRs() bool                         { return r.usesCIDRs }
+func (r *recorder) OnServiceCIDRs([]netip.Prefix)                  { r.add("cidrs") }
 
 func TestDualStackFansOut(t *testing.T) {
 	a, b := &recorder{}, &recorder{}
@@ -31,14 +35,18 @@ func TestDualStackFansOut(t *testing.T) {
 	d.OnServicesSynced()
 	d.OnEndpointSlicesSynced()
 	d.OnNode(&v1.Node{})
+	d.OnServiceCIDRs(nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.SyncLoop(ctx); close(done) }()
 	cancel()
 	<-done
 	for _, r := range []*recorder{a, b} {
-		if len(r.events) != 6 {
+		if len(r.events) != 7 {
 			t.Errorf("events %v", r.events)
 		}
+	}
+	if d.UsesServiceCIDRs() || !(DualStack{a, &recorder{usesCIDRs: true}}).UsesServiceCIDRs() {
+		t.Error("UsesServiceCIDRs is not whether any family uses them")
 	}
 }

@@ -4,21 +4,64 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
-	"strings"
 
 	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
 	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
-// Cleanup removes every rule and chain kube-proxy (this one or upstream's,
-// in either backend and family) could have left on this node, and says
-// what it removed.
+// Cleanup removes every rule, chain and table kube-proxy (this one or
+// upstream's, in any mode, either iptables backend and both families)
+// could have left on this node, and says what it removed.
 func Cleanup(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
+	chains, removed, err := cleanupIPTablesModes(cfg)
+	tables, nftErr := cleanupNFTables(ctx)
+	removed = append(removed, tables...)
+	if len(removed) > 0 {
+		klog.InfoS("Removed what the IPVS and nftables modes and the nfacct counters left", "removed", removed)
+	}
+	if err := errors.Join(err, nftErr); err != nil {
+		return fmt.Errorf("cleanup incomplete: %w", err)
+	}
+	if chains == 0 && len(removed) == 0 {
+		klog.InfoS("Cleanup done: nothing of kube-proxy's was present")
+		return nil
+	}
+	klog.InfoS("Cleanup done", "iptablesChains", chains, "other", len(removed))
+	return nil
+}
+
+// cleanupOtherModes removes, best effort, what the modes other than the
+// configured one left, as upstream does at start: the iptables and IPVS
+// modes' leftovers would still act on the nftables mode's traffic, and
+// the nftables mode's tables on the others'.
+func cleanupOtherModes(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) {
+	if cfg.Mode != config.ModeNFTables {
+		if removed, err := cleanupNFTables(ctx); err != nil {
+			klog.ErrorS(err, "Removing the nftables mode's leftovers")
+		} else if len(removed) > 0 {
+			klog.InfoS("Removed the nftables mode's leftovers", "removed", removed)
+		}
+		return
+	}
+	chains, removed, err := cleanupIPTablesModes(cfg)
+	if err != nil {
+		klog.ErrorS(err, "Removing the iptables and IPVS modes' leftovers")
+	}
+	if chains > 0 || len(removed) > 0 {
+		klog.InfoS("Removed the iptables and IPVS modes' leftovers", "iptablesChains", chains, "removed", removed)
+	}
+}
+
+// cleanupIPTablesModes removes what the iptables and IPVS modes leave:
+// the chains and jumps in both families and backends, the IPVS virtual
+// servers, link and ipsets, and the nfacct objects; it says how many
+// chains and what else it removed.
+func cleanupIPTablesModes(cfg *kpconfig.KubeProxyConfiguration) (int, []string, error) {
 	var errs []error
 	total := 0
 	for _, backend := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
@@ -41,7 +84,7 @@ func Cleanup(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
 	// nfacct objects.
 	exclude, err := excludeCIDRs(cfg)
 	if err != nil {
-		return err
+		return total, nil, errors.Join(append(errs, err)...)
 	}
 	removed, err := ipvs.Cleanup(exclude)
 	if err != nil {
@@ -54,45 +97,5 @@ func Cleanup(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
 	for _, name := range counters {
 		removed = append(removed, "nfacct object "+name)
 	}
-	tables, err := cleanupNFTables()
-	if err != nil {
-		errs = append(errs, err)
-	}
-	removed = append(removed, tables...)
-	if len(removed) > 0 {
-		klog.InfoS("Removed what the IPVS and nftables modes and the nfacct counters left", "removed", removed)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("cleanup incomplete: %w", err)
-	}
-	if total == 0 && len(removed) == 0 {
-		klog.InfoS("Cleanup done: nothing of kube-proxy's was present")
-		return nil
-	}
-	klog.InfoS("Cleanup done", "iptablesChains", total, "other", len(removed))
-	return nil
-}
-
-// nftablesTable is the table upstream's nftables mode keeps everything in.
-const nftablesTable = "kube-proxy"
-
-// cleanupNFTables deletes the nftables mode's table in both families,
-// when the nft tool is there to do it.
-func cleanupNFTables() ([]string, error) {
-	if _, err := exec.LookPath("nft"); err != nil {
-		return nil, nil
-	}
-	var removed []string
-	var errs []error
-	for _, family := range []string{"ip", "ip6"} {
-		if exec.Command("nft", "list", "table", family, nftablesTable).Run() != nil {
-			continue
-		}
-		if out, err := exec.Command("nft", "delete", "table", family, nftablesTable).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("nft delete table %s %s: %w: %s", family, nftablesTable, err, strings.TrimSpace(string(out))))
-			continue
-		}
-		removed = append(removed, "nftables table "+family+" "+nftablesTable)
-	}
-	return removed, errors.Join(errs...)
+	return total, removed, errors.Join(errs...)
 }

@@ -81,13 +81,7 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 		return err
 	}
 	services.SetSource(proxier)
-	// As upstream: the iptables-based modes remove what the nftables mode
-	// left, which would otherwise still act on the traffic.
-	if removed, err := cleanupNFTables(); err != nil {
-		klog.ErrorS(err, "Removing the nftables mode's leftovers")
-	} else if len(removed) > 0 {
-		klog.InfoS("Removed the nftables mode's leftovers", "removed", removed)
-	}
+	cleanupOtherModes(ctx, cfg)
 	recordStartEvent(ctx, client, nodeName, cfg.Mode)
 	return watch(ctx, client, cfg, nodeName, node, proxier, health)
 }

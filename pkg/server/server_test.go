@@ -160,6 +160,16 @@ type recordingProxier struct {
 	servicesSynced bool
 	slicesSynced   bool
 	nodes          int
+	usesCIDRs      bool
+	cidrs          []netip.Prefix
+}
+
+func (r *recordingProxier) UsesServiceCIDRs() bool { return r.usesCIDRs }
+
+func (r *recordingProxier) OnServiceCIDRs(cidrs []netip.Prefix) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cidrs = cidrs
 }
 
 func (r *recordingProxier) OnService(svc *v1.Service, deleted bool) {

@@ -13,8 +13,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -133,12 +135,19 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 		newMode = newIPTablesMode
 	case config.ModeIPVS:
 		newMode = newIPVSMode
+	case config.ModeNFTables:
+		newMode = newNFTablesMode
 	default:
-		return nil, fmt.Errorf("proxy mode %q is not available in this build; use iptables or ipvs", cfg.Mode)
+		return nil, fmt.Errorf("proxy mode %q is not available in this build; use iptables, ipvs or nftables", cfg.Mode)
 	}
-	backend, err := iptablesrunner.DetectBackend()
-	if err != nil {
-		return nil, err
+	// The nftables mode needs no iptables tools.
+	iptablesBased := cfg.Mode != config.ModeNFTables
+	var backend iptablesrunner.Backend
+	var err error
+	if iptablesBased {
+		if backend, err = iptablesrunner.DetectBackend(); err != nil {
+			return nil, err
+		}
 	}
 	sync, minSync := config.SyncPeriods(cfg)
 	var nodePortAddrs []netip.Addr
@@ -175,12 +184,15 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 	}
 	var proxiers proxy.DualStack
 	for _, family := range []v1.IPFamily{primary, otherFamily(primary)} {
-		ipt := iptablesrunner.New(family == v1.IPv6Protocol, backend)
-		if err := ipt.Available(); err != nil {
+		var ipt *iptablesrunner.Runner
+		if iptablesBased {
+			ipt = iptablesrunner.New(family == v1.IPv6Protocol, backend)
+		}
+		if err := familyUsable(cfg.Mode, family, ipt); err != nil {
 			if family == primary {
-				return nil, fmt.Errorf("%s mode needs the iptables tools: %w", cfg.Mode, err)
+				return nil, err
 			}
-			klog.InfoS("Not serving the secondary IP family: its iptables tools do not work", "ipFamily", family, "err", err)
+			klog.InfoS("Not serving the secondary IP family", "ipFamily", family, "err", err)
 			continue
 		}
 		detector, err := localdetect.New(detect, family)
@@ -203,20 +215,46 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 		if family == primary {
 			sh = serviceHealth
 		}
+		var syncFailures prometheus.Counter
+		if cfg.Mode == config.ModeNFTables {
+			syncFailures = metrics.NFTablesSyncFailuresTotal.WithLabelValues(string(family))
+		}
 		proxiers = append(proxiers, proxy.NewCore(proxy.Config{
 			Family: family, ModeName: string(cfg.Mode),
 			Node:          state.Node{Name: nodeName, Zone: zone},
 			MinSyncPeriod: minSync, SyncPeriod: sync,
 			Health: health, ServiceHealth: sh, Conntrack: conntrack.Cleaner{},
+			SyncFailures: syncFailures,
 		}, mode))
-		klog.InfoS("Using proxier", "mode", cfg.Mode, "ipFamily", family, "backend", backend)
+		using := []any{"mode", cfg.Mode, "ipFamily", family}
+		if iptablesBased {
+			using = append(using, "backend", backend)
+		}
+		klog.InfoS("Using proxier", using...)
 	}
 	return proxiers, nil
 }
 
+// familyUsable tells whether the node can serve a family in the mode: the
+// iptables-based modes need the family's iptables tools (ipt), the
+// nftables mode an IPv6-enabled kernel for IPv6 (its nft serves both).
+func familyUsable(mode kpconfig.ProxyMode, family v1.IPFamily, ipt *iptablesrunner.Runner) error {
+	if ipt != nil {
+		if err := ipt.Available(); err != nil {
+			return fmt.Errorf("%s mode needs the iptables tools: %w", mode, err)
+		}
+		return nil
+	}
+	if family == v1.IPv6Protocol {
+		return ipv6Usable(sysctl.Proc{}, "/proc/net")
+	}
+	return nil
+}
+
 // familySetup is what every mode is built from for one IP family.
 type familySetup struct {
-	family     v1.IPFamily
+	family v1.IPFamily
+	// iptables is nil in the nftables mode.
 	iptables   *iptablesrunner.Runner
 	detector   localdetect.Detector
 	nodeIP     netip.Addr
@@ -408,6 +446,19 @@ func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeP
 		DeleteFunc: func(o any) { onNode(o, true) },
 	})
 
+	// ServiceCIDRs only for a mode that uses them (the nftables mode).
+	var cidrFactory informers.SharedInformerFactory
+	if proxier.UsesServiceCIDRs() {
+		cidrFactory = informers.NewSharedInformerFactory(client, cfg.ConfigSyncPeriod.Duration)
+		cidrs := cidrFactory.Networking().V1().ServiceCIDRs().Informer()
+		onCIDRs := func(any) { proxier.OnServiceCIDRs(serviceCIDRs(cidrs.GetStore().List())) }
+		_, _ = cidrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    onCIDRs,
+			UpdateFunc: func(_, o any) { onCIDRs(o) },
+			DeleteFunc: onCIDRs,
+		})
+		cidrFactory.Start(ctx.Done())
+	}
 	factory.Start(ctx.Done())
 	nodeFactory.Start(ctx.Done())
 	go func() {
@@ -423,10 +474,31 @@ func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeP
 	proxier.SyncLoop(ctx)
 	factory.Shutdown()
 	nodeFactory.Shutdown()
+	if cidrFactory != nil {
+		cidrFactory.Shutdown()
+	}
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
 	return nil
+}
+
+// serviceCIDRs are the ranges of every ServiceCIDR object (the API server
+// makes "kubernetes" from --service-cluster-ip-range; others add more).
+func serviceCIDRs(objects []any) []netip.Prefix {
+	var out []netip.Prefix
+	for _, o := range objects {
+		sc, ok := o.(*networkingv1.ServiceCIDR)
+		if !ok {
+			continue
+		}
+		for _, c := range sc.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
 }
 
 // trimForCache drops what kube-proxy never reads from the Services and

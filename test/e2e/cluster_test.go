@@ -103,7 +103,13 @@ func createService(t *testing.T, svc *v1.Service) *v1.Service {
 		t.Fatalf("creating service %s: %v", svc.Name, err)
 	}
 	t.Cleanup(func() {
-		_ = cluster.Client.CoreV1().Services(framework.DefaultNamespace).Delete(context.Background(), svc.Name, metav1.DeleteOptions{})
+		ctx := context.Background()
+		_ = cluster.Client.CoreV1().Services(framework.DefaultNamespace).Delete(ctx, svc.Name, metav1.DeleteOptions{})
+		// The cluster has no garbage collector: the controller's slices of
+		// the service would outlive it, and join a later service of the
+		// same name (each test runs once per mode).
+		_ = cluster.Client.DiscoveryV1().EndpointSlices(framework.DefaultNamespace).DeleteCollection(ctx, metav1.DeleteOptions{},
+			metav1.ListOptions{LabelSelector: discovery.LabelServiceName + "=" + svc.Name + "," + discovery.LabelManagedBy + "=endpointslice-controller.k8s.io"})
 	})
 	return created
 }

@@ -42,7 +42,7 @@ func explanation(name, query string) (proxy.Explanation, error) {
 // reason; a rule deleted by hand from one of the service's chains shows
 // up under verify, in the JSON and through kube-proxy-explain on the node.
 func TestExplainAServiceOnTheNode(t *testing.T) {
-	useOurProxy(t)
+	useOurProxy(t, iptablesMode)
 	ctx := context.Background()
 	svc := framework.SelectorlessService("explain", 80, 8080)
 	svc.Spec.Type = v1.ServiceTypeNodePort

@@ -20,28 +20,53 @@ import (
 	"github.com/rapidproxy/rapidproxy/test/framework"
 )
 
+// The proxy modes our kube-proxy runs the tests in.
+const (
+	iptablesMode = "iptables"
+	nftablesMode = "nftables"
+)
+
+// modes are those the mode-independent tests run in, each as a subtest
+// named after it (-run 'TestX/nftables' picks one).
+var modes = []string{iptablesMode, nftablesMode}
+
+// inEachMode runs test once per mode, with our kube-proxy running in it.
+func inEachMode(t *testing.T, test func(t *testing.T, mode string)) {
+	t.Helper()
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			useOurProxy(t, mode)
+			test(t, mode)
+		})
+	}
+}
+
 // proxyConfig is the configuration every kube-proxy of these tests runs
-// with, ours or upstream's. Metrics are served on the node's IP so the
-// tests can read them; conntrack limits are left alone because the node
-// namespace cannot change them.
-const proxyConfig = "mode: iptables\nmetricsBindAddress: 0.0.0.0:10249\nconntrack:\n  maxPerCore: 0\n"
+// with, ours or upstream's, in the given mode. Metrics are served on the
+// node's IP so the tests can read them; conntrack limits are left alone
+// because the node namespace cannot change them.
+func proxyConfig(mode string) string {
+	return "mode: " + mode + "\nmetricsBindAddress: 0.0.0.0:10249\nconntrack:\n  maxPerCore: 0\n"
+}
 
 var (
 	proxyMu sync.Mutex
 	// running is the kube-proxy in the node namespace, nil when none.
 	running *framework.KubeProxy
-	// runningOurs tells whether it is ours or upstream's.
+	// runningOurs tells whether it is ours or upstream's, runningMode
+	// which mode it runs in.
 	runningOurs bool
+	runningMode string
 	started     int
 )
 
-// useOurProxy makes sure our kube-proxy runs in the node namespace. Tests
-// share it; the few that replace it leave ours running again.
-func useOurProxy(t *testing.T) {
+// useOurProxy makes sure our kube-proxy runs in the node namespace in
+// mode. Tests share it; the few that replace it leave ours running again.
+func useOurProxy(t *testing.T, mode string) {
 	t.Helper()
 	proxyMu.Lock()
 	defer proxyMu.Unlock()
-	if running != nil && runningOurs {
+	if running != nil && runningOurs && runningMode == mode {
 		select {
 		case <-running.Exited():
 			t.Errorf("our kube-proxy had exited: %v\n%s", running.Err(), running.LogTail(20))
@@ -49,19 +74,19 @@ func useOurProxy(t *testing.T) {
 			return
 		}
 	}
-	switchProxyLocked(t, true)
+	switchProxyLocked(t, true, mode)
 }
 
 // switchProxy stops whatever kube-proxy runs and starts ours or upstream's
-// over the rules the previous one left.
-func switchProxy(t *testing.T, ours bool) {
+// in mode over the rules the previous one left.
+func switchProxy(t *testing.T, ours bool, mode string) {
 	t.Helper()
 	proxyMu.Lock()
 	defer proxyMu.Unlock()
-	switchProxyLocked(t, ours)
+	switchProxyLocked(t, ours, mode)
 }
 
-func switchProxyLocked(t *testing.T, ours bool) {
+func switchProxyLocked(t *testing.T, ours bool, mode string) {
 	t.Helper()
 	stopProxyLocked()
 	binary, name := cluster.KubeProxy(), "kube-proxy"
@@ -69,7 +94,7 @@ func switchProxyLocked(t *testing.T, ours bool) {
 		binary, name = cluster.UpstreamKubeProxy(), "kube-proxy-upstream"
 	}
 	started++
-	p, err := cluster.StartKubeProxy(fmt.Sprintf("%s-%d", name, started), binary, cluster.KubeProxyConfig(proxyConfig))
+	p, err := cluster.StartKubeProxy(fmt.Sprintf("%s-%s-%d", name, mode, started), binary, cluster.KubeProxyConfig(proxyConfig(mode)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +102,7 @@ func switchProxyLocked(t *testing.T, ours bool) {
 		p.Stop()
 		t.Fatal(err)
 	}
-	running, runningOurs = p, ours
+	running, runningOurs, runningMode = p, ours, mode
 }
 
 // stopProxy ends the running kube-proxy, leaving its rules in place.
@@ -198,6 +223,55 @@ func metricValue(text, prefix string) float64 {
 		}
 	}
 	return -1
+}
+
+// onNode runs each command in the node namespace, failing the test at
+// the first that fails.
+func onNode(t *testing.T, cmds ...[]string) {
+	t.Helper()
+	for _, cmd := range cmds {
+		if out, err := cluster.Node.Command(cmd...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", cmd, err, out)
+		}
+	}
+}
+
+// proxyMode is what our kube-proxy's /proxyMode says.
+func proxyMode(t *testing.T) string {
+	t.Helper()
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + net.JoinHostPort(framework.NodeIPv4, "10249") + "/proxyMode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
+}
+
+// modeRules is what the mode wrote in the node namespace, both families.
+func modeRules(t *testing.T, mode string) string {
+	t.Helper()
+	if mode == nftablesMode {
+		return nftablesRules(t)
+	}
+	return nodeRules(t)
+}
+
+// nftablesRules lists the nftables mode's tables of both families, empty
+// for a family without one.
+func nftablesRules(t *testing.T) string {
+	t.Helper()
+	var all strings.Builder
+	for _, family := range []string{"ip", "ip6"} {
+		out, err := cluster.Node.Command("nft", "list", "table", family, "kube-proxy").CombinedOutput()
+		switch {
+		case err == nil:
+			all.Write(out)
+		case !strings.Contains(string(out), "No such file or directory"):
+			t.Fatalf("nft list table %s kube-proxy: %v: %s", family, err, out)
+		}
+	}
+	return all.String()
 }
 
 // nodeRules is iptables-save of both families in the node namespace, with

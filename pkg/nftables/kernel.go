@@ -1,0 +1,320 @@
+package nftables
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/knftables"
+)
+
+// table is what the kernel's kube-proxy table holds, as far as a sync
+// compares it: read from `nft list table` by a full sync, then kept up to
+// date by every successful transaction.
+type table struct {
+	exists  bool
+	comment string
+	chains  map[string]*Chain
+	sets    map[string]*tableSet
+}
+
+// tableSet is a set or map and its elements, key to value ("" in a set),
+// both joined with " . " as nft prints them. Elements of dynamic sets
+// (affinity) are not kept: the kernel writes those.
+type tableSet struct {
+	Set
+	elements map[string]string
+	// comments are the elements' comments, for the few that have one.
+	comments map[string]string
+}
+
+func newTable() *table {
+	return &table{chains: map[string]*Chain{}, sets: map[string]*tableSet{}}
+}
+
+// listTable runs `nft list table <family> kube-proxy`; the returned
+// reader's Close reports nft's failure, fs.ErrNotExist when there is no
+// such table.
+func listTable(family knftables.Family) func(ctx context.Context) (io.ReadCloser, error) {
+	return func(ctx context.Context) (io.ReadCloser, error) {
+		cmd := exec.CommandContext(ctx, "nft", "list", "table", string(family), TableName)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return nil, err
+		}
+		r := &cmdReader{ReadCloser: out, cmd: cmd}
+		cmd.Stderr = &r.stderr
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("running nft: %w", err)
+		}
+		return r, nil
+	}
+}
+
+type cmdReader struct {
+	io.ReadCloser
+	cmd    *exec.Cmd
+	stderr bytes.Buffer
+}
+
+func (r *cmdReader) Close() error {
+	_, _ = io.Copy(io.Discard, r.ReadCloser)
+	err := r.cmd.Wait()
+	if err == nil {
+		return nil
+	}
+	msg := strings.TrimSpace(r.stderr.String())
+	if strings.Contains(msg, "No such file or directory") {
+		return fmt.Errorf("nft list table: %s: %w", msg, fs.ErrNotExist)
+	}
+	return fmt.Errorf("nft list table: %v: %s", err, msg)
+}
+
+// readTable reads the table as `nft list table` prints it, line by line.
+func readTable(ctx context.Context, list func(context.Context) (io.ReadCloser, error)) (*table, error) {
+	r, err := list(ctx)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || knftables.IsNotFound(err) {
+			return newTable(), nil
+		}
+		return nil, err
+	}
+	t, parseErr := parseTable(r)
+	if err := r.Close(); err != nil {
+		if errors.Is(err, fs.ErrNotExist) || knftables.IsNotFound(err) {
+			return newTable(), nil
+		}
+		return nil, err
+	}
+	return t, parseErr
+}
+
+// parseTable parses one table of `nft list` output.
+func parseTable(r io.Reader) (*table, error) {
+	t := newTable()
+	sc := bufio.NewScanner(r)
+	// A numgen map of a service with thousands of endpoints is one line.
+	sc.Buffer(make([]byte, 0, 64*1024), 256<<20)
+	var c *Chain
+	var s *tableSet
+	var elements strings.Builder // an elements list, while it spans lines
+	inElements := false
+	lineNo := 0
+	for sc.Scan() {
+		lineNo++
+		line := strings.TrimSpace(sc.Text())
+		if inElements {
+			elements.WriteString(" " + line)
+			if closes(line) {
+				inElements = false
+				if err := parseElements(s, elements.String()); err != nil {
+					return nil, fmt.Errorf("line %d: %w", lineNo, err)
+				}
+			}
+			continue
+		}
+		switch {
+		case line == "" || strings.HasPrefix(line, "#"):
+		case strings.HasPrefix(line, "table "):
+			t.exists = true
+		case line == "}":
+			c, s = nil, nil
+		case c == nil && s == nil && strings.HasPrefix(line, "chain "):
+			name := strings.TrimSuffix(strings.TrimPrefix(line, "chain "), " {")
+			c = &Chain{Chain: knftables.Chain{Name: name}}
+			t.chains[name] = c
+		case c == nil && s == nil && (strings.HasPrefix(line, "set ") || strings.HasPrefix(line, "map ")):
+			kind, name, _ := strings.Cut(strings.TrimSuffix(line, " {"), " ")
+			s = &tableSet{Set: Set{Name: name, Map: kind == "map"}, elements: map[string]string{}}
+			t.sets[name] = s
+		case c == nil && s == nil && strings.HasPrefix(line, "comment \""):
+			t.comment, _ = strconv.Unquote(strings.TrimPrefix(line, "comment "))
+		case c == nil && s == nil:
+			// The table's flags: nothing a sync compares.
+		case c != nil:
+			switch {
+			case strings.HasPrefix(line, "type ") && strings.Contains(line, " hook "):
+				if err := parseBaseChain(&c.Chain, line); err != nil {
+					return nil, fmt.Errorf("line %d: %w", lineNo, err)
+				}
+			case strings.HasPrefix(line, "comment \""):
+				cmt, err := strconv.Unquote(strings.TrimPrefix(line, "comment "))
+				if err != nil {
+					return nil, fmt.Errorf("line %d: chain comment: %w", lineNo, err)
+				}
+				c.Comment = &cmt
+			default:
+				c.Rules = append(c.Rules, line)
+			}
+		default:
+			word, rest, _ := strings.Cut(line, " ")
+			switch word {
+			case "type":
+				s.Type = rest
+			case "flags":
+				for _, f := range strings.Split(rest, ",") {
+					s.Flags = append(s.Flags, knftables.SetFlag(strings.TrimSpace(f)))
+				}
+			case "timeout":
+				d, err := parseDuration(rest)
+				if err != nil {
+					return nil, fmt.Errorf("line %d: %w", lineNo, err)
+				}
+				s.Timeout = d
+			case "comment":
+				cmt, err := strconv.Unquote(rest)
+				if err != nil {
+					return nil, fmt.Errorf("line %d: set comment: %w", lineNo, err)
+				}
+				s.Comment = cmt
+			case "elements":
+				elements.Reset()
+				elements.WriteString(strings.TrimPrefix(rest, "= "))
+				if closes(line) {
+					if err := parseElements(s, elements.String()); err != nil {
+						return nil, fmt.Errorf("line %d: %w", lineNo, err)
+					}
+				} else {
+					inElements = true
+				}
+			}
+			// size, policy, gc-interval: set by the kernel, not compared.
+		}
+	}
+	return t, sc.Err()
+}
+
+// closes tells whether an elements line ends the list: a "}" outside quotes.
+func closes(line string) bool {
+	return strings.HasSuffix(line, "}") && strings.Count(line, `"`)%2 == 0
+}
+
+// parseBaseChain reads "type filter hook input priority filter; policy accept;".
+func parseBaseChain(c *knftables.Chain, line string) error {
+	fields := strings.Split(strings.TrimSuffix(line, ";"), ";")
+	words := strings.Fields(fields[0])
+	if len(words) < 6 || words[0] != "type" || words[2] != "hook" || words[4] != "priority" {
+		return fmt.Errorf("base chain %s: cannot read %q", c.Name, line)
+	}
+	typ, hook := knftables.BaseChainType(words[1]), knftables.BaseChainHook(words[3])
+	prio := knftables.BaseChainPriority(strings.Join(words[5:], " "))
+	c.Type, c.Hook, c.Priority = &typ, &hook, &prio
+	return nil
+}
+
+// parseElements reads "{ k1 [comment "c"] [: v1], k2 ... }" into s,
+// leaving out what the kernel adds to dynamic sets.
+func parseElements(s *tableSet, text string) error {
+	text = strings.TrimSpace(text)
+	if !strings.HasPrefix(text, "{") || !strings.HasSuffix(text, "}") {
+		return fmt.Errorf("%s: cannot read elements %q", s.Name, text)
+	}
+	if s.dynamic() {
+		return nil
+	}
+	for _, e := range splitOutsideQuotes(text[1:len(text)-1], ',') {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		// A comment may hold " : "; it goes before the value.
+		cmt := ""
+		if i := strings.Index(e, ` comment "`); i >= 0 {
+			end := strings.IndexByte(e[i+len(` comment "`):], '"')
+			if end < 0 {
+				return fmt.Errorf("%s: cannot read element %q", s.Name, e)
+			}
+			cmt = e[i+len(` comment "`) : i+len(` comment "`)+end]
+			e = e[:i] + e[i+len(` comment "`)+end+1:]
+		}
+		key, value, _ := strings.Cut(e, " : ")
+		key = strings.TrimSpace(key)
+		s.elements[key] = strings.TrimSpace(value)
+		if cmt != "" {
+			if s.comments == nil {
+				s.comments = map[string]string{}
+			}
+			s.comments[key] = cmt
+		}
+	}
+	return nil
+}
+
+func (s *Set) dynamic() bool {
+	for _, f := range s.Flags {
+		if f == knftables.DynamicFlag || f == knftables.TimeoutFlag {
+			return true
+		}
+	}
+	return false
+}
+
+func splitOutsideQuotes(s string, sep byte) []string {
+	var out []string
+	quoted, start := false, 0
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '"':
+			quoted = !quoted
+		case sep:
+			if !quoted {
+				out = append(out, s[start:i])
+				start = i + 1
+			}
+		}
+	}
+	return append(out, s[start:])
+}
+
+// parseDuration reads nft's times: "3h", "2h59m56s992ms", "1d", "10800s".
+func parseDuration(s string) (time.Duration, error) {
+	var total time.Duration
+	rest := strings.TrimSpace(s)
+	for rest != "" {
+		i := 0
+		for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
+			i++
+		}
+		j := i
+		for j < len(rest) && (rest[j] < '0' || rest[j] > '9') {
+			j++
+		}
+		n, err := strconv.Atoi(rest[:i])
+		if err != nil {
+			return 0, fmt.Errorf("time %q: %w", s, err)
+		}
+		unit := map[string]time.Duration{"d": 24 * time.Hour, "h": time.Hour, "m": time.Minute, "s": time.Second, "ms": time.Millisecond}[rest[i:j]]
+		if unit == 0 {
+			return 0, fmt.Errorf("time %q: unknown unit %q", s, rest[i:j])
+		}
+		total += time.Duration(n) * unit
+		rest = rest[j:]
+	}
+	return total, nil
+}
+
+// formatDuration writes a time as nft lists it ("3h", "1h30m", "10s").
+func formatDuration(d time.Duration) string {
+	var b strings.Builder
+	for _, u := range []struct {
+		unit string
+		d    time.Duration
+	}{{"d", 24 * time.Hour}, {"h", time.Hour}, {"m", time.Minute}, {"s", time.Second}, {"ms", time.Millisecond}} {
+		if d >= u.d {
+			fmt.Fprintf(&b, "%d%s", d/u.d, u.unit)
+			d %= u.d
+		}
+	}
+	if b.Len() == 0 {
+		return "0s"
+	}
+	return b.String()
+}

@@ -1,0 +1,186 @@
+package nftables
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/knftables"
+
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
+)
+
+// inNetns re-runs the calling test inside a fresh network namespace, and
+// tells whether this is that inner run.
+func inNetns(t *testing.T) bool {
+	testutil.RequireRoot(t)
+	testutil.RequireCommands(t, "nft", "ip")
+	return testutil.RerunInNetns(t, [][2]string{{"fresh namespace", ""}})
+}
+
+// kernelNFT is the real nft, keeping each transaction it ran.
+type kernelNFT struct {
+	knftables.Interface
+	txs []string
+}
+
+func (k *kernelNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
+	k.txs = append(k.txs, tx.String())
+	return k.Interface.Run(ctx, tx)
+}
+
+// kernelHarness is a harness whose syncer writes the real table.
+func kernelHarness(t *testing.T, family v1.IPFamily, params Params) (*harness, *kernelNFT) {
+	t.Helper()
+	kf := knftables.IPv4Family
+	if family == v1.IPv6Protocol {
+		kf = knftables.IPv6Family
+	}
+	real, err := knftables.New(kf, TableName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Cleanup(t.Context(), real); err != nil {
+		t.Fatal(err)
+	}
+	k := &kernelNFT{Interface: real}
+	h := newHarness(t, family, params)
+	h.syncer = h.kernelSyncer(family, params, k)
+	return h, k
+}
+
+func (h *harness) kernelSyncer(family v1.IPFamily, params Params, k *kernelNFT) *Syncer {
+	s, err := New(Config{Family: family, NFT: k, Params: params})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return s
+}
+
+// listed is the kernel's table, read back with our reader and dumped as
+// the golden files are.
+func listed(t *testing.T, family v1.IPFamily) string {
+	t.Helper()
+	kf := knftables.IPv4Family
+	if family == v1.IPv6Protocol {
+		kf = knftables.IPv6Family
+	}
+	tb, err := readTable(t.Context(), listTable(kf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dump(replay(t, tb, kf))
+}
+
+// Every golden table, written by the real nft and listed back, is the
+// golden file (so each rule is in nft's own listing form), and a restart
+// over it writes nothing.
+func TestKernelGoldenTables(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	for _, tc := range goldenCases {
+		t.Run(tc.name, func(t *testing.T) {
+			family := tc.family
+			if family == "" {
+				family = v1.IPv4Protocol
+			}
+			h, k := kernelHarness(t, family, tc.params(t))
+			if tc.name == "topology" {
+				h.node.Zone = "zone-a"
+			}
+			h.apply(tc.objs...)
+			h.full()
+			want, err := os.ReadFile(filepath.Join("testdata", tc.name+".golden"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := listed(t, family); got != string(want) {
+				t.Errorf("nft lists (+) what differs from the golden file (-):\n%s", testutil.LineDiff(string(want), got))
+			}
+			h.syncer = h.kernelSyncer(family, tc.params(t), k)
+			n := len(k.txs)
+			h.full()
+			if len(k.txs) != n {
+				t.Errorf("a restart wrote:\n%s", k.txs[len(k.txs)-1])
+			}
+		})
+	}
+}
+
+// On the real kernel: a partial sync of one endpoint change, a removal
+// whose chains are deleted a second later, and a takeover from the table
+// upstream v1.36.3 wrote, loaded as it was listed.
+func TestKernelSyncs(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	params := v4(nil)(t)
+	h, k := kernelHarness(t, v1.IPv4Protocol, params)
+	h.apply(sampleObjects()...)
+	h.full()
+
+	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.11"), ep("10.244.1.12", "node=node-2"), ep("10.244.1.15")))
+	n := len(k.txs)
+	h.partial()
+	if len(k.txs) != n+1 || len(operations(k.txs[n])) != 5 {
+		t.Errorf("one endpoint change wrote:\n%s", strings.Join(k.txs[n:], "\n"))
+	}
+	compareWithFresh(t, h, params)
+
+	h.tracker.OnService(types.NamespacedName{Namespace: "hx-conf", Name: "fid-a"}, nil)
+	h.changed = h.tracker.Apply(h.state).ServicePorts
+	h.partial()
+	time.Sleep(staleChainDelay + 100*time.Millisecond)
+	h.changed = nil
+	h.partial()
+	if last := k.txs[len(k.txs)-1]; strings.Count(last, "delete chain") != 8 {
+		t.Errorf("the removed service's chains were not deleted:\n%s", last)
+	}
+	compareWithFresh(t, h, params)
+
+	// Upstream's table, as upstream left it (affinity entries too).
+	sample, err := os.ReadFile(samplePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Cleanup(t.Context(), k.Interface); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(sampleTable(t, string(sample), "table ip kube-proxy {"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("loading upstream's table: %v: %s", err, out)
+	}
+	up := newHarness(t, v1.IPv4Protocol, params)
+	up.syncer = up.kernelSyncer(v1.IPv4Protocol, params, k)
+	up.apply(sampleObjects()...)
+	n = len(k.txs)
+	up.full()
+	if len(k.txs) != n {
+		t.Errorf("taking over upstream's table wrote:\n%s", k.txs[len(k.txs)-1])
+	}
+	// The affinity entry upstream's table held is still there.
+	out, err := exec.Command("nft", "list", "set", "ip", TableName, "affinity-J3ASCV4X-hx-conf/fid-a/tcp/http__10.244.1.11/8080").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "10.244.1.100") {
+		t.Errorf("affinity entry lost: %v: %s", err, out)
+	}
+}
+
+// compareWithFresh compares the kernel's table with what one full sync of
+// the same state writes into an empty Fake.
+func compareWithFresh(t *testing.T, h *harness, params Params) {
+	t.Helper()
+	fresh := newHarness(t, v1.IPv4Protocol, params)
+	fresh.state, fresh.node = h.state, h.node
+	fresh.full()
+	if want, got := dump(fresh.nft.Fake), listed(t, v1.IPv4Protocol); want != got {
+		t.Errorf("the kernel's table (+) differs from a fresh sync (-):\n%s", testutil.LineDiff(want, got))
+	}
+}

@@ -1,0 +1,426 @@
+package nftables
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/rapidproxy/rapidproxy/pkg/state"
+)
+
+// TableName is the table of each family, as upstream names it.
+const TableName = "kube-proxy"
+
+// The fixed chains, sets and maps, named as upstream.
+const (
+	chainFilterPreroutingPreDNAT = "filter-prerouting-pre-dnat"
+	chainFilterOutputPreDNAT     = "filter-output-pre-dnat"
+	chainFilterInput             = "filter-input"
+	chainFilterForward           = "filter-forward"
+	chainFilterOutput            = "filter-output"
+	chainNATPrerouting           = "nat-prerouting"
+	chainNATOutput               = "nat-output"
+	chainNATPostrouting          = "nat-postrouting"
+
+	chainServices               = "services"
+	chainServiceEndpointsCheck  = "service-endpoints-check"
+	chainNodePortEndpointsCheck = "nodeport-endpoints-check"
+	chainFirewallCheck          = "firewall-check"
+	chainClusterIPsCheck        = "cluster-ips-check"
+	chainMasquerading           = "masquerading"
+	chainReject                 = "reject-chain"
+
+	setClusterIPs          = "cluster-ips"
+	setNodePortIPs         = "nodeport-ips"
+	setHairpinConnections  = "hairpin-connections"
+	mapServiceIPs          = "service-ips"
+	mapServiceNodePorts    = "service-nodeports"
+	mapNoEndpointServices  = "no-endpoint-services"
+	mapNoEndpointNodePorts = "no-endpoint-nodeports"
+	mapFirewallIPs         = "firewall-ips"
+)
+
+// Chain is a chain with its rules, each as `nft list` prints it (a
+// trailing comment included), so that what is written compares equal to
+// what is read back.
+type Chain struct {
+	knftables.Chain
+	Rules []string
+}
+
+// Layout is what every sync keeps in place whatever the services: the
+// table, base chains, fixed chains with their rules, sets and maps.
+type Layout struct {
+	Table  knftables.Table
+	Chains []Chain
+	// Sets holds the sets and maps (a map is a set with a value type,
+	// "key : value", as nft lists it).
+	Sets     []Set
+	Elements []knftables.Element
+}
+
+// Set is a set or map, as far as a sync compares them.
+type Set struct {
+	Name string
+	// Map is true for a map; Type is its "key : value" type then.
+	Map     bool
+	Type    string
+	Flags   []knftables.SetFlag
+	Timeout time.Duration
+	Comment string
+}
+
+// ServiceObjects is everything one service port puts into the table: its
+// chains and affinity sets, which it alone owns, and its elements in the
+// shared sets and maps (a cluster-ips or hairpin-connections element may
+// be wanted by several).
+type ServiceObjects struct {
+	Chains   []Chain
+	Sets     []Set
+	Elements []knftables.Element
+}
+
+func (p *Params) ipX() string {
+	if p.IPv6 {
+		return "ip6"
+	}
+	return "ip"
+}
+
+func (p *Params) addrType() string {
+	if p.IPv6 {
+		return "ipv6_addr"
+	}
+	return "ipv4_addr"
+}
+
+// mark is the masquerade mark as nft prints it.
+func (p *Params) mark() string { return fmt.Sprintf("0x%08x", uint32(1)<<p.MasqueradeBit) }
+
+// masquerade marks a packet for masquerading in the masquerading chain.
+func (p *Params) masquerade() string { return "meta mark set meta mark | " + p.mark() }
+
+// matchAllNodePorts is true when every local address takes NodePorts.
+func (p *Params) matchAllNodePorts() bool { return p.NodePortAddresses == nil }
+
+func baseChain(name string, typ knftables.BaseChainType, hook knftables.BaseChainHook, prio knftables.BaseChainPriority, rules ...string) Chain {
+	return Chain{Chain: knftables.Chain{Name: name, Type: &typ, Hook: &hook, Priority: &prio}, Rules: rules}
+}
+
+func chain(name string, rules ...string) Chain {
+	return Chain{Chain: knftables.Chain{Name: name}, Rules: rules}
+}
+
+func comment(rule, c string) string { return rule + " comment " + strconv.Quote(c) }
+
+// Layout is the fixed part of the table for these parameters; base chain
+// priorities are written as nft prints them.
+func (p *Params) Layout() Layout {
+	ip, addr := p.ipX(), p.addrType()
+	const newConn = "ct state new "
+	l := Layout{Table: knftables.Table{Comment: knftables.PtrTo("rules for kube-proxy")}}
+	l.Chains = []Chain{
+		baseChain(chainFilterPreroutingPreDNAT, knftables.FilterType, knftables.PreroutingHook, "dstnat - 10", newConn+"jump "+chainFirewallCheck),
+		baseChain(chainFilterOutputPreDNAT, knftables.FilterType, knftables.OutputHook, "-110", newConn+"jump "+chainFirewallCheck),
+		baseChain(chainFilterInput, knftables.FilterType, knftables.InputHook, knftables.FilterPriority,
+			newConn+"jump "+chainNodePortEndpointsCheck, newConn+"jump "+chainServiceEndpointsCheck),
+		baseChain(chainFilterForward, knftables.FilterType, knftables.ForwardHook, knftables.FilterPriority,
+			newConn+"jump "+chainServiceEndpointsCheck, newConn+"jump "+chainClusterIPsCheck),
+		baseChain(chainFilterOutput, knftables.FilterType, knftables.OutputHook, knftables.FilterPriority,
+			newConn+"jump "+chainServiceEndpointsCheck, newConn+"jump "+chainClusterIPsCheck),
+		baseChain(chainNATPrerouting, knftables.NATType, knftables.PreroutingHook, knftables.DNATPriority, "jump "+chainServices),
+		baseChain(chainNATOutput, knftables.NATType, knftables.OutputHook, "-100", "jump "+chainServices),
+		baseChain(chainNATPostrouting, knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, "jump "+chainMasquerading),
+	}
+
+	daddrPort := ip + " daddr . meta l4proto . th dport vmap @"
+	// Upstream writes no NodePort on localhost addresses.
+	noLocalhost := ip + " daddr != 127.0.0.0/8"
+	if p.IPv6 {
+		noLocalhost = ip + " daddr != ::1"
+	}
+	nodePorts, nodePortChecks := ip+" daddr @"+setNodePortIPs, ip+" daddr @"+setNodePortIPs
+	if p.matchAllNodePorts() {
+		nodePorts, nodePortChecks = "fib daddr type local "+noLocalhost, noLocalhost
+	}
+	var services []string
+	switch {
+	case p.MasqueradeAll:
+		services = append(services, comment(ip+" daddr @"+setClusterIPs+" "+p.masquerade(), "masquerade all clusterIP traffic"))
+	case p.LocalDetector.Implemented():
+		// Off-cluster traffic to a ClusterIP (through a static route to
+		// a node) may leave the node again: masquerade it.
+		services = append(services, comment(ip+" daddr @"+setClusterIPs+" "+p.LocalDetector.IfNotLocalNFT()+" "+p.masquerade(), "masquerade clusterIP traffic from outside cluster"))
+	}
+	services = append(services, daddrPort+mapServiceIPs, nodePorts+" meta l4proto . th dport vmap @"+mapServiceNodePorts)
+
+	clusterIPsCheck := []string{comment(ip+" daddr @"+setClusterIPs+" reject", "Reject traffic to invalid ports of ClusterIPs")}
+	if len(p.ServiceCIDRs) > 0 {
+		clusterIPsCheck = append(clusterIPsCheck, comment(ip+" daddr "+addressSet(p.ServiceCIDRs)+" drop", "Drop traffic to unallocated ClusterIPs"))
+	}
+	reject := chain(chainReject, "reject")
+	reject.Comment = knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")
+	l.Chains = append(l.Chains,
+		chain(chainNodePortEndpointsCheck, nodePortChecks+" meta l4proto . th dport vmap @"+mapNoEndpointNodePorts),
+		chain(chainServiceEndpointsCheck, daddrPort+mapNoEndpointServices),
+		chain(chainFirewallCheck, daddrPort+mapFirewallIPs),
+		chain(chainServices, services...),
+		chain(chainMasquerading,
+			"meta mark & "+p.mark()+" != 0x00000000 meta mark set meta mark ^ "+p.mark()+" masquerade fully-random",
+			"ct status dnat "+ip+" saddr . "+ip+" daddr . meta l4proto . th dport @"+setHairpinConnections+" masquerade fully-random"),
+		chain(chainClusterIPsCheck, clusterIPsCheck...),
+		reject,
+	)
+
+	l.Sets = []Set{
+		{Name: setHairpinConnections, Type: addr + " . " + addr + " . inet_proto . inet_service", Comment: "service hairpin connections"},
+		{Name: setClusterIPs, Type: addr, Comment: "Active ClusterIPs"},
+		{Name: mapNoEndpointServices, Map: true, Type: addr + " . inet_proto . inet_service : verdict", Comment: "vmap to drop or reject packets to services with no endpoints"},
+		{Name: mapNoEndpointNodePorts, Map: true, Type: "inet_proto . inet_service : verdict", Comment: "vmap to drop or reject packets to service nodeports with no endpoints"},
+		{Name: mapFirewallIPs, Map: true, Type: addr + " . inet_proto . inet_service : verdict", Comment: "destinations that are subject to LoadBalancerSourceRanges"},
+		{Name: mapServiceIPs, Map: true, Type: addr + " . inet_proto . inet_service : verdict", Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
+		{Name: mapServiceNodePorts, Map: true, Type: "inet_proto . inet_service : verdict", Comment: "NodePort traffic"},
+	}
+	if !p.matchAllNodePorts() {
+		l.Sets = append(l.Sets, Set{Name: setNodePortIPs, Type: addr, Comment: "IPs that accept NodePort traffic"})
+		for _, a := range p.NodePortAddresses {
+			// Upstream does not do localhost NodePorts; the wiring logs it.
+			if a.IsLoopback() {
+				continue
+			}
+			l.Elements = append(l.Elements, knftables.Element{Set: setNodePortIPs, Key: []string{a.String()}})
+		}
+	}
+	return l
+}
+
+// ServiceObjects decides what one service port puts into the table, from
+// its definition and the endpoints this node uses for it, as upstream
+// v1.36 does: no endpoint chains but with affinity, one numgen DNAT rule
+// per policy chain, hairpin traffic masqueraded through a set.
+func (p *Params) ServiceObjects(svc *state.ServicePort, sel state.Selection) ServiceObjects {
+	var out ServiceObjects
+	ip := p.ipX()
+	n := namesFor(svc.Name)
+	proto := strings.ToLower(string(svc.Protocol))
+	port := itoa(svc.Port)
+	affinity := svc.AffinityTimeoutSeconds > 0
+	element := func(container string, isMap bool, key []string, value string, cmt string) {
+		e := knftables.Element{Key: key}
+		if isMap {
+			e.Map, e.Value = container, []string{value}
+		} else {
+			e.Set = container
+		}
+		if cmt != "" {
+			e.Comment = &cmt
+		}
+		out.Elements = append(out.Elements, e)
+	}
+
+	hasEndpoints := sel.HasAny
+	internalChain, hasInternal := n.cluster, hasEndpoints
+	if svc.InternalPolicyLocal {
+		internalChain, hasInternal = n.local, hasEndpoints && len(sel.Local) > 0
+	}
+	externalPolicyChain, hasExternal := n.cluster, hasEndpoints
+	if svc.ExternalPolicyLocal {
+		externalPolicyChain, hasExternal = n.local, hasEndpoints && len(sel.Local) > 0
+	}
+	// The external chain is there whenever there are endpoints anywhere:
+	// its short-circuits for pod and node traffic need no local ones.
+	usesExternal := hasEndpoints && svc.HasExternal()
+	internalVerdict, externalVerdict := "drop", "drop"
+	if !hasEndpoints {
+		internalVerdict, externalVerdict = "goto "+chainReject, "goto "+chainReject
+	}
+	name := svc.Name.String()
+	key := func(a netip.Addr) []string { return []string{a.String(), proto, port} }
+
+	element(setClusterIPs, false, []string{svc.ClusterIP.String()}, "", "")
+	if hasInternal {
+		element(mapServiceIPs, true, key(svc.ClusterIP), "goto "+internalChain, "")
+	} else {
+		element(mapNoEndpointServices, true, key(svc.ClusterIP), internalVerdict, name)
+	}
+	for _, a := range svc.ExternalIPs {
+		if hasEndpoints {
+			element(mapServiceIPs, true, key(a), "goto "+n.external, "")
+		}
+		if !hasExternal {
+			element(mapNoEndpointServices, true, key(a), externalVerdict, name)
+		}
+	}
+	usesFirewall := len(svc.LoadBalancerIPs) > 0 && len(svc.LoadBalancerSourceRanges) > 0
+	for _, a := range svc.LoadBalancerIPs {
+		if hasEndpoints {
+			element(mapServiceIPs, true, key(a), "goto "+n.external, "")
+		}
+		if usesFirewall {
+			element(mapFirewallIPs, true, key(a), "goto "+n.firewall, "")
+		}
+	}
+	if !hasExternal {
+		for _, a := range svc.LoadBalancerIPs {
+			element(mapNoEndpointServices, true, key(a), externalVerdict, name)
+		}
+	}
+	if svc.NodePort != 0 {
+		np := []string{proto, itoa(svc.NodePort)}
+		if hasEndpoints {
+			element(mapServiceNodePorts, true, np, "goto "+n.external, "")
+		}
+		if !hasExternal {
+			element(mapNoEndpointNodePorts, true, np, externalVerdict, name)
+		}
+	}
+	for _, ep := range sel.All {
+		if ep.IsLocal {
+			a := ep.IP.String()
+			element(setHairpinConnections, false, []string{a, a, proto, itoa(ep.Port)}, "", "")
+		}
+	}
+
+	if usesExternal {
+		ext := chain(n.external)
+		if !svc.ExternalPolicyLocal {
+			// Cluster endpoints may be on other nodes: masquerade.
+			ext.Rules = append(ext.Rules, comment(p.masquerade(), "masquerade"))
+		} else {
+			// Pods and the node itself reach external addresses as if
+			// from outside and back in, so they get every endpoint; the
+			// node's traffic is masqueraded, its source being local.
+			if p.LocalDetector.Implemented() {
+				ext.Rules = append(ext.Rules, comment(p.LocalDetector.IfLocalNFT()+" goto "+n.cluster, "short-circuit pod traffic"))
+			}
+			ext.Rules = append(ext.Rules,
+				comment("fib saddr type local "+p.masquerade(), "masquerade local traffic"),
+				comment("fib saddr type local goto "+n.cluster, "short-circuit local traffic"))
+		}
+		if hasExternal {
+			ext.Rules = append(ext.Rules, "goto "+externalPolicyChain)
+		}
+		out.Chains = append(out.Chains, ext)
+	}
+	if usesFirewall {
+		allowed := slices.Clone(svc.LoadBalancerSourceRanges)
+		if slices.ContainsFunc(allowed, func(r netip.Prefix) bool { return r.Contains(p.NodeIP) }) {
+			// A node reaching its own LB IP (bound locally) comes from
+			// the LB IP itself.
+			for _, a := range svc.LoadBalancerIPs {
+				allowed = append(allowed, netip.PrefixFrom(a, a.BitLen()))
+			}
+		}
+		out.Chains = append(out.Chains, chain(n.firewall, ip+" saddr != "+addressSet(allowed)+" drop"))
+	}
+
+	policyChain := func(name string, eps []*state.Endpoint) {
+		c := chain(name)
+		if !affinity {
+			m := make([]string, len(eps))
+			for i, ep := range eps {
+				m[i] = itoa(int32(i)) + " : " + ep.IP.String() + " . " + itoa(ep.Port)
+			}
+			c.Rules = []string{"meta l4proto " + proto + " dnat " + ip + " to numgen random mod " + itoa(int32(len(eps))) + " map { " + strings.Join(m, ", ") + " }"}
+		} else {
+			m := make([]string, len(eps))
+			for i, ep := range eps {
+				b := endpointBase(svc.Name, ep)
+				c.Rules = append(c.Rules, ip+" saddr @"+prefixAffinity+b+" goto "+prefixEndpoint+b)
+				m[i] = itoa(int32(i)) + " : goto " + prefixEndpoint + b
+			}
+			c.Rules = append(c.Rules, "numgen random mod "+itoa(int32(len(eps)))+" vmap { "+strings.Join(m, ", ")+" }")
+		}
+		out.Chains = append(out.Chains, c)
+	}
+	if len(sel.Cluster) > 0 && svc.UsesClusterEndpoints() {
+		policyChain(n.cluster, sel.Cluster)
+	}
+	if len(sel.Local) > 0 && svc.UsesLocalEndpoints() {
+		policyChain(n.local, sel.Local)
+	}
+	if affinity {
+		for _, ep := range sel.All {
+			b := endpointBase(svc.Name, ep)
+			out.Sets = append(out.Sets, Set{Name: prefixAffinity + b, Type: p.addrType(),
+				Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}, Timeout: time.Duration(svc.AffinityTimeoutSeconds) * time.Second})
+			out.Chains = append(out.Chains, chain(prefixEndpoint+b,
+				"update @"+prefixAffinity+b+" { "+ip+" saddr }",
+				"meta l4proto "+proto+" dnat to "+ep.String()))
+		}
+	}
+	return out
+}
+
+// addressSet writes prefixes as nft lists them back: one address or
+// prefix bare; only whole addresses as a plain set; otherwise an interval
+// set, sorted, overlapping and adjacent ranges merged, each an address, a
+// prefix or a range.
+func addressSet(prefixes []netip.Prefix) string {
+	type span struct{ from, to netip.Addr }
+	var spans []span
+	single := true
+	for _, p := range prefixes {
+		p = p.Masked()
+		spans = append(spans, span{p.Addr(), lastAddr(p)})
+		single = single && p.IsSingleIP()
+	}
+	slices.SortFunc(spans, func(a, b span) int { return a.from.Compare(b.from) })
+	spans = slices.Compact(spans)
+	if len(spans) == 1 && len(prefixes) == 1 {
+		return prefixString(spans[0].from, spans[0].to)
+	}
+	if !single {
+		merged := spans[:1]
+		for _, s := range spans[1:] {
+			last := &merged[len(merged)-1]
+			if next := last.to.Next(); s.from.Compare(last.to) <= 0 || (next.IsValid() && s.from == next) {
+				if s.to.Compare(last.to) > 0 {
+					last.to = s.to
+				}
+				continue
+			}
+			merged = append(merged, s)
+		}
+		spans = merged
+	}
+	out := make([]string, len(spans))
+	for i, s := range spans {
+		out[i] = prefixString(s.from, s.to)
+	}
+	return "{ " + strings.Join(out, ", ") + " }"
+}
+
+// prefixString is from..to as an address, a prefix or a range.
+func prefixString(from, to netip.Addr) string {
+	if from == to {
+		return from.String()
+	}
+	for bits := from.BitLen() - 1; bits >= 0; bits-- {
+		p := netip.PrefixFrom(from, bits)
+		if p.Masked().Addr() != from {
+			break
+		}
+		if lastAddr(p) == to {
+			return p.String()
+		}
+	}
+	return from.String() + "-" + to.String()
+}
+
+// lastAddr is the last address of a prefix.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+func itoa(i int32) string { return strconv.Itoa(int(i)) }

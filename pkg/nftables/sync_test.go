@@ -1,0 +1,278 @@
+package nftables
+
+import (
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/knftables"
+
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
+)
+
+func sampleHarness(t *testing.T) *harness {
+	h := newHarness(t, v1.IPv4Protocol, v4(nil)(t))
+	h.apply(sampleObjects()...)
+	h.full()
+	return h
+}
+
+// operations are a transaction's lines.
+func operations(tx string) []string {
+	return strings.Split(strings.TrimSuffix(tx, "\n"), "\n")
+}
+
+// requireTransaction checks the last transaction, operation by operation.
+func requireTransaction(t *testing.T, h *harness, want []string) {
+	t.Helper()
+	if got := strings.Join(operations(h.nft.last()), "\n"); got != strings.Join(want, "\n") {
+		t.Errorf("transaction:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
+	}
+}
+
+func requireNoTransaction(t *testing.T, h *harness, before int) {
+	t.Helper()
+	if len(h.nft.txs) != before {
+		t.Fatalf("expected no transaction, got:\n%s", h.nft.last())
+	}
+}
+
+// A restart over our own rules reads the table and writes nothing.
+func TestRestartOverOwnRulesWritesNothing(t *testing.T) {
+	h := sampleHarness(t)
+	before := dump(h.nft.Fake)
+	h.syncer = h.newSyncer(v1.IPv4Protocol, v4(nil)(t))
+	n := len(h.nft.txs)
+	h.full()
+	requireNoTransaction(t, h, n)
+	if got := dump(h.nft.Fake); got != before {
+		t.Errorf("table changed:\n%s", testutil.LineDiff(before, got))
+	}
+	// And it knows what is there: a change writes only itself.
+	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.11")))
+	h.partial()
+	for _, op := range operations(h.nft.last()) {
+		if !strings.Contains(op, "fid-b") {
+			t.Errorf("partial sync after restart wrote %q", op)
+		}
+	}
+}
+
+// A takeover from upstream's nftables mode, its table in place as
+// v1.36.3 wrote it, writes nothing for the same state.
+func TestTakeoverFromUpstreamWritesNothing(t *testing.T) {
+	sample, err := os.ReadFile(samplePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := parseTable(strings.NewReader(sampleTable(t, string(sample), "table ip kube-proxy {")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, v1.IPv4Protocol, v4(nil)(t))
+	h.nft.Fake = replay(t, parsed, knftables.IPv4Family)
+	h.syncer = h.newSyncer(v1.IPv4Protocol, v4(nil)(t))
+	h.apply(sampleObjects()...)
+	h.full()
+	requireNoTransaction(t, h, 0)
+}
+
+// One endpoint change rewrites that service port's chain and elements,
+// nothing else: one flush, one rule, the hairpin element.
+func TestEndpointChangeWritesOnlyItsService(t *testing.T) {
+	h := sampleHarness(t)
+	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.11"), ep("10.244.1.12", "node=node-2"), ep("10.244.1.15")))
+	h.partial()
+	want := []string{
+		"flush chain ip kube-proxy service-JVAD2WNX-hx-conf/fid-b/tcp/http",
+		"flush chain ip kube-proxy local-JVAD2WNX-hx-conf/fid-b/tcp/http",
+		"add rule ip kube-proxy service-JVAD2WNX-hx-conf/fid-b/tcp/http meta l4proto tcp dnat ip to numgen random mod 3 map { 0 : 10.244.1.11 . 8080, 1 : 10.244.1.12 . 8080, 2 : 10.244.1.15 . 8080 }",
+		"add rule ip kube-proxy local-JVAD2WNX-hx-conf/fid-b/tcp/http meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.1.11 . 8080, 1 : 10.244.1.15 . 8080 }",
+		"add element ip kube-proxy hairpin-connections { 10.244.1.15 . 10.244.1.15 . tcp . 8080 }",
+	}
+	requireTransaction(t, h, want)
+	checkAgainstFreshSync(t, h)
+}
+
+// checkAgainstFreshSync compares the table with what one full sync of
+// the same state writes into an empty one.
+func checkAgainstFreshSync(t *testing.T, h *harness) {
+	t.Helper()
+	fresh := newHarness(t, v1.IPv4Protocol, h.syncer.cfg.Params)
+	fresh.state, fresh.node = h.state, h.node
+	fresh.full()
+	if want, got := dump(fresh.nft.Fake), dump(h.nft.Fake); want != got {
+		t.Errorf("table differs from a fresh sync (- fresh, + this one):\n%s", testutil.LineDiff(want, got))
+	}
+}
+
+// A removed service's chains are flushed in its sync and deleted by a
+// later one, a second on; its affinity sets go at once; elements shared
+// with another service stay.
+func TestRemovalFlushesThenDeletesLater(t *testing.T) {
+	h := sampleHarness(t)
+	now := time.Unix(1000, 0)
+	h.syncer.now = func() time.Time { return now }
+	h.tracker.OnService(types.NamespacedName{Namespace: "hx-conf", Name: "fid-a"}, nil)
+	h.changed = h.tracker.Apply(h.state).ServicePorts
+	h.partial()
+	tx := h.nft.last()
+	for _, want := range []string{
+		"flush chain ip kube-proxy service-DMA2WJPR-hx-conf/fid-a/tcp/http",
+		"flush chain ip kube-proxy endpoint-CGTYD4X7-hx-conf/fid-a/udp/dns__10.244.1.11/8080",
+		"delete set ip kube-proxy affinity-J3ASCV4X-hx-conf/fid-a/tcp/http__10.244.1.11/8080",
+		"delete element ip kube-proxy cluster-ips { 10.96.10.30 }",
+		"delete element ip kube-proxy service-ips { 10.96.10.30 . udp . 53 }",
+		"delete element ip kube-proxy hairpin-connections { 10.244.1.13 . 10.244.1.13 . udp . 8080 }",
+	} {
+		if !strings.Contains(tx, want+"\n") {
+			t.Errorf("missing %q in\n%s", want, tx)
+		}
+	}
+	// fid-b's local endpoint 10.244.1.11 keeps its hairpin element.
+	for _, kept := range []string{"10.244.1.11 . 10.244.1.11 . tcp . 8080", "delete chain"} {
+		if strings.Contains(tx, kept) {
+			t.Errorf("%q written too early or wrongly:\n%s", kept, tx)
+		}
+	}
+	if h.nft.Table.Chains["service-DMA2WJPR-hx-conf/fid-a/tcp/http"] == nil {
+		t.Fatal("chain deleted in the transaction that flushed it")
+	}
+
+	// Within the second nothing more is due: no transaction at all.
+	n := len(h.nft.txs)
+	h.changed = nil
+	h.partial()
+	requireNoTransaction(t, h, n)
+
+	now = now.Add(2 * time.Second)
+	h.partial()
+	ops := operations(h.nft.last())
+	if len(ops) != 8 {
+		t.Errorf("want the 8 chains of fid-a deleted, got:\n%s", strings.Join(ops, "\n"))
+	}
+	for _, op := range ops {
+		if !strings.HasPrefix(op, "delete chain ip kube-proxy ") || !strings.Contains(op, "fid-a") {
+			t.Errorf("unexpected %q", op)
+		}
+	}
+	checkAgainstFreshSync(t, h)
+}
+
+// After a failed transaction nothing is assumed: the partial sync fails,
+// the full sync that follows reads the table again and fixes it all.
+func TestFailedTransactionThenFullSync(t *testing.T) {
+	h := sampleHarness(t)
+	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.15")))
+	h.nft.failNext = true
+	if err := h.syncer.PartialSync(h.view(), h.changed); err == nil {
+		t.Fatal("the failed transaction was not reported")
+	}
+	if err := h.syncer.PartialSync(h.view(), nil); err == nil {
+		t.Fatal("a partial sync after a failure did not ask for a full one")
+	}
+	h.full()
+	checkAgainstFreshSync(t, h)
+	if tx := h.nft.last(); !strings.Contains(tx, "10.244.1.15") || strings.Contains(tx, "fid-a") {
+		t.Errorf("the full sync should write fid-b's change only:\n%s", tx)
+	}
+}
+
+// A full sync removes what the state no longer has: another run's
+// chains and sets, and elements no one wants.
+func TestFullSyncRemovesStaleObjects(t *testing.T) {
+	h := sampleHarness(t)
+	tx := h.nft.NewTransaction()
+	tx.Add(&knftables.Chain{Name: "service-AAAAAAAA-gone/svc/tcp/p"})
+	tx.Add(&knftables.Rule{Chain: "service-AAAAAAAA-gone/svc/tcp/p", Rule: "meta l4proto tcp dnat ip to numgen random mod 1 map { 0 : 10.244.9.9 . 80 }"})
+	tx.Add(&knftables.Chain{Name: "mark-for-masquerade"})
+	tx.Add(&knftables.Set{Name: "affinity-AAAAAAAA-gone/svc/tcp/p__10.244.9.9/80", Type: "ipv4_addr", Flags: []knftables.SetFlag{"dynamic", "timeout"}, Timeout: ptr(time.Hour)})
+	tx.Add(&knftables.Element{Map: mapServiceIPs, Key: []string{"10.96.99.99", "tcp", "80"}, Value: []string{"goto service-AAAAAAAA-gone/svc/tcp/p"}})
+	tx.Add(&knftables.Element{Set: setClusterIPs, Key: []string{"10.96.99.99"}})
+	if err := h.nft.Fake.Run(t.Context(), tx); err != nil {
+		t.Fatal(err)
+	}
+	h.syncer = h.newSyncer(v1.IPv4Protocol, h.syncer.cfg.Params)
+	h.full()
+	want := []string{
+		"flush chain ip kube-proxy service-AAAAAAAA-gone/svc/tcp/p",
+		"delete set ip kube-proxy affinity-AAAAAAAA-gone/svc/tcp/p__10.244.9.9/80",
+		"delete element ip kube-proxy cluster-ips { 10.96.99.99 }",
+		"delete element ip kube-proxy service-ips { 10.96.99.99 . tcp . 80 }",
+	}
+	requireTransaction(t, h, want)
+	h.syncer.now = func() time.Time { return time.Now().Add(time.Minute) }
+	h.changed = nil
+	h.partial()
+	checkAgainstFreshSync(t, h)
+}
+
+// New ServiceCIDRs rewrite cluster-ips-check in the next sync, alone.
+func TestServiceCIDRChangeRewritesClusterIPsCheck(t *testing.T) {
+	h := sampleHarness(t)
+	h.syncer.SetServiceCIDRs([]netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("10.97.0.0/16")})
+	h.changed = nil
+	h.partial()
+	want := []string{
+		"flush chain ip kube-proxy cluster-ips-check",
+		`add rule ip kube-proxy cluster-ips-check ip daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"`,
+		`add rule ip kube-proxy cluster-ips-check ip daddr { 10.96.0.0/15 } drop comment "Drop traffic to unallocated ClusterIPs"`,
+	}
+	requireTransaction(t, h, want)
+}
+
+// Watch's check notices a deleted or flushed table.
+func TestTableGone(t *testing.T) {
+	h := sampleHarness(t)
+	if got := h.syncer.tableGone(t.Context()); got != "" {
+		t.Fatalf("table in place, but %q", got)
+	}
+	tx := h.nft.NewTransaction()
+	tx.Flush(&knftables.Chain{Name: chainNATPrerouting})
+	if err := h.nft.Fake.Run(t.Context(), tx); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.syncer.tableGone(t.Context()); got == "" {
+		t.Error("flushed chain not noticed")
+	}
+	if err := Cleanup(t.Context(), h.nft.Fake); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.syncer.tableGone(t.Context()); got == "" {
+		t.Error("deleted table not noticed")
+	}
+	h.full()
+	checkAgainstFreshSync(t, h)
+}
+
+func TestAddressSet(t *testing.T) {
+	p := func(s ...string) []netip.Prefix {
+		var out []netip.Prefix
+		for _, x := range s {
+			out = append(out, netip.MustParsePrefix(x))
+		}
+		return out
+	}
+	for _, c := range []struct {
+		in   []netip.Prefix
+		want string
+	}{
+		{p("10.96.0.0/16"), "10.96.0.0/16"},
+		{p("203.0.113.10/32"), "203.0.113.10"},
+		{p("10.0.0.2/32", "10.0.0.1/32"), "{ 10.0.0.1, 10.0.0.2 }"},
+		{p("10.0.0.0/8", "10.1.0.0/16"), "{ 10.0.0.0/8 }"},
+		{p("10.0.0.0/31", "10.0.0.2/31"), "{ 10.0.0.0/30 }"},
+		{p("10.0.2.0/24", "10.0.0.0/24", "10.0.1.0/24"), "{ 10.0.0.0-10.0.2.255 }"},
+		{p("0.0.0.0/1", "128.0.0.0/1"), "{ 0.0.0.0/0 }"},
+		{p("203.0.113.0/24", "10.0.0.1/32", "1.2.3.4/32", "9.0.0.0/8"), "{ 1.2.3.4, 9.0.0.0/8, 10.0.0.1, 203.0.113.0/24 }"},
+		{p("::1/128", "::2/128", "fd00::/64", "fd00:0:0:1::/64"), "{ ::1-::2, fd00::/63 }"},
+	} {
+		if got := addressSet(c.in); got != c.want {
+			t.Errorf("addressSet(%v) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}

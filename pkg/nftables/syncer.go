@@ -1,0 +1,192 @@
+package nftables
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/knftables"
+
+	"github.com/rapidproxy/rapidproxy/pkg/proxy"
+	"github.com/rapidproxy/rapidproxy/pkg/state"
+)
+
+// Config are the nftables mode's inputs for one IP family.
+type Config struct {
+	Family v1.IPFamily
+	// NFT runs transactions on the family's kube-proxy table.
+	NFT knftables.Interface
+	// List returns the table as `nft list table <family> kube-proxy`
+	// prints it; nil runs nft. An error wrapping fs.ErrNotExist (from
+	// the call or the reader's Close) means there is no table.
+	List   func(ctx context.Context) (io.ReadCloser, error)
+	Params Params
+}
+
+// staleChainDelay is how long a flushed chain waits before it is deleted:
+// kernels before 6.2 keep a chain referenced for a moment after the map
+// element pointing at it goes.
+const staleChainDelay = time.Second
+
+// Syncer is the nftables mode for one IP family: the proxy core hands it
+// the state, and it writes what differs from what the table holds, in one
+// transaction per sync.
+type Syncer struct {
+	cfg Config
+	now func() time.Time
+
+	mu sync.Mutex
+	// kernel is what the table holds: read by a full sync, kept up to date
+	// by each transaction; nil until a full sync succeeds, and after a
+	// failure (the next sync must read the table again).
+	kernel *table
+	// layout and applied are what the fixed part and each service port
+	// asked for in the last sync; elements counts who wants which element.
+	layout  Layout
+	applied map[state.ServicePortName]ServiceObjects
+	wanted  map[elemID]*wantedElem
+	// stale are chains flushed at the given time, to be deleted later.
+	stale map[string]time.Time
+}
+
+// New returns the nftables mode; proxy.NewCore runs it.
+func New(cfg Config) (*Syncer, error) {
+	if cfg.NFT == nil {
+		return nil, errors.New("nftables: no knftables interface")
+	}
+	cfg.Params.IPv6 = cfg.Family == v1.IPv6Protocol
+	if cfg.List == nil {
+		family := knftables.IPv4Family
+		if cfg.Params.IPv6 {
+			family = knftables.IPv6Family
+		}
+		cfg.List = listTable(family)
+	}
+	return &Syncer{cfg: cfg, now: time.Now, stale: map[string]time.Time{}}, nil
+}
+
+// SetServiceCIDRs changes the ServiceCIDRs whose unallocated addresses are
+// dropped; the next sync rewrites cluster-ips-check.
+func (s *Syncer) SetServiceCIDRs(cidrs []netip.Prefix) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cfg.Params.ServiceCIDRs = slices.Clone(cidrs)
+}
+
+// FullSync reads the table once and writes what differs from the whole
+// state: over rules already in place (ours or upstream's) it writes
+// nothing but what changed meanwhile. The table itself is never deleted:
+// the affinity sets' entries live in it.
+func (s *Syncer) FullSync(v state.View) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, err := readTable(context.TODO(), s.cfg.List)
+	if err != nil {
+		s.kernel = nil
+		return fmt.Errorf("reading the %s table: %w", TableName, err)
+	}
+	s.kernel, s.layout, s.applied, s.wanted = t, Layout{}, map[state.ServicePortName]ServiceObjects{}, map[elemID]*wantedElem{}
+	for name := range s.stale {
+		if _, ok := t.chains[name]; !ok {
+			delete(s.stale, name)
+		}
+	}
+	w := s.newWrite(true)
+	w.replaceLayout(s.cfg.Params.Layout())
+	for _, name := range slices.SortedFunc(maps.Keys(v.Services), compareNames) {
+		w.replace(name, s.objectsFor(v, name))
+	}
+	w.removeUnwanted()
+	return w.run()
+}
+
+// PartialSync rewrites only what the changed service ports own, trusting
+// that the table holds what the last sync wrote.
+func (s *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.kernel == nil {
+		return proxy.ErrFullSyncNeeded
+	}
+	w := s.newWrite(false)
+	// A handful of chains, compared in memory: catches new ServiceCIDRs.
+	w.replaceLayout(s.cfg.Params.Layout())
+	for _, name := range slices.SortedFunc(maps.Keys(changed), compareNames) {
+		w.replace(name, s.objectsFor(v, name))
+	}
+	return w.run()
+}
+
+func (s *Syncer) objectsFor(v state.View, name state.ServicePortName) ServiceObjects {
+	svc, sel, ok := v.Select(name)
+	if !ok {
+		return ServiceObjects{}
+	}
+	return s.cfg.Params.ServiceObjects(svc, sel)
+}
+
+func compareNames(a, b state.ServicePortName) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
+		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
+}
+
+// Watch asks for a full sync when the table was deleted or flushed (by
+// `nft flush ruleset`, say), checking once a second with a listing of one
+// small chain.
+func (s *Syncer) Watch(ctx context.Context, resync func()) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if gone := s.tableGone(ctx); gone != "" {
+				klog.InfoS("The nftables table was changed by another program; resyncing", "ipFamily", s.cfg.Family, "found", gone)
+				resync()
+			}
+		}
+	}
+}
+
+// tableGone tells what is missing of what the last sync wrote: "" when all
+// is there or nothing was written yet.
+func (s *Syncer) tableGone(ctx context.Context) string {
+	s.mu.Lock()
+	written := s.kernel != nil && s.kernel.exists
+	s.mu.Unlock()
+	if !written {
+		return ""
+	}
+	rules, err := s.cfg.NFT.ListRules(ctx, chainNATPrerouting)
+	switch {
+	case knftables.IsNotFound(err):
+		return "no " + chainNATPrerouting + " chain"
+	case err != nil:
+		if ctx.Err() == nil {
+			klog.ErrorS(err, "Checking the nftables table", "ipFamily", s.cfg.Family)
+		}
+		return ""
+	case len(rules) == 0:
+		return chainNATPrerouting + " flushed"
+	}
+	return ""
+}
+
+// Cleanup deletes the kube-proxy table of nft's family, if any.
+func Cleanup(ctx context.Context, nft knftables.Interface) error {
+	tx := nft.NewTransaction()
+	// Adding first makes the delete succeed when there is no table.
+	tx.Add(&knftables.Table{})
+	tx.Delete(&knftables.Table{})
+	return nft.Run(ctx, tx)
+}

@@ -1,0 +1,387 @@
+package nftables
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/knftables"
+
+	"github.com/rapidproxy/rapidproxy/pkg/state"
+)
+
+// elemID names one element: its set or map and its key, joined as nft
+// prints it.
+type elemID struct{ container, key string }
+
+// wantedElem is who wants an element with which value: a value stays
+// while one service port (or the layout) still wants it.
+type wantedElem struct {
+	values map[string]int
+	// elem is the element to write for each value (its comment).
+	elem map[string]knftables.Element
+}
+
+func idOf(e knftables.Element) elemID {
+	return elemID{container: e.Set + e.Map, key: strings.Join(e.Key, " . ")}
+}
+
+// write is one sync's transaction, gathered object by object against
+// what the table holds and applied in an order that keeps every reference
+// valid: new sets and chains, flushes, deletions, rules, then elements.
+type write struct {
+	s    *Syncer
+	t    *table
+	full bool
+	// force flushes chains even when their rules are the same: a set
+	// they use is being re-created.
+	force bool
+
+	table, addSets, addChains, flushes, deleteChains, deleteSets, readd, rules, elemDeletes, elemAdds []knftables.Object
+
+	touched map[elemID]bool
+	// seen are the chains and sets this sync wants (full sync only).
+	seenChains, seenSets map[string]bool
+}
+
+func (s *Syncer) newWrite(full bool) *write {
+	return &write{s: s, t: s.kernel, full: full, touched: map[elemID]bool{}, seenChains: map[string]bool{}, seenSets: map[string]bool{}}
+}
+
+// replaceLayout brings the fixed part in line with l.
+func (w *write) replaceLayout(l Layout) {
+	if !w.t.exists {
+		table := l.Table
+		w.table = append(w.table, &table)
+		w.t.exists = true
+	}
+	old := w.s.layout
+	w.objects(old.Sets, l.Sets, old.Chains, l.Chains, old.Elements, l.Elements)
+	w.s.layout = l
+}
+
+// replace brings one service port's objects in line with updated.
+func (w *write) replace(name state.ServicePortName, updated ServiceObjects) {
+	old := w.s.applied[name]
+	w.objects(old.Sets, updated.Sets, old.Chains, updated.Chains, old.Elements, updated.Elements)
+	if len(updated.Chains) == 0 && len(updated.Elements) == 0 {
+		delete(w.s.applied, name)
+	} else {
+		w.s.applied[name] = updated
+	}
+}
+
+// objects changes one owner's sets, chains and elements from old to new.
+// Sets go first: re-creating one forces its users' chains to be rewritten.
+func (w *write) objects(oldSets, newSets []Set, oldChains, newChains []Chain, oldElems, newElems []knftables.Element) {
+	w.force = false
+	for _, st := range newSets {
+		w.set(st)
+	}
+	for _, st := range oldSets {
+		if !slices.ContainsFunc(newSets, func(n Set) bool { return n.Name == st.Name }) {
+			w.dropSet(st.Name)
+		}
+	}
+	for _, c := range newChains {
+		w.chain(c)
+	}
+	for _, c := range oldChains {
+		if !slices.ContainsFunc(newChains, func(n Chain) bool { return n.Name == c.Name }) {
+			w.dropChain(c.Name)
+		}
+	}
+	w.force = false
+	for _, e := range newElems {
+		w.want(e, 1)
+	}
+	for _, e := range oldElems {
+		w.want(e, -1)
+	}
+}
+
+// chain makes the table hold c with exactly its rules.
+func (w *write) chain(c Chain) {
+	w.seenChains[c.Name] = true
+	delete(w.s.stale, c.Name)
+	have, ok := w.t.chains[c.Name]
+	add := c.Chain
+	switch {
+	case !ok:
+		w.addChains = append(w.addChains, &add)
+	case !sameHook(have.Chain, c.Chain):
+		// A base chain's hook or priority cannot be changed in place.
+		w.deleteChains = append(w.deleteChains, &knftables.Chain{Name: c.Name})
+		w.readd = append(w.readd, &add)
+	case !w.force && sameRules(have.Rules, c.Rules):
+		return
+	default:
+		w.flushes = append(w.flushes, &knftables.Chain{Name: c.Name})
+	}
+	for _, r := range c.Rules {
+		w.rules = append(w.rules, &knftables.Rule{Chain: c.Name, Rule: writable(r)})
+	}
+	w.t.chains[c.Name] = &Chain{Chain: c.Chain, Rules: c.Rules}
+}
+
+// dropChain flushes a chain no one wants; a later sync deletes it.
+func (w *write) dropChain(name string) {
+	have, ok := w.t.chains[name]
+	if !ok {
+		return
+	}
+	if len(have.Rules) > 0 {
+		w.flushes = append(w.flushes, &knftables.Chain{Name: name})
+		have.Rules = nil
+	}
+	if _, ok := w.s.stale[name]; !ok {
+		w.s.stale[name] = w.s.now()
+	}
+}
+
+// set makes the table hold st; one with another type, flags or timeout is
+// re-created, emptied.
+func (w *write) set(st Set) {
+	w.seenSets[st.Name] = true
+	have, ok := w.t.sets[st.Name]
+	switch {
+	case !ok:
+		w.addSets = append(w.addSets, st.object())
+	case !sameSet(have.Set, st):
+		w.deleteSets = append(w.deleteSets, st.object())
+		w.readd = append(w.readd, st.object())
+		w.force = true
+	default:
+		return
+	}
+	w.t.sets[st.Name] = &tableSet{Set: st, elements: map[string]string{}}
+}
+
+func (w *write) dropSet(name string) {
+	have, ok := w.t.sets[name]
+	if !ok {
+		return
+	}
+	w.deleteSets = append(w.deleteSets, have.Set.object())
+	delete(w.t.sets, name)
+}
+
+// want counts one owner more (delta 1) or less (-1) for e's value.
+func (w *write) want(e knftables.Element, delta int) {
+	id := idOf(e)
+	we := w.s.wanted[id]
+	if we == nil {
+		we = &wantedElem{values: map[string]int{}, elem: map[string]knftables.Element{}}
+		w.s.wanted[id] = we
+	}
+	v := strings.Join(e.Value, " . ")
+	we.values[v] += delta
+	if we.values[v] <= 0 {
+		delete(we.values, v)
+		delete(we.elem, v)
+	} else {
+		we.elem[v] = e
+	}
+	if len(we.values) == 0 {
+		delete(w.s.wanted, id)
+	}
+	w.touched[id] = true
+}
+
+// element makes the table hold what is wanted of one element: the value
+// it has if still wanted (two services claiming one address keep the
+// first), else any wanted one, else none.
+func (w *write) element(id elemID) {
+	ts := w.t.sets[id.container]
+	if ts == nil {
+		return
+	}
+	have, exists := ts.elements[id.key]
+	we := w.s.wanted[id]
+	if we == nil {
+		if exists {
+			w.elemDeletes = append(w.elemDeletes, ts.element(id.key))
+			delete(ts.elements, id.key)
+		}
+		return
+	}
+	if exists {
+		if _, ok := we.values[have]; ok {
+			return
+		}
+		w.elemDeletes = append(w.elemDeletes, ts.element(id.key))
+	}
+	v := slices.Sorted(maps.Keys(we.values))[0]
+	e := we.elem[v]
+	w.elemAdds = append(w.elemAdds, &e)
+	ts.elements[id.key] = v
+}
+
+// removeUnwanted flushes every chain, deletes every set and element a
+// full sync did not ask for: other services', or an older layout's.
+func (w *write) removeUnwanted() {
+	for _, name := range slices.Sorted(maps.Keys(w.t.chains)) {
+		if !w.seenChains[name] {
+			w.dropChain(name)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(w.t.sets)) {
+		ts := w.t.sets[name]
+		if !w.seenSets[name] {
+			w.dropSet(name)
+			continue
+		}
+		for key := range ts.elements {
+			w.touched[elemID{name, key}] = true
+		}
+	}
+}
+
+// run sends the transaction: one, or none when nothing differs.
+func (w *write) run() error {
+	for _, id := range slices.SortedFunc(maps.Keys(w.touched), func(a, b elemID) int {
+		return strings.Compare(a.container+" "+a.key, b.container+" "+b.key)
+	}) {
+		w.element(id)
+	}
+	// Chains flushed by an earlier sync, their references long gone.
+	now := w.s.now()
+	for _, name := range slices.Sorted(maps.Keys(w.s.stale)) {
+		if now.Sub(w.s.stale[name]) >= staleChainDelay {
+			w.deleteChains = append(w.deleteChains, &knftables.Chain{Name: name})
+			delete(w.t.chains, name)
+			delete(w.s.stale, name)
+		}
+	}
+	tx := w.s.cfg.NFT.NewTransaction()
+	for _, phase := range []struct {
+		verb func(knftables.Object)
+		objs []knftables.Object
+	}{
+		{tx.Add, w.table}, {tx.Add, w.addSets}, {tx.Add, w.addChains}, {tx.Flush, w.flushes},
+		{tx.Delete, w.deleteChains}, {tx.Delete, w.deleteSets}, {tx.Add, w.readd},
+		{tx.Delete, w.elemDeletes}, {tx.Add, w.rules}, {tx.Add, w.elemAdds},
+	} {
+		for _, o := range phase.objs {
+			phase.verb(o)
+		}
+	}
+	if tx.NumOperations() == 0 {
+		return nil
+	}
+	if err := w.s.cfg.NFT.Run(context.TODO(), tx); err != nil {
+		// nft -f applies all or nothing: what we think the table holds
+		// is wrong now, and the next sync reads it again.
+		w.s.kernel = nil
+		return fmt.Errorf("nftables transaction of %d operations: %w", tx.NumOperations(), err)
+	}
+	return nil
+}
+
+// object is the set or map to write.
+func (st Set) object() knftables.Object {
+	var timeout *time.Duration
+	if st.Timeout != 0 {
+		timeout = &st.Timeout
+	}
+	var cmt *string
+	if st.Comment != "" {
+		cmt = &st.Comment
+	}
+	if st.Map {
+		return &knftables.Map{Name: st.Name, Type: st.Type, Flags: st.Flags, Timeout: timeout, Comment: cmt}
+	}
+	return &knftables.Set{Name: st.Name, Type: st.Type, Flags: st.Flags, Timeout: timeout, Comment: cmt}
+}
+
+// element is the element of key in this set or map, to delete.
+func (ts *tableSet) element(key string) knftables.Object {
+	e := &knftables.Element{Key: strings.Split(key, " . ")}
+	if ts.Map {
+		e.Map = ts.Name
+	} else {
+		e.Set = ts.Name
+	}
+	return e
+}
+
+func sameSet(a, b Set) bool {
+	return a.Map == b.Map && a.Type == b.Type && a.Timeout == b.Timeout && a.Comment == b.Comment &&
+		slices.Equal(sortedFlags(a.Flags), sortedFlags(b.Flags))
+}
+
+func sortedFlags(f []knftables.SetFlag) []knftables.SetFlag {
+	return slices.Sorted(slices.Values(f))
+}
+
+// sameHook compares what makes a base chain: type, hook and priority
+// (by number: nft prints "dstnat - 10" or "-110" for what was written as
+// "dstnat-10").
+func sameHook(a, b knftables.Chain) bool {
+	if (a.Hook == nil) != (b.Hook == nil) {
+		return false
+	}
+	if a.Hook == nil {
+		return true
+	}
+	if a.Type == nil || b.Type == nil || a.Priority == nil || b.Priority == nil {
+		return false
+	}
+	return *a.Type == *b.Type && *a.Hook == *b.Hook && priority(*a.Priority) == priority(*b.Priority)
+}
+
+func priority(p knftables.BaseChainPriority) int {
+	n, err := knftables.ParsePriority(knftables.IPv4Family, strings.ReplaceAll(string(p), " ", ""))
+	if err != nil {
+		return -1 << 31
+	}
+	return n
+}
+
+// sameRules compares rule lists as nft prints them; where text differs,
+// the elements of anonymous sets may just be listed in another order.
+func sameRules(have, want []string) bool {
+	if len(have) != len(want) {
+		return false
+	}
+	for i := range have {
+		if have[i] != want[i] && normalizeSets(have[i]) != normalizeSets(want[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// normalizeSets sorts the items of each "{ a, b }" in a rule.
+func normalizeSets(rule string) string {
+	var b strings.Builder
+	for {
+		start := strings.Index(rule, "{ ")
+		if start < 0 {
+			break
+		}
+		end := strings.Index(rule[start:], " }")
+		if end < 0 {
+			break
+		}
+		items := strings.Split(rule[start+2:start+end], ", ")
+		slices.Sort(items)
+		b.WriteString(rule[:start+2] + strings.Join(items, ", ") + " }")
+		rule = rule[start+end+2:]
+	}
+	b.WriteString(rule)
+	return b.String()
+}
+
+// writable is a rule as sent: knftables' Fake reads "goto X, 1 : ..." in a
+// verdict map as a jump to a chain named "X,", so the comma is set apart;
+// nft reads both alike and prints ", ".
+func writable(rule string) string {
+	if !strings.Contains(rule, " vmap { ") {
+		return rule
+	}
+	return strings.ReplaceAll(rule, ", ", " , ")
+}

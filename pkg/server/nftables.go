@@ -1,0 +1,153 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
+	"sigs.k8s.io/knftables"
+
+	"github.com/rapidproxy/rapidproxy/internal/kernel"
+	"github.com/rapidproxy/rapidproxy/internal/sysctl"
+	"github.com/rapidproxy/rapidproxy/pkg/config"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
+	"github.com/rapidproxy/rapidproxy/pkg/nftables"
+	"github.com/rapidproxy/rapidproxy/pkg/proxy"
+)
+
+// nftablesTable is the table upstream's nftables mode keeps everything in,
+// in the ip and ip6 families.
+const nftablesTable = "kube-proxy"
+
+// skipKernelCheckEnv, set to anything, lets the nftables mode run on a
+// kernel older than nftablesMinKernel, as upstream's.
+const skipKernelCheckEnv = "KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK"
+
+// nftablesMinKernel is the oldest kernel upstream runs the nftables mode
+// on: it stands for a distribution whose own nft is 1.0.1 or later, which
+// the rules kube-proxy writes do not break.
+var nftablesMinKernel = kernel.Version{Major: 5, Minor: 13}
+
+// newNFT opens a family's kube-proxy table; knftables.New checks that the
+// nft tool is there, is v1.0.1 or later, and works. Tests replace it.
+var newNFT = func(family knftables.Family, table string) (knftables.Interface, error) {
+	return knftables.New(family, table)
+}
+
+// newNFTablesMode checks, as upstream does, that the node can run the
+// nftables mode (the nft tool, v1.0.1 or later, and a kernel of 5.13 or
+// later unless KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK is set), and
+// builds it for one family.
+func newNFTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mode, error) {
+	nft, err := openNFTables(f.family)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkNFTablesKernel(os.Getenv(skipKernelCheckEnv), kernel.Release); err != nil {
+		return nil, err
+	}
+	// Served from the start, at zero, as the sync failures' counter.
+	metrics.NFTablesCleanupFailuresTotal.WithLabelValues(string(f.family))
+	return nftables.New(nftables.Config{
+		Family: f.family, NFT: nft,
+		Params: nftables.Params{
+			MasqueradeBit:     int(*cfg.NFTables.MasqueradeBit),
+			MasqueradeAll:     config.MasqueradeAll(cfg),
+			LocalDetector:     f.detector,
+			NodePortAddresses: withoutLoopback(f.nodePortAddrs),
+			NodeIP:            f.nodeIP,
+		},
+	})
+}
+
+// openNFTables opens the family's kube-proxy table, naming what is
+// missing when it cannot.
+func openNFTables(family v1.IPFamily) (knftables.Interface, error) {
+	nft, err := newNFT(nftFamily(family), nftablesTable)
+	if err != nil {
+		return nil, fmt.Errorf("nftables mode needs the nft tool (v1.0.1 or later) and nf_tables in the kernel: %w", err)
+	}
+	return nft, nil
+}
+
+func nftFamily(family v1.IPFamily) knftables.Family {
+	if family == v1.IPv6Protocol {
+		return knftables.IPv6Family
+	}
+	return knftables.IPv4Family
+}
+
+// checkNFTablesKernel is upstream's kernel check: skipped when skip is
+// set, else the running kernel must be nftablesMinKernel or later.
+func checkNFTablesKernel(skip string, release func() (string, error)) error {
+	if skip != "" {
+		return nil
+	}
+	r, err := release()
+	if err != nil {
+		return fmt.Errorf("could not check kernel version: %w", err)
+	}
+	v, err := kernel.ParseVersion(r)
+	if err != nil {
+		return fmt.Errorf("could not check kernel version: %w", err)
+	}
+	if !v.AtLeast(nftablesMinKernel) {
+		return fmt.Errorf("kube-proxy in nftables mode requires kernel %s or later (this is %s; set %s to skip this check)", nftablesMinKernel, r, skipKernelCheckEnv)
+	}
+	return nil
+}
+
+// withoutLoopback drops loopback addresses from nodePortAddresses' with
+// upstream's error log: the nftables mode has no localhost NodePorts. Nil
+// (every address) stays nil: that rule skips 127.0.0.0/8 itself.
+func withoutLoopback(addrs []netip.Addr) []netip.Addr {
+	return slices.DeleteFunc(slices.Clone(addrs), func(a netip.Addr) bool {
+		if a.IsLoopback() {
+			klog.ErrorS(nil, "--nodeport-addresses includes localhost but localhost NodePorts are not supported", "address", a.String())
+			return true
+		}
+		return false
+	})
+}
+
+// ipv6Usable tells whether the kernel has IPv6 on, as upstream checks it
+// for the nftables mode (nft itself serves both families).
+func ipv6Usable(s sysctl.Interface, procNet string) error {
+	if _, err := os.Stat(procNet + "/if_inet6"); err != nil {
+		return errors.New("the kernel has no IPv6 support")
+	}
+	if v, err := s.Get("net/ipv6/conf/all/disable_ipv6"); err == nil && v == 1 {
+		return errors.New("IPv6 is disabled in the kernel (net.ipv6.conf.all.disable_ipv6 = 1)")
+	}
+	return nil
+}
+
+// cleanupNFTables deletes the nftables mode's table in both families
+// (ours or upstream's), when the nft tool is there to do it.
+func cleanupNFTables(ctx context.Context) ([]string, error) {
+	var removed []string
+	var errs []error
+	for _, family := range []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol} {
+		nft, err := newNFT(nftFamily(family), nftablesTable)
+		if err != nil {
+			// No usable nft: nothing can have written the table either.
+			continue
+		}
+		if _, err := nft.List(ctx, "chains"); knftables.IsNotFound(err) {
+			continue
+		}
+		name := fmt.Sprintf("nftables table %s %s", nftFamily(family), nftablesTable)
+		if err := nftables.Cleanup(ctx, nft); err != nil {
+			errs = append(errs, fmt.Errorf("deleting %s: %w", name, err))
+			continue
+		}
+		removed = append(removed, name)
+	}
+	return removed, errors.Join(errs...)
+}

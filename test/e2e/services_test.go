@@ -1,0 +1,621 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/rapidproxy/rapidproxy/test/framework"
+)
+
+// The service features, tested in every mode (inEachMode).
+
+// convergence bounds how long a test waits for kube-proxy to act on a
+// change; it is a deadline for correctness, not a speed measurement.
+const convergence = 20 * time.Second
+
+func TestClusterIPFromPodsAndTheNode(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		addPod(t, "cip-a", framework.PodOptions{Labels: map[string]string{"app": "cip"}})
+		addPod(t, "cip-b", framework.PodOptions{Labels: map[string]string{"app": "cip"}})
+		client := addPod(t, "cip-client", framework.PodOptions{})
+		svc := createService(t, service("cip", "cip", v1.ProtocolTCP, v1.ProtocolUDP))
+		if len(svc.Spec.ClusterIPs) != 2 {
+			t.Fatalf("want a dual-stack service, got cluster IPs %v", svc.Spec.ClusterIPs)
+		}
+		from := map[string]*framework.Netns{"client pod": client.Netns, "node": cluster.Node}
+		for where, ns := range from {
+			for _, ip := range svc.Spec.ClusterIPs {
+				for _, proto := range []string{"tcp", "udp"} {
+					eventually(t, convergence, fmt.Sprintf("%s %s to %s", where, proto, ip), func() error {
+						_, err := answeredBy(ns, proto, ip, 80, "cip-a", "cip-b")
+						return err
+					})
+				}
+			}
+		}
+		// Both endpoints get traffic.
+		seen := map[string]bool{}
+		for i := 0; i < 40 && len(seen) < 2; i++ {
+			if r, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "cip-a", "cip-b"); err == nil {
+				seen[r.Pod] = true
+			}
+		}
+		if len(seen) != 2 {
+			t.Errorf("40 requests reached only %v", seen)
+		}
+	})
+}
+
+func TestNodePortFromOutsideAndLocalhost(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		addPod(t, "np-a", framework.PodOptions{Labels: map[string]string{"app": "np"}})
+		svc := service("np", "np", v1.ProtocolTCP, v1.ProtocolUDP)
+		svc.Spec.Type = v1.ServiceTypeNodePort
+		svc = createService(t, svc)
+		for _, port := range svc.Spec.Ports {
+			proto := strings.ToLower(string(port.Protocol))
+			eventually(t, convergence, "external to the node port "+proto, func() error {
+				_, err := answeredBy(cluster.External, proto, framework.NodeIPv4, port.NodePort, "np-a")
+				return err
+			})
+		}
+		nodePort := svc.Spec.Ports[0].NodePort
+		if mode == nftablesMode {
+			// As upstream's nftables mode: no NodePorts on localhost.
+			if r, err := answeredBy(cluster.Node, "tcp", "127.0.0.1", nodePort, "np-a"); err == nil {
+				t.Errorf("127.0.0.1:%d answered by %s in nftables mode", nodePort, r.Pod)
+			}
+			return
+		}
+		eventually(t, convergence, "the node to 127.0.0.1:nodePort", func() error {
+			_, err := answeredBy(cluster.Node, "tcp", "127.0.0.1", nodePort, "np-a")
+			return err
+		})
+	})
+}
+
+func TestExternalIPsAndLoadBalancerIPs(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		addPod(t, "ext-a", framework.PodOptions{Labels: map[string]string{"app": "ext"}})
+		svc := service("ext", "ext", v1.ProtocolTCP)
+		svc.Spec.Type = v1.ServiceTypeLoadBalancer
+		svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
+		svc.Spec.ExternalIPs = []string{"10.255.2.20"}
+		svc = createService(t, svc)
+		setLoadBalancerIP(t, svc, "10.255.3.20")
+		for _, ip := range []string{"10.255.2.20", "10.255.3.20"} {
+			eventually(t, convergence, "external to "+ip, func() error {
+				_, err := answeredBy(cluster.External, "tcp", ip, 80, "ext-a")
+				return err
+			})
+		}
+	})
+}
+
+func setLoadBalancerIP(t *testing.T, svc *v1.Service, ip string) {
+	t.Helper()
+	svc.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: ip}}
+	if _, err := cluster.Client.CoreV1().Services(framework.DefaultNamespace).UpdateStatus(context.Background(), svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoadBalancerSourceRanges(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		addPod(t, "fw-a", framework.PodOptions{Labels: map[string]string{"app": "fw"}})
+		svc := service("fw", "fw", v1.ProtocolTCP)
+		svc.Spec.Type = v1.ServiceTypeLoadBalancer
+		svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
+		svc.Spec.LoadBalancerSourceRanges = []string{"192.0.2.0/24"}
+		svc = createService(t, svc)
+		setLoadBalancerIP(t, svc, "10.255.3.21")
+		// The external client is outside the allowed range: dropped. Wait for
+		// the rules first: the cluster IP answers once they are in.
+		eventually(t, convergence, "the cluster IP", func() error {
+			_, err := answeredBy(cluster.Node, "tcp", svc.Spec.ClusterIP, 80, "fw-a")
+			return err
+		})
+		eventually(t, convergence, "a source outside the ranges dropped", func() error {
+			if r, err := answeredBy(cluster.External, "tcp", "10.255.3.21", 80, "fw-a"); err == nil {
+				return fmt.Errorf("answered by %s", r.Pod)
+			}
+			return nil
+		})
+		current, err := cluster.Client.CoreV1().Services(framework.DefaultNamespace).Get(context.Background(), "fw", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		current.Spec.LoadBalancerSourceRanges = []string{framework.ExternalIPv4 + "/32"}
+		if _, err := cluster.Client.CoreV1().Services(framework.DefaultNamespace).Update(context.Background(), current, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, convergence, "a source inside the ranges answered", func() error {
+			_, err := answeredBy(cluster.External, "tcp", "10.255.3.21", 80, "fw-a")
+			return err
+		})
+	})
+}
+
+func TestSessionAffinityKeepsAClientOnOnePod(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		for _, name := range []string{"aff-a", "aff-b", "aff-c"} {
+			addPod(t, name, framework.PodOptions{Labels: map[string]string{"app": "aff"}})
+		}
+		client := addPod(t, "aff-client", framework.PodOptions{})
+		svc := service("aff", "aff", v1.ProtocolTCP)
+		svc.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+		svc = createService(t, svc)
+		var first string
+		eventually(t, convergence, "the service answers", func() error {
+			r, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "aff-a", "aff-b", "aff-c")
+			first = r.Pod
+			return err
+		})
+		for i := 0; i < 10; i++ {
+			if r, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, first); err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			} else if r.Pod != first {
+				t.Fatalf("request %d went to %s, not %s", i, r.Pod, first)
+			}
+		}
+	})
+}
+
+// With externalTrafficPolicy Local the pod sees the client's own address;
+// with Cluster the node masquerades it.
+func TestExternalTrafficPolicyPreservesTheSource(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		addPod(t, "etp-a", framework.PodOptions{Labels: map[string]string{"app": "etp"}})
+		for _, policy := range []v1.ServiceExternalTrafficPolicy{v1.ServiceExternalTrafficPolicyLocal, v1.ServiceExternalTrafficPolicyCluster} {
+			name := "etp-" + strings.ToLower(string(policy))
+			svc := service(name, "etp", v1.ProtocolTCP)
+			svc.Spec.Type = v1.ServiceTypeNodePort
+			svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
+			svc.Spec.ExternalTrafficPolicy = policy
+			svc = createService(t, svc)
+			var reply framework.Reply
+			eventually(t, convergence, name, func() error {
+				var err error
+				reply, err = answeredBy(cluster.External, "tcp", framework.NodeIPv4, svc.Spec.Ports[0].NodePort, "etp-a")
+				return err
+			})
+			source, _, _ := net.SplitHostPort(reply.Source)
+			preserved := source == framework.ExternalIPv4
+			if preserved != (policy == v1.ServiceExternalTrafficPolicyLocal) {
+				t.Errorf("%s: the pod saw %s (client %s)", policy, source, framework.ExternalIPv4)
+			}
+		}
+	})
+}
+
+// internalTrafficPolicy Local sends cluster traffic only to endpoints on
+// this node: with only a remote one, nothing answers.
+func TestInternalTrafficPolicyLocal(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		addPod(t, "itp-remote", framework.PodOptions{Labels: map[string]string{"app": "itp"}, Remote: true})
+		client := addPod(t, "itp-client", framework.PodOptions{})
+		svc := createService(t, service("itp", "itp", v1.ProtocolTCP))
+		eventually(t, convergence, "cluster policy reaches the remote pod", func() error {
+			_, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "itp-remote")
+			return err
+		})
+		updateService(t, "itp", func(s *v1.Service) { s.Spec.InternalTrafficPolicy = ptrTo(v1.ServiceInternalTrafficPolicyLocal) })
+		eventually(t, convergence, "local policy with no local endpoint drops", func() error {
+			if r, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "itp-remote"); err == nil {
+				return fmt.Errorf("answered by %s", r.Pod)
+			}
+			return nil
+		})
+		addPod(t, "itp-local", framework.PodOptions{Labels: map[string]string{"app": "itp"}})
+		eventually(t, convergence, "local policy reaches the local pod only", func() error {
+			_, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "itp-local")
+			return err
+		})
+	})
+}
+
+func updateService(t *testing.T, name string, change func(*v1.Service)) {
+	t.Helper()
+	svc, err := cluster.Client.CoreV1().Services(framework.DefaultNamespace).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	change(svc)
+	if _, err := cluster.Client.CoreV1().Services(framework.DefaultNamespace).Update(context.Background(), svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A service without endpoints rejects connections at once, rather than
+// letting them time out.
+func TestNoEndpointsIsRejected(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		client := addPod(t, "rej-client", framework.PodOptions{})
+		svc := createService(t, service("rej", "nobody", v1.ProtocolTCP))
+		eventually(t, convergence, "connection refused", func() error {
+			_, err := client.Netns.Request("tcp", net.JoinHostPort(svc.Spec.ClusterIP, "80"), 5*time.Second)
+			if err == nil || !strings.Contains(err.Error(), "connection refused") {
+				return fmt.Errorf("want connection refused, got %v", err)
+			}
+			return nil
+		})
+	})
+}
+
+// A pod that stops being ready gets no new connection once kube-proxy has
+// seen its EndpointSlice change.
+func TestEndpointChurn(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		addPod(t, "churn-a", framework.PodOptions{Labels: map[string]string{"app": "churn"}})
+		addPod(t, "churn-b", framework.PodOptions{Labels: map[string]string{"app": "churn"}})
+		client := addPod(t, "churn-client", framework.PodOptions{})
+		svc := createService(t, service("churn", "churn", v1.ProtocolTCP))
+		eventually(t, convergence, "both pods serve", func() error {
+			seen := map[string]bool{}
+			for i := 0; i < 30 && len(seen) < 2; i++ {
+				if r, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "churn-a", "churn-b"); err == nil {
+					seen[r.Pod] = true
+				}
+			}
+			if len(seen) < 2 {
+				return fmt.Errorf("only %v answered", seen)
+			}
+			return nil
+		})
+		if err := cluster.SetPodReady(context.Background(), "churn-a", false); err != nil {
+			t.Fatal(err)
+		}
+		waitForReadyEndpoints(t, "churn", 2) // churn-b, both families
+		time.Sleep(2 * time.Second)
+		for i := 0; i < 20; i++ {
+			if _, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "churn-b"); err != nil {
+				t.Fatalf("request %d, 2 s after churn-a became unready: %v", i, err)
+			}
+		}
+	})
+}
+
+// waitForReadyEndpoints waits until the service's slices list n ready addresses.
+func waitForReadyEndpoints(t *testing.T, svc string, n int) {
+	t.Helper()
+	eventually(t, convergence, "endpoint slices of "+svc, func() error {
+		if got := readyAddresses(t, context.Background(), svc); len(got) != n {
+			return fmt.Errorf("%d ready addresses: %v", len(got), got)
+		}
+		return nil
+	})
+}
+
+// A UDP client that keeps its source port keeps its conntrack flow; when
+// the endpoint behind the flow goes away the flow must be deleted, or the
+// client would keep sending into the void.
+func TestStaleUDPFlowsAreDeleted(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		addPod(t, "udp-old", framework.PodOptions{Labels: map[string]string{"app": "udp"}})
+		client := addPod(t, "udp-client", framework.PodOptions{})
+		svc := service("udp", "udp", v1.ProtocolUDP)
+		svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
+		svc = createService(t, svc)
+		const sport = 40123
+		target := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+		eventually(t, convergence, "the old pod answers", func() error {
+			r, err := client.Netns.RequestFrom(sport, "udp", target, time.Second)
+			if err == nil && r.Pod != "udp-old" {
+				err = fmt.Errorf("answered by %s", r.Pod)
+			}
+			return err
+		})
+		addPod(t, "udp-new", framework.PodOptions{Labels: map[string]string{"app": "udp"}})
+		if err := cluster.RemovePod(context.Background(), "udp-old"); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, convergence, "the same flow reaches the new pod", func() error {
+			r, err := client.Netns.RequestFrom(sport, "udp", target, time.Second)
+			if err == nil && r.Pod != "udp-new" {
+				err = fmt.Errorf("answered by %s", r.Pod)
+			}
+			return err
+		})
+	})
+}
+
+// Another program flushing the tables (a firewall reload, say), or in
+// nftables mode deleting ours, is noticed and repaired without waiting for
+// a periodic sync.
+func TestFlushedRulesAreRestored(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		addPod(t, "flush-a", framework.PodOptions{Labels: map[string]string{"app": "flush"}})
+		client := addPod(t, "flush-client", framework.PodOptions{})
+		svc := service("flush", "flush", v1.ProtocolTCP)
+		svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
+		svc = createService(t, svc)
+		eventually(t, convergence, "the service answers", func() error {
+			_, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "flush-a")
+			return err
+		})
+		recoveries := `kubeproxy_sync_proxy_rules_iptables_flush_recoveries_total{ip_family="IPv4"}`
+		before := metricValue(metrics(t), recoveries)
+		// Each of these is undone before the next.
+		damage := map[string][][]string{
+			iptablesMode: {{"iptables-nft", "-t", "filter", "-F"}, {"iptables-nft", "-t", "nat", "-F"}},
+			nftablesMode: {{"nft", "flush", "table", "ip", "kube-proxy"}, {"nft", "delete", "table", "ip", "kube-proxy"}},
+		}[mode]
+		for _, cmd := range damage {
+			onNode(t, cmd)
+			if _, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "flush-a"); err == nil {
+				t.Logf("the service still answered right after %v (repaired already)", cmd)
+			}
+			eventually(t, 10*time.Second, fmt.Sprintf("the service answers again after %v", cmd), func() error {
+				_, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "flush-a")
+				return err
+			})
+		}
+		if mode != iptablesMode {
+			return
+		}
+		if after := metricValue(metrics(t), recoveries); after <= before {
+			t.Errorf("flush recoveries metric %v -> %v", before, after)
+		}
+	})
+}
+
+// A service change reaches the kernel; the time it took is logged (speed
+// is measured by the benchmark, not asserted here).
+func TestServiceUpdateReachesTheProxier(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		addPod(t, "upd-a", framework.PodOptions{Labels: map[string]string{"app": "upd"}, Ports: []int{8080, 8081}})
+		client := addPod(t, "upd-client", framework.PodOptions{})
+		svc := service("upd", "upd", v1.ProtocolTCP)
+		svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
+		svc = createService(t, svc)
+		eventually(t, convergence, "port 80", func() error {
+			_, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "upd-a")
+			return err
+		})
+		start := time.Now()
+		updateService(t, "upd", func(s *v1.Service) {
+			s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "extra", Protocol: v1.ProtocolTCP, Port: 81, TargetPort: intstr.FromInt32(8081)})
+		})
+		// The new port's rule: its comment in iptables mode, its service
+		// chain's name in nftables mode.
+		marker := map[string]string{iptablesMode: "default/upd:extra cluster IP", nftablesMode: "default/upd/tcp/extra"}[mode]
+		eventually(t, convergence, "the new port's rule", func() error {
+			if !strings.Contains(modeRules(t, mode), marker) {
+				return fmt.Errorf("%q not in the rules yet", marker)
+			}
+			return nil
+		})
+		t.Logf("API update -> rule in the kernel: %s", time.Since(start).Round(time.Millisecond))
+		eventually(t, convergence, "port 81", func() error {
+			_, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 81, "upd-a")
+			return err
+		})
+	})
+}
+
+func TestHealthAndMetricsAreServed(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		code, body, err := running.Healthz()
+		if err != nil || code != 200 || !strings.Contains(body, `"lastUpdated"`) {
+			t.Errorf("/healthz: %d %q %v", code, body, err)
+		}
+		if resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + framework.NodeIPv4 + ":10256/livez"); err != nil || resp.StatusCode != 200 {
+			t.Errorf("/livez: %v %v", resp, err)
+		} else {
+			resp.Body.Close()
+		}
+		if got := proxyMode(t); got != mode {
+			t.Errorf("/proxyMode: %q, want %q", got, mode)
+		}
+		text := metrics(t)
+		positive := []string{
+			`kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`,
+			`kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}`,
+		}
+		// Served, at zero while nothing failed.
+		var present []string
+		switch mode {
+		case iptablesMode:
+			positive = append(positive, `kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"}`)
+		case nftablesMode:
+			for _, family := range []string{"IPv4", "IPv6"} {
+				present = append(present,
+					`kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="`+family+`"}`,
+					`kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family="`+family+`"}`)
+			}
+		}
+		for _, name := range positive {
+			if v := metricValue(text, name); v <= 0 {
+				t.Errorf("%s = %v, want > 0", name, v)
+			}
+		}
+		for _, name := range present {
+			if v := metricValue(text, name); v < 0 {
+				t.Errorf("%s is not served", name)
+			}
+		}
+	})
+}
+
+// Restarting kube-proxy, or replacing it with upstream's and back, does not
+// fail a single request: each takes over the rules the other left.
+func TestRestartAndTakeoverWithLiveTraffic(t *testing.T) {
+	inEachMode(t, func(t *testing.T, mode string) {
+		addPod(t, "live-a", framework.PodOptions{Labels: map[string]string{"app": "live"}})
+		addPod(t, "live-b", framework.PodOptions{Labels: map[string]string{"app": "live"}})
+		client := addPod(t, "live-client", framework.PodOptions{})
+		svc := service("live", "live", v1.ProtocolTCP)
+		svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
+		svc = createService(t, svc)
+		target := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+		eventually(t, convergence, "the service answers", func() error {
+			_, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "live-a", "live-b")
+			return err
+		})
+		defer useOurProxy(t, mode)
+		for _, step := range []struct {
+			name string
+			ours bool
+		}{{"restart ours", true}, {"ours -> upstream", false}, {"upstream -> ours", true}} {
+			load, err := client.Netns.StartLoad("tcp", target, 8*time.Second, 50*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Second)
+			switchProxy(t, step.ours, mode)
+			ok, failed, errs, err := load.Wait()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s: %d requests answered, %d failed", step.name, ok, failed)
+			if failed > 0 || ok == 0 {
+				t.Errorf("%s: %d of %d requests failed:\n%s", step.name, failed, ok+failed, errs)
+			}
+		}
+	})
+}
+
+// A sync that fails is counted, and the rules are put right once one can
+// succeed: here another program's rule jumps to a chain of ours that goes
+// away, which the kernel then refuses to delete. In iptables mode that is
+// an endpoint's chain (its pod goes), and partial and full restores alike
+// fail; in nftables mode a service's chain (the service goes), counted as
+// a failed sync or a failed clean-up, by where the mode deletes stale
+// chains.
+func TestFailedSyncsAreCountedAndRecovered(t *testing.T) {
+	type failure struct {
+		// chain finds the chain in the mode's rules.
+		chain func(rules string) string
+		// jump and unjump are another program's rule to it and its removal.
+		jump, unjump func(chain string) [][]string
+		// remove makes the chain stale; counted tells whether the
+		// counters' values grew enough.
+		remove  func(t *testing.T)
+		counted func(before, after []float64) bool
+		// counters are the failure counters read, each for IPv4.
+		counters []string
+	}
+	removePod := func(t *testing.T) {
+		if err := cluster.RemovePod(context.Background(), "fail-a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deleteService := func(t *testing.T) {
+		if err := cluster.Client.CoreV1().Services(framework.DefaultNamespace).Delete(context.Background(), "fail", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	each := func(before, after []float64) bool {
+		for i := range before {
+			if after[i] <= before[i] {
+				return false
+			}
+		}
+		return true
+	}
+	some := func(before, after []float64) bool {
+		for i := range before {
+			if after[i] > before[i] {
+				return true
+			}
+		}
+		return false
+	}
+	modeFailures := map[string]failure{
+		iptablesMode: {
+			chain: func(rules string) string {
+				for _, line := range strings.Split(rules, "\n") {
+					if f := strings.Fields(line); len(f) > 1 && f[0] == "-A" && strings.HasPrefix(f[1], "KUBE-SEP-") &&
+						strings.Contains(line, `"default/fail:tcp"`) && strings.Contains(line, "DNAT") {
+						return f[1]
+					}
+				}
+				return ""
+			},
+			jump: func(chain string) [][]string {
+				return [][]string{{"iptables-nft", "-t", "nat", "-N", "RPX-FOREIGN"}, {"iptables-nft", "-t", "nat", "-A", "RPX-FOREIGN", "-j", chain}}
+			},
+			unjump: func(string) [][]string {
+				return [][]string{{"iptables-nft", "-t", "nat", "-F", "RPX-FOREIGN"}, {"iptables-nft", "-t", "nat", "-X", "RPX-FOREIGN"}}
+			},
+			remove:   removePod,
+			counted:  each,
+			counters: []string{"sync_proxy_rules_iptables_partial_restore_failures_total", "sync_proxy_rules_iptables_restore_failures_total"},
+		},
+		nftablesMode: {
+			chain: func(rules string) string {
+				if m := regexp.MustCompile(`chain (service-[A-Z2-7]{8}-default/fail/tcp/tcp) \{`).FindStringSubmatch(rules); m != nil {
+					return m[1]
+				}
+				return ""
+			},
+			jump: func(chain string) [][]string {
+				return [][]string{{"nft", "add", "chain", "ip", "kube-proxy", "rpx-foreign"}, {"nft", "add", "rule", "ip", "kube-proxy", "rpx-foreign", "jump", chain}}
+			},
+			unjump: func(string) [][]string {
+				return [][]string{{"nft", "flush", "chain", "ip", "kube-proxy", "rpx-foreign"}, {"nft", "delete", "chain", "ip", "kube-proxy", "rpx-foreign"}}
+			},
+			remove:   deleteService,
+			counted:  some,
+			counters: []string{"sync_proxy_rules_nftables_sync_failures_total", "sync_proxy_rules_nftables_cleanup_failures_total"},
+		},
+	}
+	inEachMode(t, func(t *testing.T, mode string) {
+		f := modeFailures[mode]
+		addPod(t, "fail-a", framework.PodOptions{Labels: map[string]string{"app": "fail"}})
+		svc := service("fail", "fail", v1.ProtocolTCP)
+		svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
+		svc = createService(t, svc)
+		var chain string
+		eventually(t, convergence, "the chain", func() error {
+			if chain = f.chain(modeRules(t, mode)); chain == "" {
+				return fmt.Errorf("not written yet")
+			}
+			return nil
+		})
+		onNode(t, f.jump(chain)...)
+		failures := func() []float64 {
+			text := metrics(t)
+			var values []float64
+			for _, c := range f.counters {
+				values = append(values, metricValue(text, "kubeproxy_"+c+`{ip_family="IPv4"}`))
+			}
+			return values
+		}
+		before := failures()
+		f.remove(t)
+		eventually(t, convergence, "the failures counted", func() error {
+			if after := failures(); !f.counted(before, after) {
+				return fmt.Errorf("%v: %v -> %v", f.counters, before, after)
+			}
+			return nil
+		})
+		onNode(t, f.unjump(chain)...)
+		eventually(t, time.Minute, "the chain removed", func() error {
+			if strings.Contains(modeRules(t, mode), chain) {
+				return fmt.Errorf("%s is still there", chain)
+			}
+			return nil
+		})
+		eventually(t, convergence, "the service rejects, having no endpoint, or is gone", func() error {
+			r, err := cluster.Node.Request("tcp", net.JoinHostPort(svc.Spec.ClusterIP, "80"), 2*time.Second)
+			switch {
+			case err == nil:
+				return fmt.Errorf("answered by %s", r.Pod)
+			case mode == iptablesMode && !strings.Contains(err.Error(), "connection refused"):
+				return fmt.Errorf("want connection refused, got %v", err)
+			}
+			return nil
+		})
+	})
+}
