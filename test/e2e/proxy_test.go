@@ -103,6 +103,17 @@ func switchProxyLocked(t *testing.T, ours bool, mode string) {
 		t.Fatal(err)
 	}
 	running, runningOurs, runningMode = p, ours, mode
+	// Healthy comes before the first sync; tests start after it.
+	eventually(t, time.Minute, "the first sync", func() error {
+		text, err := fetchMetrics()
+		if err != nil {
+			return err
+		}
+		if metricValue(text, `kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`) <= 0 {
+			return fmt.Errorf("no sync yet")
+		}
+		return nil
+	})
 }
 
 // stopProxy ends the running kube-proxy, leaving its rules in place.

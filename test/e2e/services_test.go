@@ -478,7 +478,10 @@ func TestRestartAndTakeoverWithLiveTraffic(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Logf("%s: %d requests answered, %d failed", step.name, ok, failed)
-			if failed > 0 || ok == 0 {
+			// Upstream's first sync rewrites every chain, and a new
+			// connection's first SYN can be lost meanwhile (issue #16
+			// measures it for both proxies); only ours must lose none.
+			if ok == 0 || failed > 0 && (step.ours || failed > 1) {
 				t.Errorf("%s: %d of %d requests failed:\n%s", step.name, failed, ok+failed, errs)
 			}
 		}
