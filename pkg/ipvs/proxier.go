@@ -275,14 +275,23 @@ type write struct {
 	// trusts what it applied.
 	kernel *kernelObjects
 	errs   []error
-	// changes to the sets, and the addresses to unbind and virtual
-	// servers to delete at the end.
-	sets      []SetChange
-	unbind    []netip.Addr
+	// adds and deletes are the set entries to add and delete; an entry
+	// one service port gives up and another takes up in the same sync
+	// is in the kernel and stays: its deletion is cancelled (deleting
+	// says which deletions still hold).
+	adds     []SetEntry
+	deletes  []SetEntry
+	deleting map[SetEntry]bool
+	// unbind are the addresses to unbind at the end (false: taken up
+	// again by another service port), and deleteVSs the virtual servers
+	// to delete.
+	unbind    map[netip.Addr]bool
 	deleteVSs []VirtualServerKey
 }
 
-func (p *Syncer) newWrite() *write { return &write{p: p} }
+func (p *Syncer) newWrite() *write {
+	return &write{p: p, deleting: map[SetEntry]bool{}, unbind: map[netip.Addr]bool{}}
+}
 
 // replace turns one service port's objects from old into updated.
 func (w *write) replace(name state.ServicePortName, old, updated ServiceObjects) {
@@ -312,7 +321,7 @@ func (w *write) replace(name state.ServicePortName, old, updated ServiceObjects)
 	for _, a := range old.Bound {
 		if o.bound[a]--; o.bound[a] == 0 {
 			delete(o.bound, a)
-			w.unbind = append(w.unbind, a)
+			w.unbind[a] = true
 			w.entry(SetEntry{Set: p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, true)
 		}
 	}
@@ -457,6 +466,11 @@ func (w *write) removeReal(key VirtualServerKey, rs RealServer) {
 
 func (w *write) bind(a netip.Addr) {
 	w.entry(SetEntry{Set: w.p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, false)
+	if w.unbind[a] {
+		// Another service port gave it up in this sync: it is bound.
+		w.unbind[a] = false
+		return
+	}
 	if w.kernel != nil && w.kernel.bound[a] {
 		delete(w.kernel.bound, a)
 		return
@@ -466,15 +480,20 @@ func (w *write) bind(a netip.Addr) {
 	}
 }
 
-// entry records a set change; a full sync skips what the kernel holds.
+// entry records a set change; a full sync skips what the kernel holds,
+// and an entry given up and taken up again in one sync stays.
 func (w *write) entry(e SetEntry, remove bool) {
-	if w.kernel != nil && !remove {
-		if w.kernel.entries[e.Set][e.Entry] {
-			delete(w.kernel.entries[e.Set], e.Entry)
-			return
-		}
+	switch {
+	case remove:
+		w.deletes = append(w.deletes, e)
+		w.deleting[e] = true
+	case w.deleting[e]:
+		w.deleting[e] = false
+	case w.kernel != nil && w.kernel.entries[e.Set][e.Entry]:
+		delete(w.kernel.entries[e.Set], e.Entry)
+	default:
+		w.adds = append(w.adds, e)
 	}
-	w.sets = append(w.sets, SetChange{Set: e.Set, Entry: e.Entry, Delete: remove})
 }
 
 // finish writes the set changes and the chains, then removes what no
@@ -485,23 +504,22 @@ func (w *write) finish(full bool) error {
 	if w.kernel != nil {
 		for set, entries := range w.kernel.entries {
 			for e := range entries {
-				w.sets = append(w.sets, SetChange{Set: set, Entry: e, Delete: true})
+				w.entry(SetEntry{Set: set, Entry: e}, true)
 			}
 		}
 	}
-	// Additions before deletions, so an entry moving between owners is
-	// never missing.
-	slices.SortStableFunc(w.sets, func(a, b SetChange) int {
-		if a.Delete == b.Delete {
-			return 0
+	// Additions before deletions; an entry never is in both.
+	changes := make([]SetChange, 0, len(w.adds)+len(w.deletes))
+	for _, e := range w.adds {
+		changes = append(changes, SetChange{Set: e.Set, Entry: e.Entry})
+	}
+	for _, e := range w.deletes {
+		if w.deleting[e] {
+			changes = append(changes, SetChange{Set: e.Set, Entry: e.Entry, Delete: true})
 		}
-		if a.Delete {
-			return 1
-		}
-		return -1
-	})
-	if len(w.sets) > 0 {
-		if err := p.cfg.Kernel.ChangeSets(w.sets); err != nil {
+	}
+	if len(changes) > 0 {
+		if err := p.cfg.Kernel.ChangeSets(changes); err != nil {
 			w.errs = append(w.errs, fmt.Errorf("changing ipset entries: %w", err))
 		}
 	}
@@ -518,7 +536,7 @@ func (w *write) finish(full bool) error {
 		previous := w.kernel.entries[p.cfg.Params.setName(setIPVSAddresses)]
 		for a := range w.kernel.bound {
 			if previous[a.String()] {
-				w.unbind = append(w.unbind, a)
+				w.unbind[a] = true
 			}
 		}
 		for key := range w.kernel.servers {
@@ -527,7 +545,10 @@ func (w *write) finish(full bool) error {
 			}
 		}
 	}
-	for _, a := range w.unbind {
+	for _, a := range slices.SortedFunc(maps.Keys(w.unbind), netip.Addr.Compare) {
+		if !w.unbind[a] {
+			continue
+		}
 		if err := p.cfg.Kernel.Unbind(a); err != nil {
 			w.errs = append(w.errs, fmt.Errorf("unbinding %s from %s: %w", a, DummyLink, err))
 		}

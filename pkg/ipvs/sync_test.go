@@ -446,3 +446,26 @@ func TestDriftWithoutVirtualServersReadsNone(t *testing.T) {
 		t.Errorf("%d dumps of the virtual servers, want none", calls["VirtualServers"])
 	}
 }
+
+// An address that moves from one service port to another in one sync
+// stays bound and in KUBE-IPVS-IPS: the removal by one and the addition by
+// the other cancel out, whichever of the two is handled first.
+func TestAddressMovingBetweenServicesStays(t *testing.T) {
+	for range 20 {
+		n := newNode()
+		core, _ := n.proxier(t)
+		service(core, "a", "10.96.0.10", externalIPs("10.255.2.1"))
+		service(core, "b", "10.96.0.11", func(s *v1.Service) { s.Spec.Ports[0].Port = 81 })
+		synced(core)
+		sync(t, core)
+		service(core, "a", "10.96.0.10")
+		service(core, "b", "10.96.0.11", externalIPs("10.255.2.1"), func(s *v1.Service) { s.Spec.Ports[0].Port = 81 })
+		sync(t, core)
+		dump := n.kernel.Dump()
+		for _, want := range []string{"inet 10.255.2.1/32", "add KUBE-IPVS-IPS 10.255.2.1\n", "add KUBE-EXTERNAL-IP 10.255.2.1,tcp:81\n"} {
+			if !strings.Contains(dump, want) {
+				t.Fatalf("the external IP moved from a to b, and the kernel lacks %q:\n%s", want, dump)
+			}
+		}
+	}
+}
