@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,7 +32,8 @@ import (
 // kernel (chains_kernel_test.go).
 type fakeIPTables struct {
 	restores int
-	flushed  bool
+	// flushed is set by a test while the drift check reads it.
+	flushed atomic.Bool
 }
 
 func (k *fakeIPTables) Restore(in io.Reader) error {
@@ -41,7 +43,7 @@ func (k *fakeIPTables) Restore(in io.Reader) error {
 }
 func (k *fakeIPTables) Save(read func(io.Reader) error) error { return read(strings.NewReader("")) }
 func (k *fakeIPTables) ListRules(string, string) ([]string, error) {
-	if k.flushed {
+	if k.flushed.Load() {
 		return nil, nil
 	}
 	return []string{`-m comment --comment "kubernetes service portals" -j KUBE-SERVICES`}, nil
@@ -423,7 +425,7 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 			return n.kernel.DeleteVirtualServer(ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP})
 		}},
 		{"address unbound", func(n *node) error { return n.kernel.Unbind(netip.MustParseAddr("10.96.0.10")) }},
-		{"iptables flushed", func(n *node) error { n.iptables.flushed = true; return nil }},
+		{"iptables flushed", func(n *node) error { n.iptables.flushed.Store(true); return nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newNode()
