@@ -251,6 +251,30 @@ func TestFakeHashSetIsFull(t *testing.T) {
 	}
 }
 
+// A set created with a lower maxelem refuses the entry past it with
+// ipset's words, and the restore stops there.
+func TestFakeSetMaxElem(t *testing.T) {
+	f := NewFake()
+	spec := ipvsmode.SetSpec{Name: "KUBE-CLUSTER-IP", Type: ipvsmode.HashIPPort, MaxElem: 2}
+	if err := f.EnsureSets([]ipvsmode.SetSpec{spec}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(f.Dump(), "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 2\n") {
+		t.Errorf("the set is not created with maxelem 2:\n%s", f.Dump())
+	}
+	var changes []ipvsmode.SetChange
+	for i := range 4 {
+		changes = append(changes, ipvsmode.SetChange{Set: spec.Name, Entry: fmt.Sprintf("10.96.0.%d,tcp:80", i+1)})
+	}
+	err := f.ChangeSets(changes)
+	if want := `ipset restore: line 3 "add KUBE-CLUSTER-IP 10.96.0.3,tcp:80": Hash is full, cannot add more elements`; err == nil || err.Error() != want {
+		t.Errorf("adding 4 entries to a set of maxelem 2: %v, want %s", err, want)
+	}
+	if got, _ := f.SetEntries([]string{spec.Name}); len(got[spec.Name]) != 2 {
+		t.Errorf("the set holds %v, want the first 2", got)
+	}
+}
+
 func TestFakeCallsAndFailures(t *testing.T) {
 	f := NewFake()
 	boom := errors.New("boom")

@@ -26,7 +26,7 @@ func createArgs(s ipvsmode.SetSpec) (string, error) {
 		if s.IPv6 {
 			family = "inet6"
 		}
-		return fmt.Sprintf("%s %s family %s hashsize 1024 maxelem %d -exist", s.Name, s.Type, family, ipvsmode.MaxSetEntries), nil
+		return fmt.Sprintf("%s %s family %s hashsize 1024 maxelem %d -exist", s.Name, s.Type, family, s.Limit()), nil
 	case ipvsmode.BitmapPort:
 		return fmt.Sprintf("%s %s range 0-65535 -exist", s.Name, s.Type), nil
 	}

@@ -213,3 +213,42 @@ func TestIPSetsKernelFull(t *testing.T) {
 		}
 	})
 }
+
+// TestIPSetsKernelMaxElem creates a set with a small maxelem: ipset and the
+// fake refuse the same line of a restore with the same words, having
+// applied the lines before it.
+func TestIPSetsKernelMaxElem(t *testing.T) {
+	ns := testutil.NewNetns(t)
+	testutil.RequireCommands(t, "ipset")
+	set := testSets(t)[1]
+	set.MaxElem = 2
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "exec", ns, "ipset", "destroy", set.Name).Run() })
+	var changes []ipvsmode.SetChange
+	for i := range 4 {
+		changes = append(changes, ipvsmode.SetChange{Set: set.Name, Entry: fmt.Sprintf("10.96.0.%d,tcp:80", i+1)})
+	}
+	fake := NewFake()
+	if err := fake.EnsureSets([]ipvsmode.SetSpec{set}); err != nil {
+		t.Fatal(err)
+	}
+	fakeErr := fake.ChangeSets(changes)
+	fakeEntries, _ := fake.SetEntries([]string{set.Name})
+	var kernel ipsets
+	testutil.DoInNetns(t, ns, func() {
+		if err := kernel.EnsureSets([]ipvsmode.SetSpec{set}); err != nil {
+			t.Fatal(err)
+		}
+		if out := testutil.InNetns(t, ns, "ipset", "list", "-t", set.Name); !strings.Contains(out, " maxelem 2 ") {
+			t.Errorf("the set is not created with maxelem 2:\n%s", out)
+		}
+		err := kernel.ChangeSets(changes)
+		want := fmt.Sprintf(`ipset restore: line 3 "add %s 10.96.0.3,tcp:80": Hash is full, cannot add more elements`, set.Name)
+		if err == nil || err.Error() != want || fakeErr == nil || fakeErr.Error() != want {
+			t.Errorf("adding 4 entries to a set of maxelem 2:\nipset: %v\nfake:  %v\nwant:  %s", err, fakeErr, want)
+		}
+		entries, err := kernel.SetEntries([]string{set.Name})
+		if err != nil || !reflect.DeepEqual(entries, fakeEntries) {
+			t.Errorf("ipset holds %v (%v), the fake %v", entries, err, fakeEntries)
+		}
+	})
+}

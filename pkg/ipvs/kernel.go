@@ -75,10 +75,25 @@ type SetSpec struct {
 	Name string
 	Type SetType
 	IPv6 bool
+	// MaxElem is a hash set's maxelem; 0 means MaxSetEntries.
+	MaxElem int
 }
 
 // MaxSetEntries is the maxelem the hash sets are created with.
 const MaxSetEntries = 65536
+
+// Limit is how many entries a hash set takes (its maxelem: MaxElem, or
+// MaxSetEntries if that is 0); 0 for a bitmap:port set, which holds its
+// whole range (0-65535) and so cannot overflow.
+func (s SetSpec) Limit() int {
+	if s.Type == BitmapPort {
+		return 0
+	}
+	if s.MaxElem > 0 {
+		return s.MaxElem
+	}
+	return MaxSetEntries
+}
 
 // SetChange adds or deletes one entry of one set, written as ipset
 // prints it (e.g. "10.96.0.1,tcp:80").

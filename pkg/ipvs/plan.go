@@ -27,6 +27,10 @@ type Params struct {
 	NodeIP netip.Addr
 	// RandomFully is whether MASQUERADE supports --random-fully here.
 	RandomFully bool
+	// MaxSetEntries is the maxelem the hash sets are created with, and
+	// so how many entries the mode puts into one; 0 means MaxSetEntries
+	// (upstream's). Tests lower it.
+	MaxSetEntries int
 }
 
 // Addresses are the node's own addresses, read from the kernel: they
@@ -128,6 +132,9 @@ func (p *Params) Sets() []SetSpec {
 	out := make([]SetSpec, len(setTypes))
 	for i, s := range setTypes {
 		out[i] = SetSpec{Name: p.setName(s.name), Type: s.typ, IPv6: p.IPv6}
+		if s.typ != BitmapPort {
+			out[i].MaxElem = p.MaxSetEntries
+		}
 	}
 	return out
 }

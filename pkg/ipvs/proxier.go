@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -69,6 +70,10 @@ type Syncer struct {
 	// written is true once a full sync succeeded: from then on the
 	// kernel should hold what objects says.
 	written bool
+	// limits are the hash sets' maxelem (the bitmap:port sets cannot
+	// overflow), and left what the last sync left out of full sets.
+	limits map[string]int
+	left   error
 }
 
 type drainKey struct {
@@ -87,6 +92,12 @@ func New(cfg Config) *Syncer {
 	if cfg.CheckPeriod == 0 {
 		cfg.CheckPeriod = 30 * time.Second
 	}
+	limits := map[string]int{}
+	for _, s := range cfg.Params.Sets() {
+		if s.Limit() > 0 {
+			limits[s.Name] = s.Limit()
+		}
+	}
 	return &Syncer{
 		cfg:      cfg,
 		chains:   iptables.NewChainSet(cfg.IPTables),
@@ -94,16 +105,23 @@ func New(cfg Config) *Syncer {
 		objects:  newObjectCounts(),
 		draining: map[drainKey]time.Time{},
 		now:      time.Now,
+		limits:   limits,
 	}
 }
 
 // objectCounts counts how many service ports want each shared object: an
 // address or set entry stays while one still does.
 type objectCounts struct {
-	servers   map[VirtualServerKey]state.ServicePortName
-	bound     map[netip.Addr]int
-	entries   map[SetEntry]int
+	servers map[VirtualServerKey]state.ServicePortName
+	bound   map[netip.Addr]int
+	entries map[SetEntry]int
+	// setSizes count each set's entries in the kernel, and waiting the
+	// entries wanted but not there because their set was full (by the
+	// order they came in: seq), waitingIn by set.
 	setSizes  map[string]int
+	waiting   map[SetEntry]uint64
+	waitingIn map[string]int
+	seq       uint64
 	outFilter map[iptables.Rule]int
 }
 
@@ -111,6 +129,26 @@ func newObjectCounts() objectCounts {
 	return objectCounts{
 		servers: map[VirtualServerKey]state.ServicePortName{}, bound: map[netip.Addr]int{},
 		entries: map[SetEntry]int{}, setSizes: map[string]int{}, outFilter: map[iptables.Rule]int{},
+		waiting: map[SetEntry]uint64{}, waitingIn: map[string]int{},
+	}
+}
+
+func (o *objectCounts) wait(e SetEntry) {
+	o.seq++
+	o.waiting[e] = o.seq
+	o.waitingIn[e.Set]++
+}
+
+func (o *objectCounts) unwait(e SetEntry) {
+	delete(o.waiting, e)
+	if o.waitingIn[e.Set]--; o.waitingIn[e.Set] == 0 {
+		delete(o.waitingIn, e.Set)
+	}
+}
+
+func (o *objectCounts) resize(set string, by int) {
+	if o.setSizes[set] += by; o.setSizes[set] == 0 {
+		delete(o.setSizes, set)
 	}
 }
 
@@ -275,14 +313,32 @@ type write struct {
 	// trusts what it applied.
 	kernel *kernelObjects
 	errs   []error
-	// changes to the sets, and the addresses to unbind and virtual
-	// servers to delete at the end.
-	sets      []SetChange
-	unbind    []netip.Addr
+	// adds and deletes are the set entries to add and delete; an entry
+	// one service port gives up and another takes up in the same sync
+	// is in the kernel and stays: its deletion is cancelled (deleting
+	// says which deletions still hold).
+	adds     []SetEntry
+	deletes  []SetEntry
+	deleting map[SetEntry]bool
+	// queued are the entries to add that this sync found, in order, for
+	// admit; before is the last sequence number of the entries that
+	// waited before it, 0 if none did.
+	queued []SetEntry
+	before uint64
+	// unbind are the addresses to unbind at the end (false: taken up
+	// again by another service port), and deleteVSs the virtual servers
+	// to delete.
+	unbind    map[netip.Addr]bool
 	deleteVSs []VirtualServerKey
 }
 
-func (p *Syncer) newWrite() *write { return &write{p: p} }
+func (p *Syncer) newWrite() *write {
+	w := &write{p: p, deleting: map[SetEntry]bool{}, unbind: map[netip.Addr]bool{}}
+	if len(p.objects.waiting) > 0 {
+		w.before = p.objects.seq
+	}
+	return w
+}
 
 // replace turns one service port's objects from old into updated.
 func (w *write) replace(name state.ServicePortName, old, updated ServiceObjects) {
@@ -312,20 +368,18 @@ func (w *write) replace(name state.ServicePortName, old, updated ServiceObjects)
 	for _, a := range old.Bound {
 		if o.bound[a]--; o.bound[a] == 0 {
 			delete(o.bound, a)
-			w.unbind = append(w.unbind, a)
+			w.unbind[a] = true
 			w.entry(SetEntry{Set: p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, true)
 		}
 	}
 	for _, e := range updated.Entries {
 		if o.entries[e]++; o.entries[e] == 1 {
-			o.setSizes[e.Set]++
 			w.entry(e, false)
 		}
 	}
 	for _, e := range old.Entries {
 		if o.entries[e]--; o.entries[e] == 0 {
 			delete(o.entries, e)
-			o.setSizes[e.Set]--
 			w.entry(e, true)
 		}
 	}
@@ -457,6 +511,11 @@ func (w *write) removeReal(key VirtualServerKey, rs RealServer) {
 
 func (w *write) bind(a netip.Addr) {
 	w.entry(SetEntry{Set: w.p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, false)
+	if w.unbind[a] {
+		// Another service port gave it up in this sync: it is bound.
+		w.unbind[a] = false
+		return
+	}
 	if w.kernel != nil && w.kernel.bound[a] {
 		delete(w.kernel.bound, a)
 		return
@@ -466,15 +525,132 @@ func (w *write) bind(a netip.Addr) {
 	}
 }
 
-// entry records a set change; a full sync skips what the kernel holds.
+// entry records a set change; a full sync skips what the kernel holds,
+// and an entry given up and taken up again in one sync stays. An entry
+// to add waits until finish, which knows how much room its set has.
 func (w *write) entry(e SetEntry, remove bool) {
-	if w.kernel != nil && !remove {
-		if w.kernel.entries[e.Set][e.Entry] {
-			delete(w.kernel.entries[e.Set], e.Entry)
-			return
+	o := &w.p.objects
+	_, waiting := o.waiting[e]
+	switch {
+	case remove && waiting:
+		o.unwait(e) // never written
+	case remove:
+		w.deletes = append(w.deletes, e)
+		w.deleting[e] = true
+		o.resize(e.Set, -1)
+	case w.deleting[e]:
+		w.deleting[e] = false
+		o.resize(e.Set, 1)
+	case w.kernel != nil && w.kernel.entries[e.Set][e.Entry]:
+		delete(w.kernel.entries[e.Set], e.Entry)
+		o.resize(e.Set, 1)
+	default:
+		o.wait(e)
+		w.queued = append(w.queued, e)
+	}
+}
+
+// admit adds the waiting entries whose sets have room: all of them while
+// a hash set stays within its maxelem, else the ones that came first (a
+// full sync takes the service ports by name, after what the kernel holds
+// already) up to it. The rest wait for a later sync whose deletions make
+// room: ipset would refuse them, and with them every later line of the
+// restore, other services' entries too.
+func (w *write) admit() {
+	o := &w.p.objects
+	room := map[string]int{}
+	for set, n := range o.waitingIn {
+		if limit, ok := w.p.limits[set]; ok {
+			n = min(n, limit-o.setSizes[set])
+		}
+		if n > 0 {
+			room[set] = n
 		}
 	}
-	w.sets = append(w.sets, SetChange{Set: e.Set, Entry: e.Entry, Delete: remove})
+	if len(room) == 0 {
+		return
+	}
+	// What waited before this sync first, oldest first; then this sync's
+	// entries in the order it found them.
+	var older []SetEntry
+	if w.before > 0 {
+		for e, seq := range o.waiting {
+			if seq <= w.before && room[e.Set] > 0 {
+				older = append(older, e)
+			}
+		}
+		slices.SortFunc(older, func(a, b SetEntry) int { return cmp.Compare(o.waiting[a], o.waiting[b]) })
+	}
+	for _, e := range slices.Concat(older, w.queued) {
+		if _, waiting := o.waiting[e]; !waiting || room[e.Set] == 0 {
+			continue
+		}
+		room[e.Set]--
+		o.unwait(e)
+		o.resize(e.Set, 1)
+		w.adds = append(w.adds, e)
+	}
+}
+
+// leftOut names, set by set, the entries waiting for room and the service
+// ports that want them; nil when none wait. It reads every service
+// port's objects, which it does only while some wait.
+func (p *Syncer) leftOut() error {
+	o := &p.objects
+	if len(o.waiting) == 0 {
+		return nil
+	}
+	ipvsIPs := p.cfg.Params.setName(setIPVSAddresses)
+	wanting := map[string]map[state.ServicePortName]bool{}
+	want := func(e SetEntry, name state.ServicePortName) {
+		if _, ok := o.waiting[e]; !ok {
+			return
+		}
+		if wanting[e.Set] == nil {
+			wanting[e.Set] = map[state.ServicePortName]bool{}
+		}
+		wanting[e.Set][name] = true
+	}
+	for name, objects := range p.applied {
+		for _, e := range objects.Entries {
+			want(e, name)
+		}
+		if o.waitingIn[ipvsIPs] > 0 {
+			for _, a := range objects.Bound {
+				want(SetEntry{Set: ipvsIPs, Entry: a.String()}, name)
+			}
+		}
+	}
+	var errs []error
+	for _, set := range slices.Sorted(maps.Keys(o.waitingIn)) {
+		names := slices.SortedFunc(maps.Keys(wanting[set]), compareNames)
+		var some []string
+		for _, n := range names[:min(len(names), 3)] {
+			some = append(some, n.String())
+		}
+		if len(names) > 3 {
+			some = append(some, "...")
+		}
+		errs = append(errs, fmt.Errorf("ipset %s is full (maxelem %d): %s of %s not added (%s)", set, p.limits[set],
+			count(o.waitingIn[set], "entry", "entries"), count(len(names), "service port", "service ports"), strings.Join(some, ", ")))
+	}
+	return errors.Join(errs...)
+}
+
+func count(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
+}
+
+// LeftOut tells which set entries the last sync left out because their
+// set was full (the service ports wanting them are only partly
+// programmed), nil if none.
+func (p *Syncer) LeftOut() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.left
 }
 
 // finish writes the set changes and the chains, then removes what no
@@ -482,28 +658,38 @@ func (w *write) entry(e SetEntry, remove bool) {
 // kernel held).
 func (w *write) finish(full bool) error {
 	p := w.p
+	w.admit()
+	// Deletions before additions, so that a full set has room for what
+	// admit let in; an entry never is in both. After a full sync the
+	// kernel's entries no service port wants go too.
+	changes := make([]SetChange, 0, len(w.adds)+len(w.deletes))
+	for _, e := range w.deletes {
+		if w.deleting[e] {
+			changes = append(changes, SetChange{Set: e.Set, Entry: e.Entry, Delete: true})
+		}
+	}
 	if w.kernel != nil {
 		for set, entries := range w.kernel.entries {
 			for e := range entries {
-				w.sets = append(w.sets, SetChange{Set: set, Entry: e, Delete: true})
+				changes = append(changes, SetChange{Set: set, Entry: e, Delete: true})
 			}
 		}
 	}
-	// Additions before deletions, so an entry moving between owners is
-	// never missing.
-	slices.SortStableFunc(w.sets, func(a, b SetChange) int {
-		if a.Delete == b.Delete {
-			return 0
-		}
-		if a.Delete {
-			return 1
-		}
-		return -1
-	})
-	if len(w.sets) > 0 {
-		if err := p.cfg.Kernel.ChangeSets(w.sets); err != nil {
+	for _, e := range w.adds {
+		changes = append(changes, SetChange{Set: e.Set, Entry: e.Entry})
+	}
+	if len(changes) > 0 {
+		if err := p.cfg.Kernel.ChangeSets(changes); err != nil {
 			w.errs = append(w.errs, fmt.Errorf("changing ipset entries: %w", err))
 		}
+	}
+	// Entries left out are not the sync's failure: the service ports that
+	// fit are written, and a failed sync would hold back what follows a
+	// sync (health-check servers, conntrack cleanup, the healthz update)
+	// and retry a full sync, reading the whole kernel, for as long as the
+	// set is full. They wait, and a later sync that frees room adds them.
+	if p.left = p.leftOut(); p.left != nil {
+		klog.ErrorS(p.left, "Set entries left out: the service ports named may not work until their set has room", "ipFamily", p.cfg.Family)
 	}
 	nonEmpty := func(set string) bool { return p.objects.setSizes[p.cfg.Params.setName(set)] > 0 }
 	outFilter := slices.Sorted(maps.Keys(p.objects.outFilter))
@@ -518,7 +704,7 @@ func (w *write) finish(full bool) error {
 		previous := w.kernel.entries[p.cfg.Params.setName(setIPVSAddresses)]
 		for a := range w.kernel.bound {
 			if previous[a.String()] {
-				w.unbind = append(w.unbind, a)
+				w.unbind[a] = true
 			}
 		}
 		for key := range w.kernel.servers {
@@ -527,7 +713,10 @@ func (w *write) finish(full bool) error {
 			}
 		}
 	}
-	for _, a := range w.unbind {
+	for _, a := range slices.SortedFunc(maps.Keys(w.unbind), netip.Addr.Compare) {
+		if !w.unbind[a] {
+			continue
+		}
 		if err := p.cfg.Kernel.Unbind(a); err != nil {
 			w.errs = append(w.errs, fmt.Errorf("unbinding %s from %s: %w", a, DummyLink, err))
 		}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,7 +32,8 @@ import (
 // kernel (chains_kernel_test.go).
 type fakeIPTables struct {
 	restores int
-	flushed  bool
+	// flushed is set by a test while the drift check reads it.
+	flushed atomic.Bool
 }
 
 func (k *fakeIPTables) Restore(in io.Reader) error {
@@ -41,7 +43,7 @@ func (k *fakeIPTables) Restore(in io.Reader) error {
 }
 func (k *fakeIPTables) Save(read func(io.Reader) error) error { return read(strings.NewReader("")) }
 func (k *fakeIPTables) ListRules(string, string) ([]string, error) {
-	if k.flushed {
+	if k.flushed.Load() {
 		return nil, nil
 	}
 	return []string{`-m comment --comment "kubernetes service portals" -j KUBE-SERVICES`}, nil
@@ -52,6 +54,25 @@ func (k *fakeIPTables) Generation(string) (uint64, error) { return 0, nil }
 type node struct {
 	kernel   *ipvskernel.Fake
 	iptables *fakeIPTables
+	// maxSetEntries is the hash sets' maxelem (0: upstream's), and
+	// restoreErrors every error of an ipset restore the mode sent.
+	maxSetEntries int
+	restoreErrors []error
+}
+
+// watchedKernel is the node's kernel as the mode sees it: it keeps the
+// errors of the ipset restores.
+type watchedKernel struct {
+	*ipvskernel.Fake
+	n *node
+}
+
+func (k watchedKernel) ChangeSets(changes []ipvs.SetChange) error {
+	err := k.Fake.ChangeSets(changes)
+	if err != nil {
+		k.n.restoreErrors = append(k.n.restoreErrors, err)
+	}
+	return err
 }
 
 func newNode() *node {
@@ -69,9 +90,9 @@ func (n *node) proxier(t *testing.T, exclude ...netip.Prefix) (*proxy.Core, *ipv
 		t.Fatal(err)
 	}
 	mode := ipvs.New(ipvs.Config{
-		Family: v1.IPv4Protocol, Kernel: n.kernel, IPTables: n.iptables,
+		Family: v1.IPv4Protocol, Kernel: watchedKernel{n.kernel, n}, IPTables: n.iptables,
 		Params: ipvs.Params{Scheduler: "rr", MasqueradeBit: 14, LocalDetector: detector,
-			NodeIP: netip.MustParseAddr("10.255.0.2"), RandomFully: true},
+			NodeIP: netip.MustParseAddr("10.255.0.2"), RandomFully: true, MaxSetEntries: n.maxSetEntries},
 		NodePortAddresses:  func(node []netip.Addr) []netip.Addr { return node },
 		ExcludeCIDRs:       exclude,
 		DrainCheckInterval: 5 * time.Millisecond,
@@ -115,6 +136,11 @@ func nodePort(port int32, local bool) svcOpt {
 }
 
 func udp(s *v1.Service) { s.Spec.Ports[0].Protocol = v1.ProtocolUDP }
+
+// twoPorts gives the service a second port, q (81).
+func twoPorts(s *v1.Service) {
+	s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "q", Port: 81, Protocol: v1.ProtocolTCP})
+}
 
 func affinity(s *v1.Service) {
 	s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
@@ -399,7 +425,7 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 			return n.kernel.DeleteVirtualServer(ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP})
 		}},
 		{"address unbound", func(n *node) error { return n.kernel.Unbind(netip.MustParseAddr("10.96.0.10")) }},
-		{"iptables flushed", func(n *node) error { n.iptables.flushed = true; return nil }},
+		{"iptables flushed", func(n *node) error { n.iptables.flushed.Store(true); return nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newNode()
@@ -445,4 +471,150 @@ func TestDriftWithoutVirtualServersReadsNone(t *testing.T) {
 	if calls["VirtualServers"] != 0 {
 		t.Errorf("%d dumps of the virtual servers, want none", calls["VirtualServers"])
 	}
+}
+
+// An address that moves from one service port to another in one sync
+// stays bound and in KUBE-IPVS-IPS: the removal by one and the addition by
+// the other cancel out, whichever of the two is handled first.
+func TestAddressMovingBetweenServicesStays(t *testing.T) {
+	for range 20 {
+		n := newNode()
+		core, _ := n.proxier(t)
+		service(core, "a", "10.96.0.10", externalIPs("10.255.2.1"))
+		service(core, "b", "10.96.0.11", func(s *v1.Service) { s.Spec.Ports[0].Port = 81 })
+		synced(core)
+		sync(t, core)
+		service(core, "a", "10.96.0.10")
+		service(core, "b", "10.96.0.11", externalIPs("10.255.2.1"), func(s *v1.Service) { s.Spec.Ports[0].Port = 81 })
+		sync(t, core)
+		dump := n.kernel.Dump()
+		for _, want := range []string{"inet 10.255.2.1/32", "add KUBE-IPVS-IPS 10.255.2.1\n", "add KUBE-EXTERNAL-IP 10.255.2.1,tcp:81\n"} {
+			if !strings.Contains(dump, want) {
+				t.Fatalf("the external IP moved from a to b, and the kernel lacks %q:\n%s", want, dump)
+			}
+		}
+	}
+}
+
+// fullSetNode is a node whose hash sets take 8 entries, with the
+// services svc-<i> (10.96.0.<i+1>, ports p and q) for each i: two entries
+// each in KUBE-CLUSTER-IP, one in KUBE-IPVS-IPS.
+func fullSetNode(t *testing.T, n *node, services ...int) (*proxy.Core, *ipvs.Syncer) {
+	t.Helper()
+	n.maxSetEntries = 8
+	core, mode := n.proxier(t)
+	for _, i := range services {
+		service(core, fmt.Sprintf("svc-%d", i), fmt.Sprintf("10.96.0.%d", i+1), twoPorts)
+	}
+	synced(core)
+	sync(t, core)
+	return core, mode
+}
+
+// clusterIPEntries tells which of the services have their entries in
+// KUBE-CLUSTER-IP: all, none, or some (an error).
+func clusterIPEntries(t *testing.T, n *node, want bool, services ...int) {
+	t.Helper()
+	dump := n.kernel.Dump()
+	for _, i := range services {
+		for _, port := range []int{80, 81} {
+			entry := fmt.Sprintf("add KUBE-CLUSTER-IP 10.96.0.%d,tcp:%d\n", i+1, port)
+			if strings.Contains(dump, entry) != want {
+				t.Errorf("svc-%d: %q in the kernel is %v, want %v:\n%s", i, entry, !want, want, dump)
+			}
+		}
+	}
+}
+
+func leftOut(t *testing.T, mode *ipvs.Syncer, want string) {
+	t.Helper()
+	got := ""
+	if err := mode.LeftOut(); err != nil {
+		got = err.Error()
+	}
+	if got != want {
+		t.Errorf("left out: %q\nwant %q", got, want)
+	}
+}
+
+// holdsAllOf checks that the node's kernel holds what a fresh one holds
+// for just these services (all of their entries), and that ipset refused
+// none of the node's restores.
+func holdsAllOf(t *testing.T, n *node, services ...int) {
+	t.Helper()
+	reference := newNode()
+	fullSetNode(t, reference, services...)
+	if got, want := n.kernel.Dump(), reference.kernel.Dump(); got != want {
+		t.Errorf("the kernel holds:\n%s\nwant:\n%s", got, want)
+	}
+	if len(n.restoreErrors) > 0 {
+		t.Errorf("ipset refused restores: %v", n.restoreErrors)
+	}
+}
+
+// More service ports than a set holds: the sync succeeds with the
+// services that fit, the others miss only the entries that did not fit
+// (never a restore that ipset refuses, which would lose every later
+// line), and the entries left out are added, oldest first, as removed
+// services make room.
+func TestFullSetLeavesOutOnlyWhatDoesNotFit(t *testing.T) {
+	n := newNode()
+	core, mode := fullSetNode(t, n, 0, 1, 2, 3, 4, 5)
+	leftOut(t, mode, "ipset KUBE-CLUSTER-IP is full (maxelem 8): 4 entries of 4 service ports not added (ns/svc-4:p, ns/svc-4:q, ns/svc-5:p, ...)")
+	clusterIPEntries(t, n, true, 0, 1, 2, 3)
+	clusterIPEntries(t, n, false, 4, 5)
+	dump := n.kernel.Dump()
+	for i := range 6 {
+		for _, want := range []string{fmt.Sprintf("TCP  10.96.0.%d:80 rr\n", i+1), fmt.Sprintf("TCP  10.96.0.%d:81 rr\n", i+1),
+			fmt.Sprintf("add KUBE-IPVS-IPS 10.96.0.%d\n", i+1), fmt.Sprintf("inet 10.96.0.%d/32\n", i+1)} {
+			if !strings.Contains(dump, want) {
+				t.Errorf("svc-%d lacks %q:\n%s", i, want, dump)
+			}
+		}
+	}
+
+	// A partial sync leaves out a new service's entries too.
+	service(core, "svc-6", "10.96.0.7", twoPorts)
+	sync(t, core)
+	leftOut(t, mode, "ipset KUBE-CLUSTER-IP is full (maxelem 8): 6 entries of 6 service ports not added (ns/svc-4:p, ns/svc-4:q, ns/svc-5:p, ...)")
+	if dump := n.kernel.Dump(); !strings.Contains(dump, "TCP  10.96.0.7:81 rr\n") || !strings.Contains(dump, "inet 10.96.0.7/32\n") {
+		t.Errorf("svc-6 lacks its virtual servers or address:\n%s", dump)
+	}
+
+	// Room for two entries: the oldest waiting take it.
+	core.OnService(&v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "svc-0"}}, true)
+	sync(t, core)
+	clusterIPEntries(t, n, true, 1, 2, 3, 4)
+	clusterIPEntries(t, n, false, 0, 5, 6)
+	leftOut(t, mode, "ipset KUBE-CLUSTER-IP is full (maxelem 8): 4 entries of 4 service ports not added (ns/svc-5:p, ns/svc-5:q, ns/svc-6:p, ...)")
+
+	for _, name := range []string{"svc-1", "svc-2"} {
+		core.OnService(&v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name}}, true)
+	}
+	sync(t, core)
+	leftOut(t, mode, "")
+	holdsAllOf(t, n, 3, 4, 5, 6)
+}
+
+// A restart over a full set keeps what the kernel holds and leaves out the
+// new service's entries; one over a full set of entries no service wants
+// any more deletes them before adding the new ones.
+func TestRestartOverAFullSet(t *testing.T) {
+	n := newNode()
+	fullSetNode(t, n, 0, 1, 2, 3)
+
+	n.maxSetEntries = 8
+	core, mode := n.proxier(t)
+	service(core, "a-new", "10.96.1.1", twoPorts)
+	for i := range 4 {
+		service(core, fmt.Sprintf("svc-%d", i), fmt.Sprintf("10.96.0.%d", i+1), twoPorts)
+	}
+	synced(core)
+	sync(t, core)
+	clusterIPEntries(t, n, true, 0, 1, 2, 3)
+	leftOut(t, mode, "ipset KUBE-CLUSTER-IP is full (maxelem 8): 2 entries of 2 service ports not added (ns/a-new:p, ns/a-new:q)")
+
+	_, mode = fullSetNode(t, n, 4, 5, 6, 7)
+	leftOut(t, mode, "")
+	holdsAllOf(t, n, 4, 5, 6, 7)
 }
