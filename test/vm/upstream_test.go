@@ -69,7 +69,7 @@ func programLayout(t *testing.T, cluster *framework.Cluster, binary string) []by
 		Timeout: 8 * time.Minute,
 		Script: vm.NodeAddresses + `
 kube-proxy --config=` + config + ` --v=2 >/out/kube-proxy.log 2>&1 &
-` + waitForSync + `
+` + vm.WaitForSync + `
 # A few more seconds for anything a first sync leaves to the next.
 sleep 5
 
@@ -105,21 +105,6 @@ section() { echo; echo "### $*"; "$@"; }
 	}
 	return layout
 }
-
-// waitForSync waits until the kube-proxy started last has synced both IP
-// families (the last-sync timestamp is set for each).
-const waitForSync = `
-i=0
-until [ "$(wget -q -O - http://127.0.0.1:10249/metrics 2>/dev/null | grep -c '^kubeproxy_sync_proxy_rules_last_timestamp_seconds{')" = 2 ]; do
-	i=$((i + 1))
-	if [ $i -gt 300 ] || ! kill -0 $!; then
-		grep -v nfacct /out/kube-proxy.log | tail -n 80
-		exit 1
-	fi
-	sleep 1
-done
-echo "kube-proxy synced after about ${i}s"
-`
 
 // startCluster starts the local cluster, for the test's whole run, with
 // the services of createServices.
