@@ -403,16 +403,7 @@ func createTrafficServices(t *testing.T, c *framework.Cluster) {
 				t.Fatalf("service %s status: %v", s.name, err)
 			}
 		}
-		slice := &discoveryv1.EndpointSlice{
-			ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: framework.DefaultNamespace, Labels: map[string]string{
-				discoveryv1.LabelServiceName: s.name, discoveryv1.LabelManagedBy: framework.ManualSliceManager}},
-			AddressType: discoveryv1.AddressTypeIPv4,
-			Endpoints:   endpointsAt(s.endpoints),
-		}
-		for _, p := range s.spec.Ports {
-			slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{
-				Name: ptr.To(p.Name), Port: ptr.To(p.TargetPort.IntVal), Protocol: ptr.To(p.Protocol)})
-		}
+		slice := framework.ServiceEndpointSlice(svc, endpointsAt(s.endpoints)...)
 		if _, err := c.Client.DiscoveryV1().EndpointSlices(framework.DefaultNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("creating the endpoint slice of %s: %v", s.name, err)
 		}
@@ -428,8 +419,7 @@ func endpointsAt(addresses []string) []discoveryv1.Endpoint {
 		if strings.HasPrefix(a, "10.244.1.") {
 			node = framework.RemoteNodeName
 		}
-		out = append(out, discoveryv1.Endpoint{Addresses: []string{a}, NodeName: ptr.To(node),
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)}})
+		out = append(out, framework.ReadyEndpoint(a, node))
 	}
 	return out
 }
@@ -466,7 +456,7 @@ func hostStep(c *framework.Cluster, args []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	slices := c.Client.DiscoveryV1().EndpointSlices(framework.DefaultNamespace)
-	slice, err := slices.Get(ctx, args[1], metav1.GetOptions{})
+	slice, err := slices.Get(ctx, args[1]+"-manual", metav1.GetOptions{})
 	if err != nil {
 		return err
 	}

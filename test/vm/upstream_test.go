@@ -12,7 +12,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/utils/ptr"
 
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/test/framework"
@@ -172,20 +171,11 @@ func createServices(ctx context.Context, t *testing.T, c *framework.Cluster) {
 		if len(s.endpoints) == 0 {
 			continue
 		}
-		slice := &discoveryv1.EndpointSlice{
-			ObjectMeta: metav1.ObjectMeta{Name: s.name + "-manual", Namespace: framework.DefaultNamespace, Labels: map[string]string{
-				discoveryv1.LabelServiceName: s.name, discoveryv1.LabelManagedBy: framework.ManualSliceManager}},
-			AddressType: discoveryv1.AddressTypeIPv4,
-		}
-		for _, p := range s.svc.Ports {
-			slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{
-				Name: ptr.To(p.Name), Port: ptr.To(p.TargetPort.IntVal), Protocol: ptr.To(p.Protocol)})
-		}
+		var endpoints []discoveryv1.Endpoint
 		for i, node := range []string{framework.NodeName, framework.RemoteNodeName} {
-			slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
-				Addresses: []string{s.endpoints[i]}, NodeName: ptr.To(node),
-				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)}})
+			endpoints = append(endpoints, framework.ReadyEndpoint(s.endpoints[i], node))
 		}
+		slice := framework.ServiceEndpointSlice(created, endpoints...)
 		if _, err := c.Client.DiscoveryV1().EndpointSlices(framework.DefaultNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("creating the endpoint slice of %s: %v", s.name, err)
 		}
