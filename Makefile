@@ -50,6 +50,7 @@ lint:
 	$(GO) vet ./...
 
 # The local cluster with our kube-proxy serving real traffic; Ctrl-C ends it.
+# MODE=ipvs runs the node and its pods in a VM booting Debian's kernel (test/vm).
 demo: deps build tools
 	$(GO) build -o $(BIN)/demo ./test/demo
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/demo -mode $(MODE)

@@ -46,6 +46,30 @@ func ManualEndpointSlice(service string, port int32, addresses ...string) *disco
 	return slice
 }
 
+// ServiceEndpointSlice is a hand-written EndpointSlice of a selectorless
+// service: every port of svc, at its target port (a number), and the
+// endpoints (see ReadyEndpoint), IPv4.
+func ServiceEndpointSlice(svc *v1.Service, endpoints ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: svc.Name + "-manual", Namespace: DefaultNamespace, Labels: map[string]string{
+			discoveryv1.LabelServiceName: svc.Name, discoveryv1.LabelManagedBy: ManualSliceManager}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   endpoints,
+	}
+	for _, p := range svc.Spec.Ports {
+		slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{
+			Name: ptr.To(p.Name), Port: ptr.To(p.TargetPort.IntVal), Protocol: ptr.To(p.Protocol)})
+	}
+	return slice
+}
+
+// ReadyEndpoint is an endpoint at address on node: ready, serving, not
+// terminating.
+func ReadyEndpoint(address, node string) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{Addresses: []string{address}, NodeName: ptr.To(node),
+		Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)}}
+}
+
 // FastClient is a cluster-admin client without client-side rate limits,
 // for creating many objects quickly.
 func (c *Cluster) FastClient() (kubernetes.Interface, error) {

@@ -21,7 +21,12 @@
 //	data, err := os.ReadFile(filepath.Join(res.OutDir, "ipvs.txt"))
 //
 // A program that works with the guest while its script runs (the
-// benchmark, test/bench) uses Start, then Machine.Wait and Machine.Stop.
+// benchmark, test/bench; the demo, test/demo) uses Start, then
+// Machine.Wait and Machine.Stop.
+//
+// NodeFiles, NodeAddresses, NodeHelpers and IPVSModules make the guest
+// node-1 of the local cluster (test/framework), with pods as namespaces
+// in the guest.
 //
 // The image, cached under _output/vm:
 //

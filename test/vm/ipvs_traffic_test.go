@@ -71,18 +71,10 @@ func TestIPVSModeWithTraffic(t *testing.T) {
 	}
 }
 
-// scriptHelpers set the guest up as node-1 with pods, and are what the
-// checks are written with. Each check prints one "ok: " line, or fails the
-// run with a "FAIL: " line naming it.
-const scriptHelpers = vm.NodeAddresses + `
-fail() {
-	echo "FAIL: $*"
-	echo "$*" >/run/rpx-failure
-	echo "the kube-proxy log ends with:"
-	grep -v nfacct /out/kube-proxy.log | tail -n 20
-	exit 1
-}
-
+// scriptHelpers set the guest up as node-1 with pods (vm.NodeHelpers), and
+// are what the checks are written with. Each check prints one "ok: " line,
+// or fails the run with a "FAIL: " line naming it.
+const scriptHelpers = vm.NodeAddresses + vm.NodeHelpers + `
 # check WHAT CMD...: CMD succeeds; CMD may describe what it saw in DETAIL.
 check() {
 	what=$1
@@ -105,21 +97,14 @@ eventually() {
 	echo "ok: $what after $(($(date +%s) - t0))s${DETAIL:+ ($DETAIL)}"
 }
 
-# on NS CMD...: CMD in namespace NS, or on the node itself for "node".
-on() {
-	ns=$1
-	shift
-	if [ "$ns" = node ]; then "$@"; else ip netns exec "$ns" "$@"; fi
-}
-
-# requests FROM URL N: N requests from FROM to URL (tcp:// or udp://), each
-# on a new connection or socket. GOT is who answered, each pod's name once
-# ("failed" for a request without answer), ERR the last error, SOURCE the
-# client address the last answering pod saw, DETAIL GOT and ERR.
+# requests FROM URL N: N requests from FROM to URL. GOT is who answered,
+# each pod's name once ("failed" for a request without answer), ERR the
+# last error, SOURCE the client address the last answering pod saw, DETAIL
+# GOT and ERR.
 requests() {
 	got= ERR=
 	for i in $(seq "$3"); do
-		if reply=$(on "$1" podserver -client "$2" -timeout 2s 2>&1); then
+		if reply=$(request "$1" "$2"); then
 			got="$got ${reply%% *}" SOURCE=${reply#* }
 		else
 			got="$got failed" ERR=$reply
@@ -163,50 +148,18 @@ host() {
 	echo "host: $*"
 }
 
-# pod NAME IP: a namespace wired to the node by a routed veth, as a CNI
-# plugin wires a pod; 10.244.0.1 at the node's end is each one's gateway.
-pod() {
-	ip netns add "$1"
-	ip link add "v-$1" type veth peer name eth0 netns "$1"
-	ip addr add 10.244.0.1/32 dev "v-$1"
-	ip link set "v-$1" up
-	ip route add "$2/32" dev "v-$1"
-	ip -n "$1" link set lo up
-	ip -n "$1" addr add "$2/32" dev eth0
-	ip -n "$1" link set eth0 up
-	ip -n "$1" route add 10.244.0.1 dev eth0 scope link
-	ip -n "$1" route add default via 10.244.0.1 dev eth0
-}
-
-# serve NAME: the pod server (TCP and UDP on 8080) and the probe (TCP on
-# 9090: it holds connections) in pod NAME.
-serve() {
-	ip netns exec "$1" podserver -name "$1" -ports 8080 >/dev/null &
+# hold NAME: the probe in pod NAME (TCP on 9090: it holds connections).
+hold() {
 	ip netns exec "$1" probe -listen :9090 -name "$1" &
-}
-
-# start BINARY: runs a kube-proxy as the node, with the test's config, and
-# waits for its first sync.
-start() {
-	echo "--- $1" >>/out/kube-proxy.log
-	$1 --config=$CONFIG --v=2 >>/out/kube-proxy.log 2>&1 &
-	KUBE_PROXY=$!
-	# waitForSync exits without saying why.
-	echo "$1 did not sync" >/run/rpx-failure
-	` + waitForSync + `
-	rm /run/rpx-failure
-}
-
-stop() {
-	kill $KUBE_PROXY
-	wait $KUBE_PROXY || :
 }
 
 pod pod-a $A
 pod pod-b $B
 pod client 10.244.0.150
 serve pod-a
+hold pod-a
 serve pod-b
+hold pod-b
 `
 
 // trafficScript checks each kind of service (see createTrafficServices),
@@ -215,6 +168,7 @@ serve pod-b
 const trafficScript = `
 pod pod-r $R
 serve pod-r
+hold pod-r
 # Clients outside the cluster: one inside the LB's loadBalancerSourceRanges, one outside.
 pod ext-in 10.255.1.2
 pod ext-out 10.255.5.2
@@ -449,16 +403,7 @@ func createTrafficServices(t *testing.T, c *framework.Cluster) {
 				t.Fatalf("service %s status: %v", s.name, err)
 			}
 		}
-		slice := &discoveryv1.EndpointSlice{
-			ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: framework.DefaultNamespace, Labels: map[string]string{
-				discoveryv1.LabelServiceName: s.name, discoveryv1.LabelManagedBy: framework.ManualSliceManager}},
-			AddressType: discoveryv1.AddressTypeIPv4,
-			Endpoints:   endpointsAt(s.endpoints),
-		}
-		for _, p := range s.spec.Ports {
-			slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{
-				Name: ptr.To(p.Name), Port: ptr.To(p.TargetPort.IntVal), Protocol: ptr.To(p.Protocol)})
-		}
+		slice := framework.ServiceEndpointSlice(svc, endpointsAt(s.endpoints)...)
 		if _, err := c.Client.DiscoveryV1().EndpointSlices(framework.DefaultNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("creating the endpoint slice of %s: %v", s.name, err)
 		}
@@ -474,8 +419,7 @@ func endpointsAt(addresses []string) []discoveryv1.Endpoint {
 		if strings.HasPrefix(a, "10.244.1.") {
 			node = framework.RemoteNodeName
 		}
-		out = append(out, discoveryv1.Endpoint{Addresses: []string{a}, NodeName: ptr.To(node),
-			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)}})
+		out = append(out, framework.ReadyEndpoint(a, node))
 	}
 	return out
 }
@@ -512,7 +456,7 @@ func hostStep(c *framework.Cluster, args []string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	slices := c.Client.DiscoveryV1().EndpointSlices(framework.DefaultNamespace)
-	slice, err := slices.Get(ctx, args[1], metav1.GetOptions{})
+	slice, err := slices.Get(ctx, args[1]+"-manual", metav1.GetOptions{})
 	if err != nil {
 		return err
 	}

@@ -12,7 +12,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/utils/ptr"
 
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/test/framework"
@@ -69,7 +68,7 @@ func programLayout(t *testing.T, cluster *framework.Cluster, binary string) []by
 		Timeout: 8 * time.Minute,
 		Script: vm.NodeAddresses + `
 kube-proxy --config=` + config + ` --v=2 >/out/kube-proxy.log 2>&1 &
-` + waitForSync + `
+` + vm.WaitForSync + `
 # A few more seconds for anything a first sync leaves to the next.
 sleep 5
 
@@ -105,21 +104,6 @@ section() { echo; echo "### $*"; "$@"; }
 	}
 	return layout
 }
-
-// waitForSync waits until the kube-proxy started last has synced both IP
-// families (the last-sync timestamp is set for each).
-const waitForSync = `
-i=0
-until [ "$(wget -q -O - http://127.0.0.1:10249/metrics 2>/dev/null | grep -c '^kubeproxy_sync_proxy_rules_last_timestamp_seconds{')" = 2 ]; do
-	i=$((i + 1))
-	if [ $i -gt 300 ] || ! kill -0 $!; then
-		grep -v nfacct /out/kube-proxy.log | tail -n 80
-		exit 1
-	fi
-	sleep 1
-done
-echo "kube-proxy synced after about ${i}s"
-`
 
 // startCluster starts the local cluster, for the test's whole run, with
 // the services of createServices.
@@ -187,20 +171,11 @@ func createServices(ctx context.Context, t *testing.T, c *framework.Cluster) {
 		if len(s.endpoints) == 0 {
 			continue
 		}
-		slice := &discoveryv1.EndpointSlice{
-			ObjectMeta: metav1.ObjectMeta{Name: s.name + "-manual", Namespace: framework.DefaultNamespace, Labels: map[string]string{
-				discoveryv1.LabelServiceName: s.name, discoveryv1.LabelManagedBy: framework.ManualSliceManager}},
-			AddressType: discoveryv1.AddressTypeIPv4,
-		}
-		for _, p := range s.svc.Ports {
-			slice.Ports = append(slice.Ports, discoveryv1.EndpointPort{
-				Name: ptr.To(p.Name), Port: ptr.To(p.TargetPort.IntVal), Protocol: ptr.To(p.Protocol)})
-		}
+		var endpoints []discoveryv1.Endpoint
 		for i, node := range []string{framework.NodeName, framework.RemoteNodeName} {
-			slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
-				Addresses: []string{s.endpoints[i]}, NodeName: ptr.To(node),
-				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)}})
+			endpoints = append(endpoints, framework.ReadyEndpoint(s.endpoints[i], node))
 		}
+		slice := framework.ServiceEndpointSlice(created, endpoints...)
 		if _, err := c.Client.DiscoveryV1().EndpointSlices(framework.DefaultNamespace).Create(ctx, slice, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("creating the endpoint slice of %s: %v", s.name, err)
 		}

@@ -142,8 +142,10 @@ func Start(cfg Config, logf func(format string, args ...any)) (_ *Machine, err e
 			"-device", "virtio-net-pci,netdev=net0,romfile=")
 	}
 	cmd := exec.Command("qemu-system-x86_64", args...)
-	// qemu dies with the test binary, even one killed outright.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// qemu dies with the test binary, even one killed outright; in a process
+	// group of its own, as the framework's processes, it does not get a
+	// terminal's Ctrl-C, which is for the program to act on (Stop).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	// A pipe of our own rather than StdoutPipe: Wait, run as soon as qemu
 	// exits, would close that one under the reader and lose the last lines.
 	serial, w, err := os.Pipe()
