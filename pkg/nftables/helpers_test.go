@@ -181,18 +181,23 @@ func replay(t *testing.T, tb *table, family knftables.Family) *knftables.Fake {
 	return f
 }
 
-// recorder is a Fake that keeps each transaction it ran, and can fail the
-// next one.
+// recorder is a Fake that keeps each transaction it ran, and can fail one
+// of the next: failNext the next, failRun the nth (1 the next).
 type recorder struct {
 	*knftables.Fake
 	txs      []string
 	failNext bool
+	failRun  int
 }
 
 func (r *recorder) Run(ctx context.Context, tx *knftables.Transaction) error {
 	if r.failNext {
-		r.failNext = false
-		return errors.New("nft: Error: Could not process rule: No such file or directory")
+		r.failRun, r.failNext = 1, false
+	}
+	if r.failRun > 0 {
+		if r.failRun--; r.failRun == 0 {
+			return errors.New("nft: Error: Could not process rule: No such file or directory")
+		}
 	}
 	if err := r.Fake.Run(ctx, tx); err != nil {
 		return err

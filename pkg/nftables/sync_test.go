@@ -11,7 +11,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/knftables"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 )
 
 func sampleHarness(t *testing.T) *harness {
@@ -149,17 +152,85 @@ func TestRemovalFlushesThenDeletesLater(t *testing.T) {
 	h.partial()
 	requireNoTransaction(t, h, n)
 
+	if due := h.syncer.NextSync(); !due.Equal(now.Add(staleChainDelay)) {
+		t.Errorf("the deletion is due at %v, want a second after the flush", due)
+	}
 	now = now.Add(2 * time.Second)
 	h.partial()
-	ops := operations(h.nft.last())
-	if len(ops) != 8 {
-		t.Errorf("want the 8 chains of fid-a deleted, got:\n%s", strings.Join(ops, "\n"))
+	requireStaleChainsDeleted(t, h, "fid-a", 8)
+	if due := h.syncer.NextSync(); !due.IsZero() {
+		t.Errorf("nothing left to delete, but a sync is asked for at %v", due)
 	}
-	for _, op := range ops {
-		if !strings.HasPrefix(op, "delete chain ip kube-proxy ") || !strings.Contains(op, "fid-a") {
+	checkAgainstFreshSync(t, h)
+}
+
+func cleanupFailures(t *testing.T) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := metrics.NFTablesCleanupFailuresTotal.WithLabelValues("IPv4").Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// requireStaleChainsDeleted checks that the last transaction deletes n
+// chains of the service, and nothing else.
+func requireStaleChainsDeleted(t *testing.T, h *harness, service string, n int) {
+	t.Helper()
+	var deleted []string
+	for _, op := range operations(h.nft.last()) {
+		switch {
+		case !strings.Contains(op, service):
+			t.Errorf("unexpected %q", op)
+		case strings.HasPrefix(op, "delete chain ip kube-proxy "):
+			deleted = append(deleted, op)
+		case !strings.HasPrefix(op, "add chain ip kube-proxy "):
 			t.Errorf("unexpected %q", op)
 		}
 	}
+	if len(deleted) != n {
+		t.Errorf("want the %d chains of %s deleted, got:\n%s", n, service, h.nft.last())
+	}
+	for name := range h.nft.Table.Chains {
+		if strings.Contains(name, service) {
+			t.Errorf("chain %s still there", name)
+		}
+	}
+}
+
+// Stale chains are deleted in a transaction of their own: when it fails
+// the sync still succeeds, the failure is counted, and a later sync
+// deletes them; the sync's own changes are in place meanwhile.
+func TestFailedStaleChainDeletionIsRetried(t *testing.T) {
+	h := sampleHarness(t)
+	now := time.Unix(1000, 0)
+	h.syncer.now = func() time.Time { return now }
+	h.tracker.OnService(types.NamespacedName{Namespace: "hx-conf", Name: "fid-a"}, nil)
+	h.changed = h.tracker.Apply(h.state).ServicePorts
+	h.partial()
+	failures := cleanupFailures(t)
+
+	now = now.Add(2 * time.Second)
+	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.15")))
+	n := len(h.nft.txs)
+	h.nft.failRun = 2 // the sync's own transaction passes, the deletion fails
+	h.partial()
+	if len(h.nft.txs) != n+1 || !strings.Contains(h.nft.last(), "10.244.1.15") {
+		t.Fatalf("the sync's transaction was not applied alone:\n%s", strings.Join(h.nft.txs[n:], "\n"))
+	}
+	if got := cleanupFailures(t); got != failures+1 {
+		t.Errorf("cleanup failures %v, want %v", got, failures+1)
+	}
+	if h.nft.Table.Chains["service-DMA2WJPR-hx-conf/fid-a/tcp/http"] == nil {
+		t.Fatal("a chain is gone though its deletion failed")
+	}
+	if due := h.syncer.NextSync(); !due.IsZero() {
+		t.Errorf("a failed deletion asks for a sync at %v; it should wait for the next one", due)
+	}
+
+	h.changed = nil
+	h.partial()
+	requireStaleChainsDeleted(t, h, "fid-a", 8)
 	checkAgainstFreshSync(t, h)
 }
 

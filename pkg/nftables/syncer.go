@@ -32,9 +32,10 @@ type Config struct {
 	Params Params
 }
 
-// staleChainDelay is how long a flushed chain waits before it is deleted:
-// kernels before 6.2 keep a chain referenced for a moment after the map
-// element pointing at it goes.
+// staleChainDelay is how long a flushed chain waits before it is deleted
+// (in a transaction of its own, after a later sync's): kernels before 6.2
+// keep a chain referenced for a moment after the map element pointing at
+// it goes.
 const staleChainDelay = time.Second
 
 // Syncer is the nftables mode for one IP family: the proxy core hands it
@@ -54,8 +55,15 @@ type Syncer struct {
 	layout  Layout
 	applied map[state.ServicePortName]ServiceObjects
 	wanted  map[elemID]*wantedElem
-	// stale are chains flushed at the given time, to be deleted later.
-	stale map[string]time.Time
+	// stale are the chains flushed and no longer wanted, to be deleted
+	// by a later transaction.
+	stale map[string]staleChain
+}
+
+// staleChain is when a chain was flushed, and whether deleting it failed.
+type staleChain struct {
+	flushed time.Time
+	failed  bool
 }
 
 // New returns the nftables mode; proxy.NewCore runs it.
@@ -71,7 +79,7 @@ func New(cfg Config) (*Syncer, error) {
 		}
 		cfg.List = listTable(family)
 	}
-	return &Syncer{cfg: cfg, now: time.Now, stale: map[string]time.Time{}}, nil
+	return &Syncer{cfg: cfg, now: time.Now, stale: map[string]staleChain{}}, nil
 }
 
 // SetServiceCIDRs changes the ServiceCIDRs whose unallocated addresses are

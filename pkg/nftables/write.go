@@ -8,8 +8,10 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/knftables"
 
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
@@ -138,7 +140,7 @@ func (w *write) dropChain(name string) {
 		have.Rules = nil
 	}
 	if _, ok := w.s.stale[name]; !ok {
-		w.s.stale[name] = w.s.now()
+		w.s.stale[name] = staleChain{flushed: w.s.now()}
 	}
 }
 
@@ -247,15 +249,6 @@ func (w *write) run() error {
 	}) {
 		w.element(id)
 	}
-	// Chains flushed by an earlier sync, their references long gone.
-	now := w.s.now()
-	for _, name := range slices.Sorted(maps.Keys(w.s.stale)) {
-		if now.Sub(w.s.stale[name]) >= staleChainDelay {
-			w.deleteChains = append(w.deleteChains, &knftables.Chain{Name: name})
-			delete(w.t.chains, name)
-			delete(w.s.stale, name)
-		}
-	}
 	tx := w.s.cfg.NFT.NewTransaction()
 	for _, phase := range []struct {
 		verb func(knftables.Object)
@@ -269,16 +262,75 @@ func (w *write) run() error {
 			phase.verb(o)
 		}
 	}
-	if tx.NumOperations() == 0 {
-		return nil
+	if tx.NumOperations() > 0 {
+		if err := w.s.cfg.NFT.Run(context.TODO(), tx); err != nil {
+			// nft -f applies all or nothing: what we think the table
+			// holds is wrong now, and the next sync reads it again.
+			w.s.kernel = nil
+			return fmt.Errorf("nftables transaction of %d operations: %w", tx.NumOperations(), err)
+		}
 	}
-	if err := w.s.cfg.NFT.Run(context.TODO(), tx); err != nil {
-		// nft -f applies all or nothing: what we think the table holds
-		// is wrong now, and the next sync reads it again.
-		w.s.kernel = nil
-		return fmt.Errorf("nftables transaction of %d operations: %w", tx.NumOperations(), err)
-	}
+	w.s.deleteStaleChains()
 	return nil
+}
+
+// deleteStaleChains deletes the chains flushed at least staleChainDelay
+// ago, in transactions of their own after the sync's: one that fails (a
+// chain another program's rule still jumps to) is logged and counted, and
+// its chains are tried again at a later sync, without failing this one.
+// Chains that failed before go in a transaction apart from the newly due
+// ones, so that one stuck chain does not keep the others.
+func (s *Syncer) deleteStaleChains() {
+	now := s.now()
+	var due, failed []string
+	for _, name := range slices.Sorted(maps.Keys(s.stale)) {
+		switch c := s.stale[name]; {
+		case now.Sub(c.flushed) < staleChainDelay:
+		case c.failed:
+			failed = append(failed, name)
+		default:
+			due = append(due, name)
+		}
+	}
+	for _, names := range [][]string{due, failed} {
+		if len(names) == 0 {
+			continue
+		}
+		tx := s.cfg.NFT.NewTransaction()
+		for _, name := range names {
+			// Adding first makes the delete succeed when another program
+			// deleted the chain already.
+			tx.Add(&knftables.Chain{Name: name})
+			tx.Delete(&knftables.Chain{Name: name})
+		}
+		if err := s.cfg.NFT.Run(context.TODO(), tx); err != nil {
+			klog.ErrorS(err, "Deleting stale nftables chains failed; retrying at a later sync", "ipFamily", s.cfg.Family, "chains", names)
+			metrics.NFTablesCleanupFailuresTotal.WithLabelValues(string(s.cfg.Family)).Inc()
+			for _, name := range names {
+				s.stale[name] = staleChain{flushed: s.stale[name].flushed, failed: true}
+			}
+			continue
+		}
+		for _, name := range names {
+			delete(s.stale, name)
+			delete(s.kernel.chains, name)
+		}
+	}
+}
+
+// NextSync is when flushed chains are due for deletion, for the core to
+// sync then even if nothing changes; zero when none waits (chains whose
+// deletion failed wait for the next sync that comes anyway).
+func (s *Syncer) NextSync() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var next time.Time
+	for _, c := range s.stale {
+		if at := c.flushed.Add(staleChainDelay); !c.failed && (next.IsZero() || at.Before(next)) {
+			next = at
+		}
+	}
+	return next
 }
 
 // object is the set or map to write.
