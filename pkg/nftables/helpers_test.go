@@ -182,12 +182,23 @@ func replay(t *testing.T, tb *table, family knftables.Family) *knftables.Fake {
 }
 
 // recorder is a Fake that keeps each transaction it ran, and can fail one
-// of the next: failNext the next, failRun the nth (1 the next).
+// of the next: failNext the next, failRun the nth (1 the next). gen is the
+// ruleset generation, moved by each transaction (and by tests, for other
+// programs' changes; interleave has one come just before the next
+// transaction); lists counts the chain listings.
 type recorder struct {
 	*knftables.Fake
-	txs      []string
-	failNext bool
-	failRun  int
+	txs        []string
+	failNext   bool
+	failRun    int
+	gen        uint64
+	interleave bool
+	lists      int
+}
+
+func (r *recorder) ListRules(ctx context.Context, chain string) ([]*knftables.Rule, error) {
+	r.lists++
+	return r.Fake.ListRules(ctx, chain)
 }
 
 func (r *recorder) Run(ctx context.Context, tx *knftables.Transaction) error {
@@ -199,9 +210,14 @@ func (r *recorder) Run(ctx context.Context, tx *knftables.Transaction) error {
 			return errors.New("nft: Error: Could not process rule: No such file or directory")
 		}
 	}
+	if r.interleave {
+		r.interleave = false
+		r.gen++
+	}
 	if err := r.Fake.Run(ctx, tx); err != nil {
 		return err
 	}
+	r.gen++
 	r.txs = append(r.txs, tx.String())
 	return nil
 }
@@ -241,7 +257,8 @@ func newHarness(t *testing.T, family v1.IPFamily, params Params) *harness {
 
 // newSyncer is another syncer on the same table: a restart.
 func (h *harness) newSyncer(family v1.IPFamily, params Params) *Syncer {
-	s, err := New(Config{Family: family, NFT: h.nft, List: listFake(h.nft.Fake), Params: params})
+	s, err := New(Config{Family: family, NFT: h.nft, List: listFake(h.nft.Fake), Params: params,
+		Generation: func() (uint64, error) { return h.nft.gen, nil }})
 	if err != nil {
 		h.t.Fatal(err)
 	}

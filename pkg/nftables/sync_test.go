@@ -113,16 +113,23 @@ func checkAgainstFreshSync(t *testing.T, h *harness) {
 	}
 }
 
-// A removed service's chains are flushed in its sync and deleted by a
-// later one, a second on; its affinity sets go at once; elements shared
-// with another service stay.
-func TestRemovalFlushesThenDeletesLater(t *testing.T) {
+// removeFidA is the sample after a partial sync that removed service
+// fid-a, with the syncer's clock at *now, for the test to move.
+func removeFidA(t *testing.T) (*harness, *time.Time) {
 	h := sampleHarness(t)
 	now := time.Unix(1000, 0)
 	h.syncer.now = func() time.Time { return now }
 	h.tracker.OnService(types.NamespacedName{Namespace: "hx-conf", Name: "fid-a"}, nil)
 	h.changed = h.tracker.Apply(h.state).ServicePorts
 	h.partial()
+	return h, &now
+}
+
+// A removed service's chains are flushed in its sync and deleted by a
+// later one, a second on; its affinity sets go at once; elements shared
+// with another service stay.
+func TestRemovalFlushesThenDeletesLater(t *testing.T) {
+	h, now := removeFidA(t)
 	tx := h.nft.last()
 	for _, want := range []string{
 		"flush chain ip kube-proxy service-DMA2WJPR-hx-conf/fid-a/tcp/http",
@@ -155,7 +162,7 @@ func TestRemovalFlushesThenDeletesLater(t *testing.T) {
 	if due := h.syncer.NextSync(); !due.Equal(now.Add(staleChainDelay)) {
 		t.Errorf("the deletion is due at %v, want a second after the flush", due)
 	}
-	now = now.Add(2 * time.Second)
+	*now = now.Add(2 * time.Second)
 	h.partial()
 	requireStaleChainsDeleted(t, h, "fid-a", 8)
 	if due := h.syncer.NextSync(); !due.IsZero() {
@@ -202,15 +209,10 @@ func requireStaleChainsDeleted(t *testing.T, h *harness, service string, n int) 
 // the sync still succeeds, the failure is counted, and a later sync
 // deletes them; the sync's own changes are in place meanwhile.
 func TestFailedStaleChainDeletionIsRetried(t *testing.T) {
-	h := sampleHarness(t)
-	now := time.Unix(1000, 0)
-	h.syncer.now = func() time.Time { return now }
-	h.tracker.OnService(types.NamespacedName{Namespace: "hx-conf", Name: "fid-a"}, nil)
-	h.changed = h.tracker.Apply(h.state).ServicePorts
-	h.partial()
+	h, now := removeFidA(t)
 	failures := cleanupFailures(t)
 
-	now = now.Add(2 * time.Second)
+	*now = now.Add(2 * time.Second)
 	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.15")))
 	n := len(h.nft.txs)
 	h.nft.failRun = 2 // the sync's own transaction passes, the deletion fails
@@ -296,27 +298,59 @@ func TestServiceCIDRChangeRewritesClusterIPsCheck(t *testing.T) {
 	requireTransaction(t, h, want)
 }
 
-// Watch's check notices a deleted or flushed table.
-func TestTableGone(t *testing.T) {
+// The watch lists nothing while the generation is the one our own
+// transactions left; another program's change is listed once; a flushed
+// or deleted table is noticed until a full sync repairs it; a change that
+// slipped in just before one of our transactions is not taken for ours.
+func TestWatchListsOnlyAfterOtherChanges(t *testing.T) {
 	h := sampleHarness(t)
-	if got := h.syncer.tableGone(t.Context()); got != "" {
-		t.Fatalf("table in place, but %q", got)
+	check := func(wantGone bool, wantLists int) {
+		t.Helper()
+		if got := h.syncer.check(t.Context()); (got != "") != wantGone {
+			t.Errorf("check found %q, want something missing: %v", got, wantGone)
+		}
+		if h.nft.lists != wantLists {
+			t.Errorf("%d listings, want %d", h.nft.lists, wantLists)
+		}
 	}
+	foreign := func(tx *knftables.Transaction) {
+		t.Helper()
+		if err := h.nft.Fake.Run(t.Context(), tx); err != nil {
+			t.Fatal(err)
+		}
+		h.nft.gen++
+	}
+	check(false, 0)
+	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.15")))
+	h.partial()
+	check(false, 0)
+
 	tx := h.nft.NewTransaction()
+	tx.Add(&knftables.Chain{Name: "someone-elses"})
+	foreign(tx)
+	check(false, 1)
+	check(false, 1)
+
+	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.16")))
+	h.nft.interleave = true
+	h.partial()
+	check(false, 2)
+
+	tx = h.nft.NewTransaction()
 	tx.Flush(&knftables.Chain{Name: chainNATPrerouting})
-	if err := h.nft.Fake.Run(t.Context(), tx); err != nil {
-		t.Fatal(err)
-	}
-	if got := h.syncer.tableGone(t.Context()); got == "" {
-		t.Error("flushed chain not noticed")
-	}
+	foreign(tx)
+	check(true, 3)
+	check(true, 4)
+	h.full()
+	check(false, 4)
+
 	if err := Cleanup(t.Context(), h.nft.Fake); err != nil {
 		t.Fatal(err)
 	}
-	if got := h.syncer.tableGone(t.Context()); got == "" {
-		t.Error("deleted table not noticed")
-	}
+	h.nft.gen++
+	check(true, 5)
 	h.full()
+	check(false, 5)
 	checkAgainstFreshSync(t, h)
 }
 

@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"slices"
@@ -263,7 +262,7 @@ func (w *write) run() error {
 		}
 	}
 	if tx.NumOperations() > 0 {
-		if err := w.s.cfg.NFT.Run(context.TODO(), tx); err != nil {
+		if err := w.s.run(tx); err != nil {
 			// nft -f applies all or nothing: what we think the table
 			// holds is wrong now, and the next sync reads it again.
 			w.s.kernel = nil
@@ -303,7 +302,7 @@ func (s *Syncer) deleteStaleChains() {
 			tx.Add(&knftables.Chain{Name: name})
 			tx.Delete(&knftables.Chain{Name: name})
 		}
-		if err := s.cfg.NFT.Run(context.TODO(), tx); err != nil {
+		if err := s.run(tx); err != nil {
 			klog.ErrorS(err, "Deleting stale nftables chains failed; retrying at a later sync", "ipFamily", s.cfg.Family, "chains", names)
 			metrics.NFTablesCleanupFailuresTotal.WithLabelValues(string(s.cfg.Family)).Inc()
 			for _, name := range names {
