@@ -194,6 +194,8 @@ type recorder struct {
 	gen        uint64
 	interleave bool
 	lists      int
+	// afterRun, if set, looks at the table after each transaction.
+	afterRun func()
 }
 
 func (r *recorder) ListRules(ctx context.Context, chain string) ([]*knftables.Rule, error) {
@@ -219,6 +221,9 @@ func (r *recorder) Run(ctx context.Context, tx *knftables.Transaction) error {
 	}
 	r.gen++
 	r.txs = append(r.txs, tx.String())
+	if r.afterRun != nil {
+		r.afterRun()
+	}
 	return nil
 }
 

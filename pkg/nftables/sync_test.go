@@ -1,8 +1,10 @@
 package nftables
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -381,3 +383,122 @@ func TestAddressSet(t *testing.T) {
 		}
 	}
 }
+
+// A sync larger than maxTxOps is written in transactions of at most that
+// many operations but one (what changes objects already there, at once),
+// and after each every chain a packet can reach (from a base chain,
+// through jumps, gotos and verdict maps) exists and holds its rules from
+// before the sync or its final ones: no element or rule points at a
+// missing or half-written chain. Also for a partial sync of many changes.
+func TestLargeSyncIsSplitKeepingEveryStateValid(t *testing.T) {
+	h := newHarness(t, v1.IPv4Protocol, v4(nil)(t))
+	h.syncer.maxTxOps = 5
+	before, final := newTable(), (*table)(nil)
+	steps := 0
+	h.nft.afterRun = func() {
+		steps++
+		requireReachableChainsComplete(t, h, before, final, steps)
+	}
+	h.apply(sampleObjects()...)
+	final = freshTable(t, h)
+	h.full()
+	if steps < 10 {
+		t.Errorf("the first sync was written in %d transactions", steps)
+	}
+	checkAgainstFreshSync(t, h)
+
+	var objs []any
+	for i := range 5 {
+		name := fmt.Sprintf("new-%d", i)
+		objs = append(objs, service("ns", name, fmt.Sprintf("10.96.20.%d", i+1), http80, nil),
+			endpointSlice("ns", name, ep8080, ep(fmt.Sprintf("10.244.2.%d", i+1))))
+	}
+	objs = append(objs, endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.15")))
+	h.apply(objs...)
+	n := len(h.nft.txs)
+	before, final, steps = final, freshTable(t, h), 0
+	h.partial()
+	if steps < 3 {
+		t.Errorf("the partial sync was written in %d transactions", steps)
+	}
+	requireBoundedButOne(t, h.nft.txs[:n], 5)
+	requireBoundedButOne(t, h.nft.txs[n:], 5)
+	checkAgainstFreshSync(t, h)
+}
+
+func requireBoundedButOne(t *testing.T, txs []string, most int) {
+	t.Helper()
+	larger := 0
+	for _, tx := range txs {
+		if len(operations(tx)) > most {
+			larger++
+		}
+	}
+	if larger > 1 {
+		t.Errorf("%d transactions of more than %d operations:\n%s", larger, most, strings.Join(txs, "\n"))
+	}
+}
+
+// freshTable is the table one full sync of h's state writes.
+func freshTable(t *testing.T, h *harness) *table {
+	t.Helper()
+	fresh := newHarness(t, v1.IPv4Protocol, h.syncer.cfg.Params)
+	fresh.state, fresh.node = h.state, h.node
+	fresh.full()
+	tb, err := readTable(t.Context(), listFake(fresh.nft.Fake))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+var chainRef = regexp.MustCompile(`(?:jump|goto) ([^\s,}]+)|@([^\s,}]+)`)
+
+// requireReachableChainsComplete checks that every chain reachable from a
+// base chain of h's table holds the rules it has in before or in final.
+func requireReachableChainsComplete(t *testing.T, h *harness, before, final *table, step int) {
+	t.Helper()
+	tb, err := readTable(t.Context(), listFake(h.nft.Fake))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var todo []string
+	for name, c := range tb.chains {
+		if c.Hook != nil {
+			todo = append(todo, name)
+		}
+	}
+	seen := map[string]bool{}
+	follow := func(text string) {
+		for _, m := range chainRef.FindAllStringSubmatch(text, -1) {
+			if m[1] != "" {
+				todo = append(todo, m[1])
+			} else if ts := tb.sets[m[2]]; ts != nil && ts.Map {
+				for _, v := range ts.elements {
+					todo = append(todo, chainRef.FindAllString(v, -1)...)
+				}
+			}
+		}
+	}
+	for len(todo) > 0 {
+		name := strings.TrimPrefix(strings.TrimPrefix(todo[0], "goto "), "jump ")
+		todo = todo[1:]
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		c, ok := tb.chains[name]
+		switch {
+		case !ok:
+			t.Errorf("after transaction %d: chain %s is reachable but missing", step, name)
+			continue
+		case !sameRulesAs(c, final.chains[name]) && !sameRulesAs(c, before.chains[name]):
+			t.Errorf("after transaction %d: chain %s is reachable but not complete: %q", step, name, c.Rules)
+		}
+		for _, r := range c.Rules {
+			follow(r)
+		}
+	}
+}
+
+func sameRulesAs(c, other *Chain) bool { return other != nil && sameRules(c.Rules, other.Rules) }

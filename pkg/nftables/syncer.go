@@ -48,6 +48,8 @@ const staleChainDelay = time.Second
 type Syncer struct {
 	cfg Config
 	now func() time.Time
+	// maxTxOps bounds a large sync's transactions.
+	maxTxOps int
 	// genFailed is set by the watch once it logged that it cannot read
 	// the generation.
 	genFailed bool
@@ -95,7 +97,7 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.Generation == nil {
 		cfg.Generation = nfgen.Generation
 	}
-	return &Syncer{cfg: cfg, now: time.Now, stale: map[string]staleChain{}}, nil
+	return &Syncer{cfg: cfg, now: time.Now, maxTxOps: maxTxOps, stale: map[string]staleChain{}}, nil
 }
 
 // SetServiceCIDRs changes the ServiceCIDRs whose unallocated addresses are

@@ -42,6 +42,11 @@ type write struct {
 	force bool
 
 	table, addSets, addChains, flushes, deleteChains, deleteSets, readd, rules, elemDeletes, elemAdds []knftables.Object
+	// newRules are the rules of the regular chains added in this sync,
+	// and newElems the elements added under keys the table did not hold:
+	// a large sync may write them in transactions of their own. New base
+	// chains, live at once, are written with their rules, in addBase.
+	newRules, newElems, addBase []knftables.Object
 
 	touched map[elemID]bool
 	// seen are the chains and sets this sync wants (full sync only).
@@ -110,9 +115,13 @@ func (w *write) chain(c Chain) {
 	delete(w.s.stale, c.Name)
 	have, ok := w.t.chains[c.Name]
 	add := c.Chain
+	rules := &w.rules
 	switch {
+	case !ok && c.Hook != nil:
+		w.addBase = append(w.addBase, &add)
 	case !ok:
 		w.addChains = append(w.addChains, &add)
+		rules = &w.newRules
 	case !sameHook(have.Chain, c.Chain):
 		// A base chain's hook or priority cannot be changed in place.
 		w.deleteChains = append(w.deleteChains, &knftables.Chain{Name: c.Name})
@@ -123,7 +132,7 @@ func (w *write) chain(c Chain) {
 		w.flushes = append(w.flushes, &knftables.Chain{Name: c.Name})
 	}
 	for _, r := range c.Rules {
-		w.rules = append(w.rules, &knftables.Rule{Chain: c.Name, Rule: writable(r)})
+		*rules = append(*rules, &knftables.Rule{Chain: c.Name, Rule: writable(r)})
 	}
 	w.t.chains[c.Name] = &Chain{Chain: c.Chain, Rules: c.Rules}
 }
@@ -209,15 +218,18 @@ func (w *write) element(id elemID) {
 		}
 		return
 	}
+	adds := &w.newElems
 	if exists {
 		if _, ok := we.values[have]; ok {
 			return
 		}
+		// Deleted and added again in one transaction: never missing.
 		w.elemDeletes = append(w.elemDeletes, ts.element(id.key))
+		adds = &w.elemAdds
 	}
 	v := slices.Sorted(maps.Keys(we.values))[0]
 	e := we.elem[v]
-	w.elemAdds = append(w.elemAdds, &e)
+	*adds = append(*adds, &e)
 	ts.elements[id.key] = v
 }
 
@@ -248,29 +260,85 @@ func (w *write) run() error {
 	}) {
 		w.element(id)
 	}
-	tx := w.s.cfg.NFT.NewTransaction()
-	for _, phase := range []struct {
-		verb func(knftables.Object)
-		objs []knftables.Object
-	}{
-		{tx.Add, w.table}, {tx.Add, w.addSets}, {tx.Add, w.addChains}, {tx.Flush, w.flushes},
-		{tx.Delete, w.deleteChains}, {tx.Delete, w.deleteSets}, {tx.Add, w.readd},
-		{tx.Delete, w.elemDeletes}, {tx.Add, w.rules}, {tx.Add, w.elemAdds},
-	} {
-		for _, o := range phase.objs {
-			phase.verb(o)
-		}
-	}
-	if tx.NumOperations() > 0 {
+	for _, tx := range w.transactions() {
 		if err := w.s.run(tx); err != nil {
-			// nft -f applies all or nothing: what we think the table
-			// holds is wrong now, and the next sync reads it again.
+			// nft -f applies all or nothing, but earlier transactions of
+			// a split sync went through: what we think the table holds
+			// is wrong now, and the next sync reads it again.
 			w.s.kernel = nil
 			return fmt.Errorf("nftables transaction of %d operations: %w", tx.NumOperations(), err)
 		}
 	}
 	w.s.deleteStaleChains()
 	return nil
+}
+
+// maxTxOps bounds the operations of one transaction of a large sync (a
+// first sync, mostly): the kernel's cost of a transaction grows faster
+// than its size (see docs/performance.md), and a long one holds the
+// nftables mutex all along. Syncer.maxTxOps is this but in tests.
+const maxTxOps = 10000
+
+// transactions are the sync's operations in an order that keeps every
+// reference valid: new sets and chains, flushes, deletions, rules, then
+// elements. One transaction, or none when nothing differs. Beyond
+// maxTxOps (and unless a set or base chain is re-created), in several,
+// such that every state in between is valid: first the new sets and
+// regular chains, then their rules (nothing reaches a new chain yet, so a
+// half-written one does no harm), then, atomically, new base chains with
+// their rules and everything that changes what the table already holds,
+// and last the elements under new keys in batches, each pointing at a
+// chain already complete.
+func (w *write) transactions() []*knftables.Transaction {
+	type phase struct {
+		verb func(*knftables.Transaction, knftables.Object)
+		objs []knftables.Object
+	}
+	add := (*knftables.Transaction).Add
+	flush := (*knftables.Transaction).Flush
+	del := (*knftables.Transaction).Delete
+	creates := slices.Concat(w.table, w.addSets, w.addChains)
+	changes := []phase{{add, w.addBase}, {flush, w.flushes}, {del, w.deleteChains}, {del, w.deleteSets}, {add, w.readd},
+		{del, w.elemDeletes}, {add, w.rules}, {add, w.elemAdds}}
+	total := len(creates) + len(w.newRules) + len(w.newElems)
+	for _, p := range changes {
+		total += len(p.objs)
+	}
+	var txs []*knftables.Transaction
+	if total <= w.s.maxTxOps || len(w.readd) > 0 {
+		tx := w.s.cfg.NFT.NewTransaction()
+		for _, p := range slices.Concat([]phase{{add, creates}}, changes, []phase{{add, w.newRules}, {add, w.newElems}}) {
+			for _, o := range p.objs {
+				p.verb(tx, o)
+			}
+		}
+		if tx.NumOperations() > 0 {
+			txs = append(txs, tx)
+		}
+		return txs
+	}
+	batches := func(objs []knftables.Object) {
+		for chunk := range slices.Chunk(objs, w.s.maxTxOps) {
+			tx := w.s.cfg.NFT.NewTransaction()
+			for _, o := range chunk {
+				tx.Add(o)
+			}
+			txs = append(txs, tx)
+		}
+	}
+	batches(creates)
+	batches(w.newRules)
+	tx := w.s.cfg.NFT.NewTransaction()
+	for _, p := range changes {
+		for _, o := range p.objs {
+			p.verb(tx, o)
+		}
+	}
+	if tx.NumOperations() > 0 {
+		txs = append(txs, tx)
+	}
+	batches(w.newElems)
+	return txs
 }
 
 // deleteStaleChains deletes the chains flushed at least staleChainDelay
