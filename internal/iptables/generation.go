@@ -1,13 +1,12 @@
 package iptables
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rapidproxy/rapidproxy/internal/nfgen"
 )
 
 // Generation returns a number that changes whenever the rules of one table
@@ -19,7 +18,7 @@ import (
 // even a one-chain listing copies the whole table.
 func (r *Runner) Generation(table string) (uint64, error) {
 	if r.backend == NFT {
-		return nftGeneration()
+		return nfgen.Generation()
 	}
 	r.infoMu.Lock()
 	defer r.infoMu.Unlock()
@@ -31,58 +30,6 @@ func (r *Runner) Generation(table string) (uint64, error) {
 		r.infoSocket = fd
 	}
 	return legacyTableInfo(r.infoSocket, r.ipv6, table)
-}
-
-// Netlink constants of nftables (linux/netfilter/nf_tables.h, nfnetlink.h).
-const (
-	nfnlSubsysNFTables = 10
-	nftMsgNewGen       = 15
-	nftMsgGetGen       = 16
-	nftaGenID          = 1
-)
-
-func nftGeneration() (uint64, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Close(fd)
-	// nlmsghdr, then nfgenmsg (family, version, res_id): all zero but the header.
-	req := make([]byte, unix.SizeofNlMsghdr+4)
-	binary.NativeEndian.PutUint32(req[0:], uint32(len(req)))
-	binary.NativeEndian.PutUint16(req[4:], nfnlSubsysNFTables<<8|nftMsgGetGen)
-	binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST)
-	binary.NativeEndian.PutUint32(req[8:], 1) // sequence number
-	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return 0, err
-	}
-	buf := make([]byte, 4096)
-	n, _, err := unix.Recvfrom(fd, buf, 0)
-	if err != nil {
-		return 0, err
-	}
-	msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-	if err != nil {
-		return 0, err
-	}
-	for _, m := range msgs {
-		if m.Header.Type&0xff != nftMsgNewGen || len(m.Data) < 4 {
-			continue
-		}
-		// After nfgenmsg: attributes (length, type, value, padded to 4 bytes).
-		for attrs := m.Data[4:]; len(attrs) >= unix.SizeofNlAttr; {
-			length := int(binary.NativeEndian.Uint16(attrs[0:]))
-			kind := binary.NativeEndian.Uint16(attrs[2:]) &^ unix.NLA_F_NESTED
-			if length < unix.SizeofNlAttr || length > len(attrs) {
-				break
-			}
-			if kind == nftaGenID && length == unix.SizeofNlAttr+4 {
-				return uint64(binary.BigEndian.Uint32(attrs[unix.SizeofNlAttr:])), nil
-			}
-			attrs = attrs[min(len(attrs), (length+3)&^3):]
-		}
-	}
-	return 0, errors.New("nftables: no ruleset generation in the answer")
 }
 
 // ipt_getinfo of linux/netfilter_ipv4/ip_tables.h (the IPv6 one is the same).

@@ -181,23 +181,49 @@ func replay(t *testing.T, tb *table, family knftables.Family) *knftables.Fake {
 	return f
 }
 
-// recorder is a Fake that keeps each transaction it ran, and can fail the
-// next one.
+// recorder is a Fake that keeps each transaction it ran, and can fail one
+// of the next: failNext the next, failRun the nth (1 the next). gen is the
+// ruleset generation, moved by each transaction (and by tests, for other
+// programs' changes; interleave has one come just before the next
+// transaction); lists counts the chain listings.
 type recorder struct {
 	*knftables.Fake
-	txs      []string
-	failNext bool
+	txs        []string
+	failNext   bool
+	failRun    int
+	gen        uint64
+	interleave bool
+	lists      int
+	// afterRun, if set, looks at the table after each transaction.
+	afterRun func()
+}
+
+func (r *recorder) ListRules(ctx context.Context, chain string) ([]*knftables.Rule, error) {
+	r.lists++
+	return r.Fake.ListRules(ctx, chain)
 }
 
 func (r *recorder) Run(ctx context.Context, tx *knftables.Transaction) error {
 	if r.failNext {
-		r.failNext = false
-		return errors.New("nft: Error: Could not process rule: No such file or directory")
+		r.failRun, r.failNext = 1, false
+	}
+	if r.failRun > 0 {
+		if r.failRun--; r.failRun == 0 {
+			return errors.New("nft: Error: Could not process rule: No such file or directory")
+		}
+	}
+	if r.interleave {
+		r.interleave = false
+		r.gen++
 	}
 	if err := r.Fake.Run(ctx, tx); err != nil {
 		return err
 	}
+	r.gen++
 	r.txs = append(r.txs, tx.String())
+	if r.afterRun != nil {
+		r.afterRun()
+	}
 	return nil
 }
 
@@ -236,7 +262,8 @@ func newHarness(t *testing.T, family v1.IPFamily, params Params) *harness {
 
 // newSyncer is another syncer on the same table: a restart.
 func (h *harness) newSyncer(family v1.IPFamily, params Params) *Syncer {
-	s, err := New(Config{Family: family, NFT: h.nft, List: listFake(h.nft.Fake), Params: params})
+	s, err := New(Config{Family: family, NFT: h.nft, List: listFake(h.nft.Fake), Params: params,
+		Generation: func() (uint64, error) { return h.nft.gen, nil }})
 	if err != nil {
 		h.t.Fatal(err)
 	}

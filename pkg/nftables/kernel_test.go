@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,10 +25,17 @@ func inNetns(t *testing.T) bool {
 	return testutil.RerunInNetns(t, [][2]string{{"fresh namespace", ""}})
 }
 
-// kernelNFT is the real nft, keeping each transaction it ran.
+// kernelNFT is the real nft, keeping each transaction it ran and
+// counting chain listings.
 type kernelNFT struct {
 	knftables.Interface
-	txs []string
+	txs   []string
+	lists atomic.Int32
+}
+
+func (k *kernelNFT) ListRules(ctx context.Context, chain string) ([]*knftables.Rule, error) {
+	k.lists.Add(1)
+	return k.Interface.ListRules(ctx, chain)
 }
 
 func (k *kernelNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
@@ -183,4 +191,65 @@ func compareWithFresh(t *testing.T, h *harness, params Params) {
 	if want, got := dump(fresh.nft.Fake), listed(t, v1.IPv4Protocol); want != got {
 		t.Errorf("the kernel's table (+) differs from a fresh sync (-):\n%s", testutil.LineDiff(want, got))
 	}
+}
+
+// On the real kernel the watch lists nothing while idle or after our own
+// syncs, lists once after another program's unrelated change, and notices
+// a table flushed or deleted by another program within about a second.
+func TestKernelWatch(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	h, k := kernelHarness(t, v1.IPv4Protocol, v4(nil)(t))
+	h.apply(sampleObjects()...)
+	h.full()
+	resyncs := make(chan struct{}, 100)
+	go h.syncer.Watch(t.Context(), func() { resyncs <- struct{}{} })
+	quiet := func(what string, d time.Duration, wantLists int32) {
+		t.Helper()
+		k.lists.Store(0)
+		select {
+		case <-resyncs:
+			t.Errorf("%s: a resync was asked for", what)
+		case <-time.After(d):
+		}
+		if n := k.lists.Load(); n != wantLists {
+			t.Errorf("%s: %d listings, want %d", what, n, wantLists)
+		}
+	}
+	nft := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("nft", args...).CombinedOutput(); err != nil {
+			t.Fatalf("nft %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	noticed := func(what string) {
+		t.Helper()
+		start := time.Now()
+		select {
+		case <-resyncs:
+			t.Logf("%s noticed after %v", what, time.Since(start).Round(time.Millisecond))
+		case <-time.After(2 * time.Second):
+			t.Fatalf("%s: not noticed within 2 s", what)
+		}
+		h.full()
+		for len(resyncs) > 0 {
+			<-resyncs
+		}
+	}
+
+	quiet("idle", 3*time.Second, 0)
+	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.15")))
+	h.partial()
+	quiet("after our own partial sync", 2*time.Second, 0)
+	nft("add", "table", "ip", "someone-else")
+	quiet("after another table was added", 2500*time.Millisecond, 1)
+
+	nft("flush", "table", "ip", TableName)
+	noticed("nft flush table")
+	quiet("after the repair", 2*time.Second, 0)
+	nft("delete", "table", "ip", TableName)
+	noticed("nft delete table")
+	quiet("after the repair", 2*time.Second, 0)
+	compareWithFresh(t, h, v4(nil)(t))
 }

@@ -1,8 +1,10 @@
 package nftables
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -11,7 +13,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/knftables"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 )
 
 func sampleHarness(t *testing.T) *harness {
@@ -110,16 +115,23 @@ func checkAgainstFreshSync(t *testing.T, h *harness) {
 	}
 }
 
-// A removed service's chains are flushed in its sync and deleted by a
-// later one, a second on; its affinity sets go at once; elements shared
-// with another service stay.
-func TestRemovalFlushesThenDeletesLater(t *testing.T) {
+// removeFidA is the sample after a partial sync that removed service
+// fid-a, with the syncer's clock at *now, for the test to move.
+func removeFidA(t *testing.T) (*harness, *time.Time) {
 	h := sampleHarness(t)
 	now := time.Unix(1000, 0)
 	h.syncer.now = func() time.Time { return now }
 	h.tracker.OnService(types.NamespacedName{Namespace: "hx-conf", Name: "fid-a"}, nil)
 	h.changed = h.tracker.Apply(h.state).ServicePorts
 	h.partial()
+	return h, &now
+}
+
+// A removed service's chains are flushed in its sync and deleted by a
+// later one, a second on; its affinity sets go at once; elements shared
+// with another service stay.
+func TestRemovalFlushesThenDeletesLater(t *testing.T) {
+	h, now := removeFidA(t)
 	tx := h.nft.last()
 	for _, want := range []string{
 		"flush chain ip kube-proxy service-DMA2WJPR-hx-conf/fid-a/tcp/http",
@@ -149,17 +161,80 @@ func TestRemovalFlushesThenDeletesLater(t *testing.T) {
 	h.partial()
 	requireNoTransaction(t, h, n)
 
-	now = now.Add(2 * time.Second)
-	h.partial()
-	ops := operations(h.nft.last())
-	if len(ops) != 8 {
-		t.Errorf("want the 8 chains of fid-a deleted, got:\n%s", strings.Join(ops, "\n"))
+	if due := h.syncer.NextSync(); !due.Equal(now.Add(staleChainDelay)) {
+		t.Errorf("the deletion is due at %v, want a second after the flush", due)
 	}
-	for _, op := range ops {
-		if !strings.HasPrefix(op, "delete chain ip kube-proxy ") || !strings.Contains(op, "fid-a") {
+	*now = now.Add(2 * time.Second)
+	h.partial()
+	requireStaleChainsDeleted(t, h, "fid-a", 8)
+	if due := h.syncer.NextSync(); !due.IsZero() {
+		t.Errorf("nothing left to delete, but a sync is asked for at %v", due)
+	}
+	checkAgainstFreshSync(t, h)
+}
+
+func cleanupFailures(t *testing.T) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := metrics.NFTablesCleanupFailuresTotal.WithLabelValues("IPv4").Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// requireStaleChainsDeleted checks that the last transaction deletes n
+// chains of the service, and nothing else.
+func requireStaleChainsDeleted(t *testing.T, h *harness, service string, n int) {
+	t.Helper()
+	var deleted []string
+	for _, op := range operations(h.nft.last()) {
+		switch {
+		case !strings.Contains(op, service):
+			t.Errorf("unexpected %q", op)
+		case strings.HasPrefix(op, "delete chain ip kube-proxy "):
+			deleted = append(deleted, op)
+		case !strings.HasPrefix(op, "add chain ip kube-proxy "):
 			t.Errorf("unexpected %q", op)
 		}
 	}
+	if len(deleted) != n {
+		t.Errorf("want the %d chains of %s deleted, got:\n%s", n, service, h.nft.last())
+	}
+	for name := range h.nft.Table.Chains {
+		if strings.Contains(name, service) {
+			t.Errorf("chain %s still there", name)
+		}
+	}
+}
+
+// Stale chains are deleted in a transaction of their own: when it fails
+// the sync still succeeds, the failure is counted, and a later sync
+// deletes them; the sync's own changes are in place meanwhile.
+func TestFailedStaleChainDeletionIsRetried(t *testing.T) {
+	h, now := removeFidA(t)
+	failures := cleanupFailures(t)
+
+	*now = now.Add(2 * time.Second)
+	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.15")))
+	n := len(h.nft.txs)
+	h.nft.failRun = 2 // the sync's own transaction passes, the deletion fails
+	h.partial()
+	if len(h.nft.txs) != n+1 || !strings.Contains(h.nft.last(), "10.244.1.15") {
+		t.Fatalf("the sync's transaction was not applied alone:\n%s", strings.Join(h.nft.txs[n:], "\n"))
+	}
+	if got := cleanupFailures(t); got != failures+1 {
+		t.Errorf("cleanup failures %v, want %v", got, failures+1)
+	}
+	if h.nft.Table.Chains["service-DMA2WJPR-hx-conf/fid-a/tcp/http"] == nil {
+		t.Fatal("a chain is gone though its deletion failed")
+	}
+	if due := h.syncer.NextSync(); !due.IsZero() {
+		t.Errorf("a failed deletion asks for a sync at %v; it should wait for the next one", due)
+	}
+
+	h.changed = nil
+	h.partial()
+	requireStaleChainsDeleted(t, h, "fid-a", 8)
 	checkAgainstFreshSync(t, h)
 }
 
@@ -225,27 +300,59 @@ func TestServiceCIDRChangeRewritesClusterIPsCheck(t *testing.T) {
 	requireTransaction(t, h, want)
 }
 
-// Watch's check notices a deleted or flushed table.
-func TestTableGone(t *testing.T) {
+// The watch lists nothing while the generation is the one our own
+// transactions left; another program's change is listed once; a flushed
+// or deleted table is noticed until a full sync repairs it; a change that
+// slipped in just before one of our transactions is not taken for ours.
+func TestWatchListsOnlyAfterOtherChanges(t *testing.T) {
 	h := sampleHarness(t)
-	if got := h.syncer.tableGone(t.Context()); got != "" {
-		t.Fatalf("table in place, but %q", got)
+	check := func(wantGone bool, wantLists int) {
+		t.Helper()
+		if got := h.syncer.check(t.Context()); (got != "") != wantGone {
+			t.Errorf("check found %q, want something missing: %v", got, wantGone)
+		}
+		if h.nft.lists != wantLists {
+			t.Errorf("%d listings, want %d", h.nft.lists, wantLists)
+		}
 	}
+	foreign := func(tx *knftables.Transaction) {
+		t.Helper()
+		if err := h.nft.Fake.Run(t.Context(), tx); err != nil {
+			t.Fatal(err)
+		}
+		h.nft.gen++
+	}
+	check(false, 0)
+	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.15")))
+	h.partial()
+	check(false, 0)
+
 	tx := h.nft.NewTransaction()
+	tx.Add(&knftables.Chain{Name: "someone-elses"})
+	foreign(tx)
+	check(false, 1)
+	check(false, 1)
+
+	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.16")))
+	h.nft.interleave = true
+	h.partial()
+	check(false, 2)
+
+	tx = h.nft.NewTransaction()
 	tx.Flush(&knftables.Chain{Name: chainNATPrerouting})
-	if err := h.nft.Fake.Run(t.Context(), tx); err != nil {
-		t.Fatal(err)
-	}
-	if got := h.syncer.tableGone(t.Context()); got == "" {
-		t.Error("flushed chain not noticed")
-	}
+	foreign(tx)
+	check(true, 3)
+	check(true, 4)
+	h.full()
+	check(false, 4)
+
 	if err := Cleanup(t.Context(), h.nft.Fake); err != nil {
 		t.Fatal(err)
 	}
-	if got := h.syncer.tableGone(t.Context()); got == "" {
-		t.Error("deleted table not noticed")
-	}
+	h.nft.gen++
+	check(true, 5)
 	h.full()
+	check(false, 5)
 	checkAgainstFreshSync(t, h)
 }
 
@@ -276,3 +383,122 @@ func TestAddressSet(t *testing.T) {
 		}
 	}
 }
+
+// A sync larger than maxTxOps is written in transactions of at most that
+// many operations but one (what changes objects already there, at once),
+// and after each every chain a packet can reach (from a base chain,
+// through jumps, gotos and verdict maps) exists and holds its rules from
+// before the sync or its final ones: no element or rule points at a
+// missing or half-written chain. Also for a partial sync of many changes.
+func TestLargeSyncIsSplitKeepingEveryStateValid(t *testing.T) {
+	h := newHarness(t, v1.IPv4Protocol, v4(nil)(t))
+	h.syncer.maxTxOps = 5
+	before, final := newTable(), (*table)(nil)
+	steps := 0
+	h.nft.afterRun = func() {
+		steps++
+		requireReachableChainsComplete(t, h, before, final, steps)
+	}
+	h.apply(sampleObjects()...)
+	final = freshTable(t, h)
+	h.full()
+	if steps < 10 {
+		t.Errorf("the first sync was written in %d transactions", steps)
+	}
+	checkAgainstFreshSync(t, h)
+
+	var objs []any
+	for i := range 5 {
+		name := fmt.Sprintf("new-%d", i)
+		objs = append(objs, service("ns", name, fmt.Sprintf("10.96.20.%d", i+1), http80, nil),
+			endpointSlice("ns", name, ep8080, ep(fmt.Sprintf("10.244.2.%d", i+1))))
+	}
+	objs = append(objs, endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.15")))
+	h.apply(objs...)
+	n := len(h.nft.txs)
+	before, final, steps = final, freshTable(t, h), 0
+	h.partial()
+	if steps < 3 {
+		t.Errorf("the partial sync was written in %d transactions", steps)
+	}
+	requireBoundedButOne(t, h.nft.txs[:n], 5)
+	requireBoundedButOne(t, h.nft.txs[n:], 5)
+	checkAgainstFreshSync(t, h)
+}
+
+func requireBoundedButOne(t *testing.T, txs []string, most int) {
+	t.Helper()
+	larger := 0
+	for _, tx := range txs {
+		if len(operations(tx)) > most {
+			larger++
+		}
+	}
+	if larger > 1 {
+		t.Errorf("%d transactions of more than %d operations:\n%s", larger, most, strings.Join(txs, "\n"))
+	}
+}
+
+// freshTable is the table one full sync of h's state writes.
+func freshTable(t *testing.T, h *harness) *table {
+	t.Helper()
+	fresh := newHarness(t, v1.IPv4Protocol, h.syncer.cfg.Params)
+	fresh.state, fresh.node = h.state, h.node
+	fresh.full()
+	tb, err := readTable(t.Context(), listFake(fresh.nft.Fake))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+var chainRef = regexp.MustCompile(`(?:jump|goto) ([^\s,}]+)|@([^\s,}]+)`)
+
+// requireReachableChainsComplete checks that every chain reachable from a
+// base chain of h's table holds the rules it has in before or in final.
+func requireReachableChainsComplete(t *testing.T, h *harness, before, final *table, step int) {
+	t.Helper()
+	tb, err := readTable(t.Context(), listFake(h.nft.Fake))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var todo []string
+	for name, c := range tb.chains {
+		if c.Hook != nil {
+			todo = append(todo, name)
+		}
+	}
+	seen := map[string]bool{}
+	follow := func(text string) {
+		for _, m := range chainRef.FindAllStringSubmatch(text, -1) {
+			if m[1] != "" {
+				todo = append(todo, m[1])
+			} else if ts := tb.sets[m[2]]; ts != nil && ts.Map {
+				for _, v := range ts.elements {
+					todo = append(todo, chainRef.FindAllString(v, -1)...)
+				}
+			}
+		}
+	}
+	for len(todo) > 0 {
+		name := strings.TrimPrefix(strings.TrimPrefix(todo[0], "goto "), "jump ")
+		todo = todo[1:]
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		c, ok := tb.chains[name]
+		switch {
+		case !ok:
+			t.Errorf("after transaction %d: chain %s is reachable but missing", step, name)
+			continue
+		case !sameRulesAs(c, final.chains[name]) && !sameRulesAs(c, before.chains[name]):
+			t.Errorf("after transaction %d: chain %s is reachable but not complete: %q", step, name, c.Rules)
+		}
+		for _, r := range c.Rules {
+			follow(r)
+		}
+	}
+}
+
+func sameRulesAs(c, other *Chain) bool { return other != nil && sameRules(c.Rules, other.Rules) }

@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/knftables"
 
+	"github.com/rapidproxy/rapidproxy/internal/nfgen"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -28,13 +29,17 @@ type Config struct {
 	// List returns the table as `nft list table <family> kube-proxy`
 	// prints it; nil runs nft. An error wrapping fs.ErrNotExist (from
 	// the call or the reader's Close) means there is no table.
-	List   func(ctx context.Context) (io.ReadCloser, error)
-	Params Params
+	List func(ctx context.Context) (io.ReadCloser, error)
+	// Generation reads the kernel's nftables ruleset generation; nil
+	// reads it over netlink (nfgen).
+	Generation func() (uint64, error)
+	Params     Params
 }
 
-// staleChainDelay is how long a flushed chain waits before it is deleted:
-// kernels before 6.2 keep a chain referenced for a moment after the map
-// element pointing at it goes.
+// staleChainDelay is how long a flushed chain waits before it is deleted
+// (in a transaction of its own, after a later sync's): kernels before 6.2
+// keep a chain referenced for a moment after the map element pointing at
+// it goes.
 const staleChainDelay = time.Second
 
 // Syncer is the nftables mode for one IP family: the proxy core hands it
@@ -43,6 +48,11 @@ const staleChainDelay = time.Second
 type Syncer struct {
 	cfg Config
 	now func() time.Time
+	// maxTxOps bounds a large sync's transactions.
+	maxTxOps int
+	// genFailed is set by the watch once it logged that it cannot read
+	// the generation.
+	genFailed bool
 
 	mu sync.Mutex
 	// kernel is what the table holds: read by a full sync, kept up to date
@@ -54,8 +64,21 @@ type Syncer struct {
 	layout  Layout
 	applied map[state.ServicePortName]ServiceObjects
 	wanted  map[elemID]*wantedElem
-	// stale are chains flushed at the given time, to be deleted later.
-	stale map[string]time.Time
+	// stale are the chains flushed and no longer wanted, to be deleted
+	// by a later transaction.
+	stale map[string]staleChain
+	// verified is the ruleset generation at which the table last held
+	// what we wrote, as far as we know: read before a full sync's listing,
+	// moved on by each transaction of ours that alone moved it, and by
+	// the watch when it found the table in place. The watch lists the
+	// table only when the generation is another.
+	verified uint64
+}
+
+// staleChain is when a chain was flushed, and whether deleting it failed.
+type staleChain struct {
+	flushed time.Time
+	failed  bool
 }
 
 // New returns the nftables mode; proxy.NewCore runs it.
@@ -71,7 +94,10 @@ func New(cfg Config) (*Syncer, error) {
 		}
 		cfg.List = listTable(family)
 	}
-	return &Syncer{cfg: cfg, now: time.Now, stale: map[string]time.Time{}}, nil
+	if cfg.Generation == nil {
+		cfg.Generation = nfgen.Generation
+	}
+	return &Syncer{cfg: cfg, now: time.Now, maxTxOps: maxTxOps, stale: map[string]staleChain{}}, nil
 }
 
 // SetServiceCIDRs changes the ServiceCIDRs whose unallocated addresses are
@@ -89,12 +115,17 @@ func (s *Syncer) SetServiceCIDRs(cidrs []netip.Prefix) {
 func (s *Syncer) FullSync(v state.View) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// What the listing shows is the table at this generation or later.
+	gen, genErr := s.cfg.Generation()
 	t, err := readTable(context.TODO(), s.cfg.List)
 	if err != nil {
 		s.kernel = nil
 		return fmt.Errorf("reading the %s table: %w", TableName, err)
 	}
 	s.kernel, s.layout, s.applied, s.wanted = t, Layout{}, map[state.ServicePortName]ServiceObjects{}, map[elemID]*wantedElem{}
+	if genErr == nil {
+		s.verified = gen
+	}
 	for name := range s.stale {
 		if _, ok := t.chains[name]; !ok {
 			delete(s.stale, name)
@@ -140,8 +171,10 @@ func compareNames(a, b state.ServicePortName) int {
 }
 
 // Watch asks for a full sync when the table was deleted or flushed (by
-// `nft flush ruleset`, say), checking once a second with a listing of one
-// small chain.
+// `nft flush ruleset`, say). Once a second it reads the ruleset
+// generation, which costs no process; only when it moved other than by
+// our own transactions does it list one small chain to see whether the
+// change was ours to repair.
 func (s *Syncer) Watch(ctx context.Context, resync func()) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
@@ -150,7 +183,7 @@ func (s *Syncer) Watch(ctx context.Context, resync func()) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			if gone := s.tableGone(ctx); gone != "" {
+			if gone := s.check(ctx); gone != "" {
 				klog.InfoS("The nftables table was changed by another program; resyncing", "ipFamily", s.cfg.Family, "found", gone)
 				resync()
 			}
@@ -158,15 +191,38 @@ func (s *Syncer) Watch(ctx context.Context, resync func()) {
 	}
 }
 
-// tableGone tells what is missing of what the last sync wrote: "" when all
-// is there or nothing was written yet.
-func (s *Syncer) tableGone(ctx context.Context) string {
+// check is one look of the watch: what is missing of what the last sync
+// wrote, "" when all is there, nothing was written yet, or the generation
+// is still the one we know the table in place at.
+func (s *Syncer) check(ctx context.Context) string {
+	// Read with the generation, which a sync holding mu cannot move.
 	s.mu.Lock()
-	written := s.kernel != nil && s.kernel.exists
+	gen, err := s.cfg.Generation()
+	known, written := s.verified, s.kernel != nil && s.kernel.exists
 	s.mu.Unlock()
-	if !written {
+	if !written || (err == nil && gen == known) {
 		return ""
 	}
+	if err != nil && !s.genFailed {
+		// Without the generation, list every time.
+		klog.ErrorS(err, "Reading the nftables ruleset generation; checking the table by listing it instead", "ipFamily", s.cfg.Family)
+		s.genFailed = true
+	}
+	gone := s.tableGone(ctx)
+	if gone == "" && err == nil {
+		s.mu.Lock()
+		// Unless a sync moved it on meanwhile.
+		if s.verified == known {
+			s.verified = gen
+		}
+		s.mu.Unlock()
+	}
+	return gone
+}
+
+// tableGone tells what is missing of what the last sync wrote, listing
+// the chain every packet to a service passes: "" when all is there.
+func (s *Syncer) tableGone(ctx context.Context) string {
 	rules, err := s.cfg.NFT.ListRules(ctx, chainNATPrerouting)
 	switch {
 	case knftables.IsNotFound(err):
@@ -180,6 +236,21 @@ func (s *Syncer) tableGone(ctx context.Context) string {
 		return chainNATPrerouting + " flushed"
 	}
 	return ""
+}
+
+// run runs one transaction of ours; when it alone moved the generation
+// from one the table was known in place at, the table is known in place
+// at the new one.
+func (s *Syncer) run(tx *knftables.Transaction) error {
+	before, err := s.cfg.Generation()
+	if err := s.cfg.NFT.Run(context.TODO(), tx); err != nil {
+		return err
+	}
+	after, errAfter := s.cfg.Generation()
+	if err == nil && errAfter == nil && before == s.verified && uint32(after) == uint32(before)+1 {
+		s.verified = after
+	}
+	return nil
 }
 
 // Cleanup deletes the kube-proxy table of nft's family, if any.

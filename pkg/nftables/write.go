@@ -1,15 +1,16 @@
 package nftables
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"time"
 
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/knftables"
 
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
@@ -41,6 +42,11 @@ type write struct {
 	force bool
 
 	table, addSets, addChains, flushes, deleteChains, deleteSets, readd, rules, elemDeletes, elemAdds []knftables.Object
+	// newRules are the rules of the regular chains added in this sync,
+	// and newElems the elements added under keys the table did not hold:
+	// a large sync may write them in transactions of their own. New base
+	// chains, live at once, are written with their rules, in addBase.
+	newRules, newElems, addBase []knftables.Object
 
 	touched map[elemID]bool
 	// seen are the chains and sets this sync wants (full sync only).
@@ -109,9 +115,13 @@ func (w *write) chain(c Chain) {
 	delete(w.s.stale, c.Name)
 	have, ok := w.t.chains[c.Name]
 	add := c.Chain
+	rules := &w.rules
 	switch {
+	case !ok && c.Hook != nil:
+		w.addBase = append(w.addBase, &add)
 	case !ok:
 		w.addChains = append(w.addChains, &add)
+		rules = &w.newRules
 	case !sameHook(have.Chain, c.Chain):
 		// A base chain's hook or priority cannot be changed in place.
 		w.deleteChains = append(w.deleteChains, &knftables.Chain{Name: c.Name})
@@ -122,7 +132,7 @@ func (w *write) chain(c Chain) {
 		w.flushes = append(w.flushes, &knftables.Chain{Name: c.Name})
 	}
 	for _, r := range c.Rules {
-		w.rules = append(w.rules, &knftables.Rule{Chain: c.Name, Rule: writable(r)})
+		*rules = append(*rules, &knftables.Rule{Chain: c.Name, Rule: writable(r)})
 	}
 	w.t.chains[c.Name] = &Chain{Chain: c.Chain, Rules: c.Rules}
 }
@@ -138,7 +148,7 @@ func (w *write) dropChain(name string) {
 		have.Rules = nil
 	}
 	if _, ok := w.s.stale[name]; !ok {
-		w.s.stale[name] = w.s.now()
+		w.s.stale[name] = staleChain{flushed: w.s.now()}
 	}
 }
 
@@ -208,15 +218,18 @@ func (w *write) element(id elemID) {
 		}
 		return
 	}
+	adds := &w.newElems
 	if exists {
 		if _, ok := we.values[have]; ok {
 			return
 		}
+		// Deleted and added again in one transaction: never missing.
 		w.elemDeletes = append(w.elemDeletes, ts.element(id.key))
+		adds = &w.elemAdds
 	}
 	v := slices.Sorted(maps.Keys(we.values))[0]
 	e := we.elem[v]
-	w.elemAdds = append(w.elemAdds, &e)
+	*adds = append(*adds, &e)
 	ts.elements[id.key] = v
 }
 
@@ -247,38 +260,144 @@ func (w *write) run() error {
 	}) {
 		w.element(id)
 	}
-	// Chains flushed by an earlier sync, their references long gone.
-	now := w.s.now()
-	for _, name := range slices.Sorted(maps.Keys(w.s.stale)) {
-		if now.Sub(w.s.stale[name]) >= staleChainDelay {
-			w.deleteChains = append(w.deleteChains, &knftables.Chain{Name: name})
-			delete(w.t.chains, name)
-			delete(w.s.stale, name)
+	for _, tx := range w.transactions() {
+		if err := w.s.run(tx); err != nil {
+			// nft -f applies all or nothing, but earlier transactions of
+			// a split sync went through: what we think the table holds
+			// is wrong now, and the next sync reads it again.
+			w.s.kernel = nil
+			return fmt.Errorf("nftables transaction of %d operations: %w", tx.NumOperations(), err)
 		}
 	}
-	tx := w.s.cfg.NFT.NewTransaction()
-	for _, phase := range []struct {
-		verb func(knftables.Object)
-		objs []knftables.Object
-	}{
-		{tx.Add, w.table}, {tx.Add, w.addSets}, {tx.Add, w.addChains}, {tx.Flush, w.flushes},
-		{tx.Delete, w.deleteChains}, {tx.Delete, w.deleteSets}, {tx.Add, w.readd},
-		{tx.Delete, w.elemDeletes}, {tx.Add, w.rules}, {tx.Add, w.elemAdds},
-	} {
-		for _, o := range phase.objs {
-			phase.verb(o)
-		}
-	}
-	if tx.NumOperations() == 0 {
-		return nil
-	}
-	if err := w.s.cfg.NFT.Run(context.TODO(), tx); err != nil {
-		// nft -f applies all or nothing: what we think the table holds
-		// is wrong now, and the next sync reads it again.
-		w.s.kernel = nil
-		return fmt.Errorf("nftables transaction of %d operations: %w", tx.NumOperations(), err)
-	}
+	w.s.deleteStaleChains()
 	return nil
+}
+
+// maxTxOps bounds the operations of one transaction of a large sync (a
+// first sync, mostly): the kernel's cost of a transaction grows faster
+// than its size (see docs/performance.md), and a long one holds the
+// nftables mutex all along. Syncer.maxTxOps is this but in tests.
+const maxTxOps = 10000
+
+// transactions are the sync's operations in an order that keeps every
+// reference valid: new sets and chains, flushes, deletions, rules, then
+// elements. One transaction, or none when nothing differs. Beyond
+// maxTxOps (and unless a set or base chain is re-created), in several,
+// such that every state in between is valid: first the new sets and
+// regular chains, then their rules (nothing reaches a new chain yet, so a
+// half-written one does no harm), then, atomically, new base chains with
+// their rules and everything that changes what the table already holds,
+// and last the elements under new keys in batches, each pointing at a
+// chain already complete.
+func (w *write) transactions() []*knftables.Transaction {
+	type phase struct {
+		verb func(*knftables.Transaction, knftables.Object)
+		objs []knftables.Object
+	}
+	add := (*knftables.Transaction).Add
+	flush := (*knftables.Transaction).Flush
+	del := (*knftables.Transaction).Delete
+	creates := slices.Concat(w.table, w.addSets, w.addChains)
+	changes := []phase{{add, w.addBase}, {flush, w.flushes}, {del, w.deleteChains}, {del, w.deleteSets}, {add, w.readd},
+		{del, w.elemDeletes}, {add, w.rules}, {add, w.elemAdds}}
+	total := len(creates) + len(w.newRules) + len(w.newElems)
+	for _, p := range changes {
+		total += len(p.objs)
+	}
+	var txs []*knftables.Transaction
+	if total <= w.s.maxTxOps || len(w.readd) > 0 {
+		tx := w.s.cfg.NFT.NewTransaction()
+		for _, p := range slices.Concat([]phase{{add, creates}}, changes, []phase{{add, w.newRules}, {add, w.newElems}}) {
+			for _, o := range p.objs {
+				p.verb(tx, o)
+			}
+		}
+		if tx.NumOperations() > 0 {
+			txs = append(txs, tx)
+		}
+		return txs
+	}
+	batches := func(objs []knftables.Object) {
+		for chunk := range slices.Chunk(objs, w.s.maxTxOps) {
+			tx := w.s.cfg.NFT.NewTransaction()
+			for _, o := range chunk {
+				tx.Add(o)
+			}
+			txs = append(txs, tx)
+		}
+	}
+	batches(creates)
+	batches(w.newRules)
+	tx := w.s.cfg.NFT.NewTransaction()
+	for _, p := range changes {
+		for _, o := range p.objs {
+			p.verb(tx, o)
+		}
+	}
+	if tx.NumOperations() > 0 {
+		txs = append(txs, tx)
+	}
+	batches(w.newElems)
+	return txs
+}
+
+// deleteStaleChains deletes the chains flushed at least staleChainDelay
+// ago, in transactions of their own after the sync's: one that fails (a
+// chain another program's rule still jumps to) is logged and counted, and
+// its chains are tried again at a later sync, without failing this one.
+// Chains that failed before go in a transaction apart from the newly due
+// ones, so that one stuck chain does not keep the others.
+func (s *Syncer) deleteStaleChains() {
+	now := s.now()
+	var due, failed []string
+	for _, name := range slices.Sorted(maps.Keys(s.stale)) {
+		switch c := s.stale[name]; {
+		case now.Sub(c.flushed) < staleChainDelay:
+		case c.failed:
+			failed = append(failed, name)
+		default:
+			due = append(due, name)
+		}
+	}
+	for _, names := range [][]string{due, failed} {
+		if len(names) == 0 {
+			continue
+		}
+		tx := s.cfg.NFT.NewTransaction()
+		for _, name := range names {
+			// Adding first makes the delete succeed when another program
+			// deleted the chain already.
+			tx.Add(&knftables.Chain{Name: name})
+			tx.Delete(&knftables.Chain{Name: name})
+		}
+		if err := s.run(tx); err != nil {
+			klog.ErrorS(err, "Deleting stale nftables chains failed; retrying at a later sync", "ipFamily", s.cfg.Family, "chains", names)
+			metrics.NFTablesCleanupFailuresTotal.WithLabelValues(string(s.cfg.Family)).Inc()
+			for _, name := range names {
+				s.stale[name] = staleChain{flushed: s.stale[name].flushed, failed: true}
+			}
+			continue
+		}
+		for _, name := range names {
+			delete(s.stale, name)
+			delete(s.kernel.chains, name)
+		}
+	}
+}
+
+// NextSync is when flushed chains are due for deletion, for the core to
+// sync then even if nothing changes; zero when none waits (chains whose
+// deletion failed wait for the next sync that comes anyway).
+func (s *Syncer) NextSync() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var next time.Time
+	for _, c := range s.stale {
+		if at := c.flushed.Add(staleChainDelay); !c.failed && (next.IsZero() || at.Before(next)) {
+			next = at
+		}
+	}
+	return next
 }
 
 // object is the set or map to write.

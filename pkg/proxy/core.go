@@ -42,6 +42,15 @@ type Watcher interface {
 	Watch(ctx context.Context, resync func())
 }
 
+// Deferrer is a mode that leaves work to a later sync (the nftables mode
+// deletes the chains it flushed a second later): after each successful
+// sync the core asks when that work is due and syncs then, even if
+// nothing changes.
+type Deferrer interface {
+	// NextSync is when the deferred work is due; zero when none is.
+	NextSync() time.Time
+}
+
 // ServiceCIDRUser is a mode that acts on the cluster's service CIDRs (the
 // ServiceCIDR objects' ranges): the nftables mode drops traffic to their
 // addresses that no service has. The core calls it between syncs, never
@@ -116,6 +125,9 @@ type Core struct {
 	cidrMu       sync.Mutex
 	serviceCIDRs []netip.Prefix
 	cidrsPending bool
+
+	// deferred asks for the sync a Deferrer mode wants next.
+	deferred *time.Timer
 }
 
 // NewCore returns a proxier running mode; nothing is written before
@@ -340,6 +352,7 @@ func (c *Core) SyncOnce() error {
 		c.cfg.Health.Updated(c.cfg.Family)
 	}
 	c.afterSync(view, changes, full)
+	c.scheduleDeferred()
 	klog.V(2).InfoS("Synced proxy rules", "mode", c.cfg.ModeName, "ipFamily", family, "full", full, "changedServicePorts", len(changes.ServicePorts), "elapsed", time.Since(start))
 	if full {
 		// A full sync's garbage (tens of MB at 10k services) is hand back
@@ -348,6 +361,21 @@ func (c *Core) SyncOnce() error {
 		debug.FreeOSMemory()
 	}
 	return nil
+}
+
+// scheduleDeferred asks for a sync when a Deferrer mode's deferred work
+// is due (one timer, reset by every sync).
+func (c *Core) scheduleDeferred() {
+	d, ok := c.mode.(Deferrer)
+	if !ok {
+		return
+	}
+	if c.deferred != nil {
+		c.deferred.Stop()
+	}
+	if at := d.NextSync(); !at.IsZero() {
+		c.deferred = time.AfterFunc(time.Until(at), c.runner.Run)
+	}
 }
 
 func (c *Core) countFailure() {

@@ -211,3 +211,50 @@ func TestCoreCountsSyncFailures(t *testing.T) {
 		t.Errorf("%v failures counted, want 3 (a partial, then a full and a partial sync)", got)
 	}
 }
+
+// deferMode leaves work to the sync after the first, due shortly after it.
+type deferMode struct {
+	fakeMode
+	syncs chan string
+	next  time.Time
+}
+
+func (m *deferMode) FullSync(state.View) error {
+	m.next = time.Now().Add(50 * time.Millisecond)
+	m.syncs <- "full"
+	return nil
+}
+
+func (m *deferMode) PartialSync(state.View, map[state.ServicePortName]bool) error {
+	m.next = time.Time{}
+	m.syncs <- "partial"
+	return nil
+}
+
+func (m *deferMode) NextSync() time.Time { return m.next }
+
+// A Deferrer's work is synced when it is due, with nothing changed and
+// long before the sync period; then nothing more runs.
+func TestCoreSyncsWhenDeferredWorkIsDue(t *testing.T) {
+	mode := &deferMode{syncs: make(chan string, 10)}
+	c := NewCore(Config{Family: v1.IPv4Protocol, ModeName: "fake", Node: state.Node{Name: "node-1"},
+		MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour}, mode)
+	c.OnServicesSynced()
+	c.OnEndpointSlicesSynced()
+	go c.SyncLoop(t.Context())
+	for _, want := range []string{"full", "partial"} {
+		select {
+		case got := <-mode.syncs:
+			if got != want {
+				t.Fatalf("sync %q, want %q", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no %s sync", want)
+		}
+	}
+	select {
+	case got := <-mode.syncs:
+		t.Errorf("a %s sync with nothing due", got)
+	case <-time.After(200 * time.Millisecond):
+	}
+}

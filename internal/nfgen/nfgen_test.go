@@ -1,0 +1,59 @@
+package nfgen
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
+)
+
+// In a fresh namespace the generation stays put while nothing changes,
+// moves by one per committed nft -f whatever it holds, and not with a
+// transaction that fails.
+func TestGeneration(t *testing.T) {
+	testutil.RequireCommands(t, "nft")
+	netns := testutil.NewNetns(t)
+	testutil.DoInNetns(t, netns, func() {
+		gen := func() uint64 {
+			t.Helper()
+			g, err := Generation()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return g
+		}
+		nft := func(script string) error {
+			cmd := exec.Command("nft", "-f", "-")
+			cmd.Stdin = strings.NewReader(script)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Logf("nft: %v: %s", err, out)
+			}
+			return err
+		}
+		before := gen()
+		if again := gen(); again != before {
+			t.Fatalf("the generation moved with nothing done: %d -> %d", before, again)
+		}
+		if err := nft("add table ip t\nadd chain ip t a\nadd chain ip t b\nadd rule ip t a jump b\n"); err != nil {
+			t.Fatal(err)
+		}
+		if after := gen(); after != before+1 {
+			t.Errorf("one transaction moved the generation from %d to %d", before, after)
+		}
+		before = gen()
+		if err := nft("flush chain ip t a\ndelete chain ip t nochain\n"); err == nil {
+			t.Fatal("deleting a missing chain did not fail")
+		}
+		if after := gen(); after != before {
+			t.Errorf("a failed transaction moved the generation from %d to %d", before, after)
+		}
+		if err := nft("list ruleset\n"); err != nil {
+			t.Fatal(err)
+		}
+		if after := gen(); after != before {
+			t.Errorf("a listing moved the generation from %d to %d", before, after)
+		}
+	})
+}
