@@ -14,7 +14,7 @@ import (
 )
 
 // samplePath is what upstream v1.36.3 wrote for sampleObjects.
-const samplePath = "../../../shared/reference/upstream-nftables-sample.txt"
+const samplePath = "testdata/upstream-nftables-sample.txt"
 
 var (
 	http80   = []port{{name: "http", protocol: v1.ProtocolTCP, port: 80}}
