@@ -89,8 +89,9 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 
 // InitOnly does the node set-up that needs write access to /proc/sys, as
 // upstream's --init-only does, and returns, so that the long-running
-// process needs only CAP_NET_ADMIN (it reads each sysctl before writing
-// it, and finds them set): the conntrack limits and timeouts; in iptables
+// process needs only CAP_NET_ADMIN, and CAP_NET_RAW for the legacy
+// iptables backend (it reads each sysctl before writing it, and finds
+// them set): the conntrack limits and timeouts; in iptables
 // mode route_localnet when NodePorts answer on 127.0.0.1; in IPVS mode
 // ip_vs loaded, its sysctls and its connection timeouts. It needs no API
 // server.
