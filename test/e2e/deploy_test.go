@@ -288,7 +288,7 @@ func (p *deployedPod) start(t *testing.T, c v1.Container) *framework.KubeProxy {
 		}
 	}
 	started++
-	proxy, err := cluster.StartKubeProxyCommand(fmt.Sprintf("kube-proxy-%s-%d", c.Name, started), args...)
+	proxy, err := cluster.StartKubeProxyCommand(fmt.Sprintf("%s-deployed-%d", c.Name, started), args...)
 	if err != nil {
 		t.Fatal(err)
 	}
