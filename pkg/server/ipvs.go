@@ -44,11 +44,8 @@ func newIPVSMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mod
 	if err := kernel.EnsureSets(params.Sets()); err != nil {
 		return nil, fmt.Errorf("ipvs mode needs ipset: %w", err)
 	}
-	if err := ipvs.SetSysctls(sysctl.Proc{}, ipvs.KernelRelease(), cfg.IPVS.StrictARP); err != nil {
-		return nil, fmt.Errorf("ipvs mode: %w", err)
-	}
-	if err := ipvskernel.SetTimeouts(cfg.IPVS.TCPTimeout.Duration, cfg.IPVS.TCPFinTimeout.Duration, cfg.IPVS.UDPTimeout.Duration); err != nil {
-		return nil, fmt.Errorf("ipvs mode: %w", err)
+	if err := setIPVSParams(cfg); err != nil {
+		return nil, err
 	}
 	exclude, err := excludeCIDRs(cfg)
 	if err != nil {
@@ -103,4 +100,18 @@ func excludeCIDRs(cfg *kpconfig.KubeProxyConfiguration) ([]netip.Prefix, error) 
 		out = append(out, p.Masked())
 	}
 	return out, nil
+}
+
+// setIPVSParams sets the sysctls and the IPVS connection timeouts the
+// IPVS mode needs (with ip_vs loaded: its sysctls exist only then). Every
+// sysctl is read first and written only when it differs, so after an
+// --init-only run a process without write access to /proc/sys passes.
+func setIPVSParams(cfg *kpconfig.KubeProxyConfiguration) error {
+	if err := ipvs.SetSysctls(sysctl.Proc{}, ipvs.KernelRelease(), cfg.IPVS.StrictARP); err != nil {
+		return fmt.Errorf("ipvs mode: %w", err)
+	}
+	if err := ipvskernel.SetTimeouts(cfg.IPVS.TCPTimeout.Duration, cfg.IPVS.TCPFinTimeout.Duration, cfg.IPVS.UDPTimeout.Duration); err != nil {
+		return fmt.Errorf("ipvs mode: %w", err)
+	}
+	return nil
 }

@@ -22,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/internal/sysctl"
 	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
@@ -86,13 +87,38 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 	return watch(ctx, client, cfg, nodeName, node, proxier, health)
 }
 
-// InitOnly does the privileged node set-up (conntrack limits and timeouts)
-// and returns, so the long-running process needs only CAP_NET_ADMIN.
+// InitOnly does the node set-up that needs write access to /proc/sys, as
+// upstream's --init-only does, and returns, so that the long-running
+// process needs only CAP_NET_ADMIN, and CAP_NET_RAW for the legacy
+// iptables backend (it reads each sysctl before writing it, and finds
+// them set): the conntrack limits and timeouts; in iptables
+// mode route_localnet when NodePorts answer on 127.0.0.1; in IPVS mode
+// ip_vs loaded, its sysctls and its connection timeouts. It needs no API
+// server.
 func InitOnly(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
 	if err := conntrack.SetSysctls(sysctl.Proc{}, cfg.Conntrack); err != nil {
 		return fmt.Errorf("conntrack settings: %w", err)
 	}
-	klog.InfoS("Initialization done (conntrack limits and timeouts set)")
+	switch cfg.Mode {
+	case config.ModeIPTables:
+		// The node's IP is not known without the API server; any
+		// non-loopback one gives the answer of every real node.
+		if localhostNodePorts(cfg, netip.IPv4Unspecified()) {
+			if err := (routeLocalnet{}).enable(); err != nil {
+				return fmt.Errorf("enabling route_localnet for NodePorts on localhost: %w", err)
+			}
+		}
+	case config.ModeIPVS:
+		kernel, err := ipvskernel.New(false)
+		if err != nil {
+			return fmt.Errorf("ipvs mode: %w", err)
+		}
+		kernel.Close()
+		if err := setIPVSParams(cfg); err != nil {
+			return err
+		}
+	}
+	klog.InfoS("System initialized and --init-only specified", "mode", cfg.Mode)
 	return nil
 }
 

@@ -228,6 +228,8 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--service-account-signing-key-file="+pki.path("sa.key"),
 		"--service-cluster-ip-range="+ServiceCIDRs,
 		"--authorization-mode=RBAC",
+		// As kubeadm's API server: kube-proxy's DaemonSet is privileged.
+		"--allow-privileged=true",
 		// No kubelet and no service-account controller run here: pods are
 		// plain objects whose status the framework writes.
 		"--disable-admission-plugins=ServiceAccount",

@@ -33,12 +33,22 @@ func (c *Cluster) StartKubeProxy(name, binary, config string, flags ...string) (
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		return nil, err
 	}
-	args := append([]string{binary, "--config=" + path}, flags...)
+	p, err := c.StartKubeProxyCommand(name, append([]string{binary, "--config=" + path}, flags...)...)
+	if err != nil {
+		return nil, err
+	}
+	p.ConfigPath = path
+	return p, nil
+}
+
+// StartKubeProxyCommand runs a whole command line (a kube-proxy binary,
+// or a wrapper that runs one) in the node namespace, logging to name.log.
+func (c *Cluster) StartKubeProxyCommand(name string, args ...string) (*KubeProxy, error) {
 	p, err := c.start(name, c.Node.Command(args...))
 	if err != nil {
 		return nil, err
 	}
-	return &KubeProxy{Process: p, ConfigPath: path}, nil
+	return &KubeProxy{Process: p}, nil
 }
 
 // Healthz fetches kube-proxy's /healthz from the node namespace's

@@ -7,9 +7,13 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
 )
 
@@ -79,6 +83,20 @@ func (c *Cluster) FastClient() (kubernetes.Interface, error) {
 	}
 	config.QPS, config.Burst = 10000, 20000
 	return kubernetes.NewForConfig(config)
+}
+
+// DynamicClient is a cluster-admin client for objects of any kind, with
+// the mapper that finds a kind's resource from the API server's discovery.
+func (c *Cluster) DynamicClient() (dynamic.Interface, meta.RESTMapper, error) {
+	config, err := c.adminRESTConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	client, err := dynamic.NewForConfig(config)
+	if err != nil {
+		return nil, nil, err
+	}
+	return client, restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(c.Client.Discovery())), nil
 }
 
 // Parallel calls do for 0..n-1 from workers goroutines and returns the

@@ -1,0 +1,343 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/diff"
+	"k8s.io/client-go/dynamic"
+	"sigs.k8s.io/yaml"
+
+	"github.com/rapidproxy/rapidproxy/deploy"
+	"github.com/rapidproxy/rapidproxy/test/framework"
+)
+
+// imageBinary is where our image has the binary, as upstream's has its own.
+const imageBinary = "/usr/local/bin/kube-proxy"
+
+func render(t *testing.T, variant string) *deploy.Rendered {
+	t.Helper()
+	r, err := deploy.Render(variant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// resourceFor is the API resource an object is created in.
+func resourceFor(t *testing.T, client dynamic.Interface, mapper meta.RESTMapper, obj *unstructured.Unstructured) dynamic.ResourceInterface {
+	t.Helper()
+	gvk := obj.GroupVersionKind()
+	mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		t.Fatalf("%s %s: %v", gvk, obj.GetName(), err)
+	}
+	if mapping.Scope.Name() == meta.RESTScopeNameNamespace {
+		return client.Resource(mapping.Resource).Namespace(obj.GetNamespace())
+	}
+	return client.Resource(mapping.Resource)
+}
+
+// The API server accepts every object of deploy/ as kustomize renders it:
+// the base and the least-privilege variant created in a dry run with
+// strict field validation (the priority class, the ClusterRole and the
+// namespace exist in every cluster), and the kubeadm overlay applied
+// server-side over a DaemonSet as kubeadm makes it, changing its image
+// and nothing else, and only when forced (kubeadm owns the field).
+func TestDeployManifestsPassServerSideDryRun(t *testing.T) {
+	ctx := context.Background()
+	client, mapper, err := cluster.DynamicClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dryRun := []string{metav1.DryRunAll}
+	for _, variant := range []string{deploy.Base, deploy.LeastPrivilege} {
+		t.Run(variant, func(t *testing.T) {
+			for _, obj := range render(t, variant).Objects {
+				_, err := resourceFor(t, client, mapper, obj).Create(ctx, obj, metav1.CreateOptions{DryRun: dryRun, FieldValidation: metav1.FieldValidationStrict})
+				if err != nil {
+					t.Errorf("%s %s: %v", obj.GetKind(), obj.GetName(), err)
+				}
+			}
+		})
+	}
+	t.Run(deploy.Kubeadm, func(t *testing.T) {
+		data, err := os.ReadFile("testdata/kubeadm-daemonset.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		kubeadm := &appsv1.DaemonSet{}
+		if err := yaml.UnmarshalStrict(data, kubeadm); err != nil {
+			t.Fatal(err)
+		}
+		daemonSets := cluster.Client.AppsV1().DaemonSets(kubeadm.Namespace)
+		created, err := daemonSets.Create(ctx, kubeadm, metav1.CreateOptions{FieldManager: "kubeadm"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = daemonSets.Delete(context.Background(), kubeadm.Name, metav1.DeleteOptions{}) })
+
+		overlay := render(t, deploy.Kubeadm)
+		if len(overlay.Objects) != 1 {
+			t.Fatalf("deploy/kubeadm renders %d objects, want only the DaemonSet", len(overlay.Objects))
+		}
+		obj := overlay.Objects[0]
+		res := resourceFor(t, client, mapper, obj)
+		opts := metav1.ApplyOptions{FieldManager: "rapidproxy", DryRun: dryRun}
+		if _, err := res.Apply(ctx, obj.GetName(), obj, opts); !apierrors.IsConflict(err) {
+			t.Errorf("applying deploy/kubeadm without forcing: got %v, want a conflict over kubeadm's image", err)
+		}
+		opts.Force = true
+		applied, err := res.Apply(ctx, obj.GetName(), obj, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := &appsv1.DaemonSet{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(applied.Object, got); err != nil {
+			t.Fatal(err)
+		}
+		want := created.Spec.DeepCopy()
+		want.Template.Spec.Containers[0].Image = overlay.DaemonSet.Spec.Template.Spec.Containers[0].Image
+		if !equality.Semantic.DeepEqual(got.Spec, *want) {
+			t.Errorf("deploy/kubeadm changes more than the image of kubeadm's DaemonSet (- want, + got):\n%s", diff.Diff(*want, got.Spec))
+		}
+	})
+}
+
+// The DaemonSet's exact command line, with the ConfigMap's files where its
+// volume is mounted and the kubeconfig pointing at this cluster, starts
+// our binary in the node namespace, which then answers the probes and
+// serves traffic; in each mode config.conf may name but IPVS, which this
+// machine's kernel may lack (test/vm runs the IPVS mode). In the
+// least-privilege variant the init container runs first, privileged, and
+// the proxy then runs as in its container: with only the capabilities it
+// adds, and /proc/sys read-only.
+func TestDeployedDaemonSetServesTraffic(t *testing.T) {
+	for _, variant := range []string{deploy.Base, deploy.LeastPrivilege} {
+		rendered := render(t, variant)
+		for _, mode := range modes {
+			t.Run(variant+"/"+mode, func(t *testing.T) {
+				stopProxy() // the next test that needs the shared one starts it again
+				const routeLocalnet = "net.ipv4.conf.all.route_localnet"
+				if err := cluster.Node.Sysctl(routeLocalnet, "0"); err != nil {
+					t.Fatal(err)
+				}
+				pod := newDeployedPod(t, rendered, mode)
+				for _, c := range pod.spec.InitContainers {
+					if out, err := cluster.Node.Command(pod.commandLine(t, c)...).CombinedOutput(); err != nil {
+						t.Fatalf("init container %s: %v\n%s", c.Name, err, out)
+					}
+				}
+				if variant == deploy.LeastPrivilege && mode == iptablesMode {
+					if got, _ := cluster.Node.Exec("sysctl", "-n", routeLocalnet); strings.TrimSpace(got) != "1" {
+						t.Errorf("after the --init-only init container %s is %q, want 1 (NodePorts on localhost)", routeLocalnet, got)
+					}
+				}
+				proxy := pod.start(t, pod.spec.Containers[0])
+				defer proxy.Stop()
+				pod.probesPass(t, proxy)
+				addPod(t, "deploy-a", framework.PodOptions{Labels: map[string]string{"app": "deploy"}})
+				client := addPod(t, "deploy-client", framework.PodOptions{})
+				svc := service("deploy", "deploy", v1.ProtocolTCP)
+				svc.Spec.Type = v1.ServiceTypeNodePort
+				svc = createService(t, svc)
+				nodePort := svc.Spec.Ports[0].NodePort
+				for _, ip := range svc.Spec.ClusterIPs {
+					eventually(t, convergence, "the client pod to "+ip, func() error {
+						_, err := answeredBy(client.Netns, "tcp", ip, 80, "deploy-a")
+						return err
+					})
+				}
+				eventually(t, convergence, "external to the node port", func() error {
+					_, err := answeredBy(cluster.External, "tcp", framework.NodeIPv4, nodePort, "deploy-a")
+					return err
+				})
+				if mode == iptablesMode {
+					eventually(t, convergence, "the node to 127.0.0.1:nodePort", func() error {
+						_, err := answeredBy(cluster.Node, "tcp", "127.0.0.1", nodePort, "deploy-a")
+						return err
+					})
+				}
+				select {
+				case <-proxy.Exited():
+					t.Fatalf("kube-proxy exited: %v\n%s", proxy.Err(), proxy.LogTail(20))
+				default:
+				}
+			})
+		}
+	}
+}
+
+// deployedPod is the DaemonSet's pod on the test node: its spec, and the
+// host directories its volumes stand for.
+type deployedPod struct {
+	spec v1.PodSpec
+	// volumes maps a volume's name to the directory that holds it here;
+	// the hostPath volumes are used as they are.
+	volumes map[string]string
+}
+
+// newDeployedPod writes the ConfigMap's files for the test node: config.conf
+// in the given mode, with its paths where the volume is, the conntrack table
+// size left alone (the node namespace cannot change it); kubeconfig.conf
+// this cluster's kube-proxy kubeconfig.
+func newDeployedPod(t *testing.T, r *deploy.Rendered, mode string) *deployedPod {
+	t.Helper()
+	p := &deployedPod{spec: r.DaemonSet.Spec.Template.Spec, volumes: map[string]string{}}
+	dir := t.TempDir()
+	for _, v := range p.spec.Volumes {
+		if v.ConfigMap != nil && v.ConfigMap.Name == r.ConfigMap.Name {
+			p.volumes[v.Name] = dir
+		}
+	}
+	if len(p.volumes) != 1 {
+		t.Fatalf("the DaemonSet mounts the ConfigMap %s as %d volumes, want 1", r.ConfigMap.Name, len(p.volumes))
+	}
+	config := r.ConfigMap.Data["config.conf"]
+	modeLine := "\nmode: iptables\n"
+	if !strings.Contains(config, modeLine) {
+		t.Fatalf("config.conf has no line %q:\n%s", strings.TrimSpace(modeLine), config)
+	}
+	config = strings.Replace(config, modeLine, "\nmode: "+mode+"\n", 1) + "conntrack:\n  maxPerCore: 0\n"
+	kubeconfig, err := os.ReadFile(cluster.KubeProxyKubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{"config.conf": p.inVolumes(p.spec.Containers[0], config), "kubeconfig.conf": string(kubeconfig)}
+	for key := range r.ConfigMap.Data {
+		content, ok := files[key]
+		if !ok {
+			t.Fatalf("the ConfigMap has %s, which this test does not know", key)
+		}
+		if err := os.WriteFile(filepath.Join(dir, key), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+// inVolumes rewrites the container's mount paths of the volumes held in
+// directories here.
+func (p *deployedPod) inVolumes(c v1.Container, s string) string {
+	for _, m := range c.VolumeMounts {
+		if dir, ok := p.volumes[m.Name]; ok {
+			s = strings.ReplaceAll(s, m.MountPath, dir)
+		}
+	}
+	return s
+}
+
+// commandLine is the container's command and arguments as the kubelet
+// runs them: $(VAR) from its environment (NODE_NAME from the downward
+// API), with our binary for the image's and the volumes' directories.
+func (p *deployedPod) commandLine(t *testing.T, c v1.Container) []string {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = e.Value
+		case e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName":
+			env[e.Name] = framework.NodeName
+		default:
+			t.Fatalf("container %s: env %s: this test knows only values and spec.nodeName", c.Name, e.Name)
+		}
+	}
+	args := append(append([]string{}, c.Command...), c.Args...)
+	if len(args) == 0 || args[0] != imageBinary {
+		t.Fatalf("container %s runs %q, want %s", c.Name, args, imageBinary)
+	}
+	args[0] = cluster.KubeProxy()
+	for i, arg := range args {
+		for name, value := range env {
+			arg = strings.ReplaceAll(arg, "$("+name+")", value)
+		}
+		args[i] = p.inVolumes(c, arg)
+	}
+	return args
+}
+
+// start runs the container's command line in the node namespace; an
+// unprivileged container's under the limits its runtime would set: the
+// capabilities it adds (all others dropped) and /proc/sys read-only.
+func (p *deployedPod) start(t *testing.T, c v1.Container) *framework.KubeProxy {
+	t.Helper()
+	args := p.commandLine(t, c)
+	if sc := c.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+		args = append(unprivileged(t, c), args...)
+		// The limits hold: a sysctl cannot be written under them.
+		const sysctl = "/proc/sys/net/ipv4/conf/all/forwarding"
+		probe := append(unprivileged(t, c), "sh", "-c", "v=$(cat "+sysctl+") && echo $v > "+sysctl)
+		if out, err := cluster.Node.Command(probe...).CombinedOutput(); err == nil || !strings.Contains(string(out), "Read-only file system") {
+			t.Fatalf("writing a sysctl under the container's limits: %v, %s; want a read-only file system", err, out)
+		}
+	}
+	started++
+	proxy, err := cluster.StartKubeProxyCommand(fmt.Sprintf("%s-deployed-%d", c.Name, started), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := proxy.WaitHealthy(context.Background(), time.Minute); err != nil {
+		proxy.Stop()
+		t.Fatal(err)
+	}
+	return proxy
+}
+
+// unprivileged is the command that runs the rest of a command line as the
+// container's security context says: in a mount namespace of its own with
+// /proc/sys read-only, and with only the capabilities it adds after
+// dropping all.
+func unprivileged(t *testing.T, c v1.Container) []string {
+	t.Helper()
+	caps := c.SecurityContext.Capabilities
+	if caps == nil || len(caps.Drop) != 1 || caps.Drop[0] != "ALL" {
+		t.Fatalf("container %s: capabilities %+v; this test knows only drop: [ALL] and a list to add", c.Name, caps)
+	}
+	keep := "-all"
+	for _, c := range caps.Add {
+		keep += ",+" + strings.ToLower(string(c))
+	}
+	script := `mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys && exec setpriv --inh-caps=-all --bounding-set=` + keep + ` -- "$@"`
+	return []string{"unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"}
+}
+
+// probesPass checks that the probes of the proxy's container answer 200,
+// on the node's IP as the kubelet asks a host-network pod.
+func (p *deployedPod) probesPass(t *testing.T, proxy *framework.KubeProxy) {
+	t.Helper()
+	c := p.spec.Containers[0]
+	for what, probe := range map[string]*v1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		if probe == nil || probe.HTTPGet == nil {
+			t.Fatalf("container %s has no HTTP %s probe", c.Name, what)
+		}
+		url := fmt.Sprintf("http://%s:%s%s", framework.NodeIPv4, probe.HTTPGet.Port.String(), probe.HTTPGet.Path)
+		eventually(t, time.Minute, what+" probe "+url, func() error {
+			resp, err := (&http.Client{Timeout: 2 * time.Second}).Get(url)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s: %s", resp.Status, body)
+			}
+			return nil
+		})
+	}
+}
