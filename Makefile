@@ -57,8 +57,9 @@ demo: deps build tools
 
 # Our kube-proxy against upstream's in the local cluster (not part of `test`):
 # N services x E endpoints (comma lists: every N x E shape runs), on each
-# iptables BACKEND, or with MODE=ipvs in IPVS mode, each proxy in a VM
-# (test/vm); CAP bounds any one sync wait, IDLE the idle-CPU window.
+# iptables BACKEND, with MODE=nftables in nftables mode (BACKENDS unused), or
+# with MODE=ipvs in IPVS mode, each proxy in a VM (test/vm); MODE=iptables,nftables
+# runs both in one cluster. CAP bounds any one sync wait, IDLE the idle-CPU window.
 # More flags (e.g. -profile-dir DIR): BENCH_FLAGS. See docs/performance.md.
 N        ?= 1000
 E        ?= 5

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,8 +12,10 @@ import (
 	"github.com/rapidproxy/rapidproxy/test/framework"
 )
 
-// TestBenchSmoke runs a tiny benchmark so the command keeps working; it
-// checks that every cell of the table is filled, never how fast anything is.
+// TestBenchSmoke runs a tiny benchmark so the command keeps working, in
+// modes iptables (both backends) and nftables, which share one cluster; it
+// checks that every cell a column's mode measures is filled and the others
+// are empty, never how fast anything is.
 func TestBenchSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a local cluster")
@@ -20,6 +23,7 @@ func TestBenchSmoke(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireCommands(t, "nft", "iptables-nft", "xtables-nft-multi", "iptables-legacy", "xtables-legacy-multi")
 	opts := options{
+		modes:    []string{modeIPTables, modeNFTables},
 		services: []int{20}, endpoints: []int{2},
 		backends: []framework.IPTablesBackend{framework.IPTablesNFT, framework.IPTablesLegacy},
 		proxies:  []string{ours, upstream},
@@ -34,26 +38,38 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("%v\nlog:\n%s", err, log.String())
 	}
 	t.Logf("\n%s", out.String())
-	var tableRows []string
+	defer func() {
+		if t.Failed() {
+			t.Logf("log:\n%s", log.String())
+		}
+	}()
+	var lines []string
 	for _, line := range strings.Split(out.String(), "\n") {
 		if strings.HasPrefix(line, "| ") && !strings.HasPrefix(line, "| ---") {
-			tableRows = append(tableRows, line)
+			lines = append(lines, line)
 		}
 	}
-	if len(tableRows) != len(rows)+1 { // and the header
-		t.Fatalf("table has %d rows, want %d:\n%s", len(tableRows), len(rows)+1, out.String())
+	columns := opts.columns()
+	if want := []string{"nft", "legacy", "nftables"}; !slices.Equal(columns, want) {
+		t.Fatalf("columns %v, want %v", columns, want)
 	}
-	for _, line := range tableRows[1:] {
-		// measure, then per backend: ours, upstream, ratio (which is "-"
-		// when upstream's value is 0).
+	want := tableRows(columns)
+	if len(want) != len(rows) || len(lines) != len(want)+1 { // and the header
+		t.Fatalf("table has %d rows, want %d:\n%s", len(lines), len(rows)+1, out.String())
+	}
+	for k, line := range lines[1:] {
+		// measure, then per column group: ours, upstream, ratio (which is
+		// "-" when upstream's value is 0).
 		cells := strings.Split(strings.Trim(line, "| "), " | ")
-		if len(cells) != 1+3*len(opts.backends) {
-			t.Fatalf("row %q has %d cells, want %d", line, len(cells), 1+3*len(opts.backends))
+		if len(cells) != 1+3*len(columns) || cells[0] != want[k].title {
+			t.Fatalf("row %q has %d cells, want %d, or is not %q", line, len(cells), 1+3*len(columns), want[k].title)
 		}
-		for b := range opts.backends {
+		for b, column := range columns {
+			filled := measured(want[k].key, columnMode(column))
 			for _, c := range cells[1+3*b : 3+3*b] {
-				if c == "-" || c == "" || strings.Contains(c, "NaN") {
-					t.Errorf("empty cell in row %q", line)
+				empty := c == "-" || c == "" || strings.Contains(c, "NaN")
+				if empty == filled {
+					t.Errorf("row %q, column %s: cell %q, measured in mode %s: %v", line, column, c, columnMode(column), filled)
 				}
 			}
 		}
@@ -84,4 +100,30 @@ func TestRatio(t *testing.T) {
 			t.Errorf("ratio(%v, %v) = %q, want %q", tc.ours, tc.upstream, got, tc.want)
 		}
 	}
+}
+
+func TestTableRows(t *testing.T) {
+	keys := func(columns ...string) []string {
+		var out []string
+		for _, r := range tableRows(columns) {
+			out = append(out, r.key)
+		}
+		return out
+	}
+	missing := func(columns []string, want ...string) {
+		t.Helper()
+		got := keys(columns...)
+		if len(got) != len(rows)-len(want) {
+			t.Errorf("%v: rows %v, want all but %v", columns, got, want)
+		}
+		for _, k := range want {
+			if slices.Contains(got, k) {
+				t.Errorf("%v: row %s, measured in none of these modes", columns, k)
+			}
+		}
+	}
+	missing([]string{"nft", "legacy"}, "nftFloor")
+	missing([]string{"nftables"}, "natRules", "restoreFloor")
+	missing([]string{"ipvs"}, "natRules", "restoreFloor", "nftFloor", "churnP50", "churnP99")
+	missing([]string{"nft", "nftables"})
 }

@@ -3,9 +3,11 @@
 // iptables backend and each proxy it measures the first sync, a restart
 // over existing rules, single changes, network programming latency under
 // endpoint churn, memory and idle CPU, then prints one markdown table per
-// shape. With -mode ipvs both run in IPVS mode, each in a VM (guest.go),
-// and the rows that measure iptables are left out. See
-// docs/performance.md for what each row means.
+// shape. With -mode nftables both run in nftables mode in the node
+// namespace, with -mode ipvs in IPVS mode, each in a VM (guest.go); the
+// rows that measure iptables are left out there. -mode takes a list
+// (iptables,nftables): the modes share one cluster and its objects, each
+// with its own columns. See docs/performance.md for what each row means.
 package main
 
 import (
@@ -26,8 +28,8 @@ import (
 
 // options are the benchmark's flags.
 type options struct {
-	mode       string // modeIPTables (also "") or modeIPVS
-	agent      string // the VM's agent binary (mode ipvs)
+	modes      []string // modeIPTables, modeNFTables, modeIPVS; none is modeIPTables
+	agent      string   // the VM's agent binary (mode ipvs)
 	services   []int
 	endpoints  []int
 	backends   []framework.IPTablesBackend
@@ -47,13 +49,14 @@ const (
 	upstream = "upstream"
 
 	modeIPTables = "iptables"
+	modeNFTables = "nftables"
 	modeIPVS     = "ipvs"
 )
 
 func main() {
 	var opts options
-	var services, endpoints, backends, proxies string
-	flag.StringVar(&opts.mode, "mode", modeIPTables, "proxy mode: iptables (in the cluster's node namespace, on each of -backends) or ipvs (in a VM)")
+	var modes, services, endpoints, backends, proxies string
+	flag.StringVar(&modes, "mode", modeIPTables, "comma-separated proxy modes: iptables (in the cluster's node namespace, on each of -backends), nftables (in the node namespace) or ipvs (in a VM)")
 	flag.StringVar(&opts.agent, "agent", "", "mode ipvs: the static binary of test/bench/agent, which the VM runs")
 	flag.StringVar(&services, "n", "1000", "comma-separated numbers of services (N)")
 	flag.StringVar(&endpoints, "e", "5", "comma-separated endpoints per service (E); every N x E shape runs")
@@ -64,7 +67,7 @@ func main() {
 	flag.IntVar(&opts.changes, "changes", 20, "single changes of each kind (endpoint change, service add, service delete)")
 	flag.IntVar(&opts.churnRate, "churn-rate", 20, "endpoint changes per second during the churn")
 	flag.DurationVar(&opts.churnFor, "churn-for", 30*time.Second, "how long the churn lasts")
-	flag.StringVar(&opts.profileDir, "profile-dir", "", "if set, write there CPU profiles of our first sync, restart and idle time, a heap profile after the first sync (enableProfiling), and each proxy's iptables-save after its first sync")
+	flag.StringVar(&opts.profileDir, "profile-dir", "", "if set, write there CPU profiles of our first sync, restart and idle time, a heap profile after the first sync (enableProfiling), and each proxy's iptables-save (nft list ruleset in mode nftables) after its first sync")
 	flag.DurationVar(&opts.profileFor, "profile-for", 20*time.Second, "length of that profile, from our process start")
 	flag.IntVar(&opts.workers, "workers", 32, "parallel API writers when creating the objects")
 	flag.Parse()
@@ -88,8 +91,11 @@ func main() {
 			}
 			opts.proxies = append(opts.proxies, p)
 		}
-		if opts.mode != modeIPTables && (opts.mode != modeIPVS || opts.agent == "") {
-			return fmt.Errorf("-mode must be iptables, or ipvs with -agent")
+		for _, m := range strings.Split(modes, ",") {
+			if m != modeIPTables && m != modeNFTables && (m != modeIPVS || opts.agent == "") {
+				return fmt.Errorf("unknown mode %q: -mode takes iptables, nftables, or ipvs with -agent", m)
+			}
+			opts.modes = append(opts.modes, m)
 		}
 		if opts.profileDir != "" {
 			if err := os.MkdirAll(opts.profileDir, 0o755); err != nil {
@@ -126,7 +132,7 @@ func run(ctx context.Context, opts options, out, log io.Writer) error {
 			results, err := benchShape(ctx, opts, n, e, log)
 			if results != nil {
 				fmt.Fprintf(out, "\n### %d services x %d endpoints\n\n", n, e)
-				writeTable(out, opts.mode, opts.columns(), results)
+				writeTable(out, opts.columns(), results)
 			}
 			if err != nil {
 				return fmt.Errorf("N=%d E=%d: %w", n, e, err)
@@ -136,17 +142,34 @@ func run(ctx context.Context, opts options, out, log io.Writer) error {
 	return nil
 }
 
-// columns are the table's groups of columns: one per iptables backend, or
-// one for mode ipvs.
+// columns are the table's groups of columns, mode by mode: one per
+// iptables backend in mode iptables, one for each other mode (named after
+// it).
 func (o options) columns() []string {
-	if o.mode == modeIPVS {
-		return []string{modeIPVS}
+	modes := o.modes
+	if len(modes) == 0 {
+		modes = []string{modeIPTables}
 	}
 	var out []string
-	for _, b := range o.backends {
-		out = append(out, string(b))
+	for _, m := range modes {
+		if m != modeIPTables {
+			out = append(out, m)
+			continue
+		}
+		for _, b := range o.backends {
+			out = append(out, string(b))
+		}
 	}
 	return out
+}
+
+// columnMode is the proxy mode of a group of columns.
+func columnMode(column string) string {
+	switch column {
+	case modeNFTables, modeIPVS:
+		return column
+	}
+	return modeIPTables // an iptables backend
 }
 
 func benchShape(ctx context.Context, opts options, n, e int, log io.Writer) (map[string]map[string]results, error) {

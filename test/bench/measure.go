@@ -157,10 +157,11 @@ func exitError(kp proxyProcess) error {
 }
 
 // measure runs one proxy from a clean kernel, in the column's iptables
-// backend or in mode ipvs, and fills its column; after an error, what it
-// measured so far.
+// backend or in mode nftables or ipvs, and fills its column; after an
+// error, what it measured so far.
 func (b *bench) measure(ctx context.Context, proxy, column string) (results, error) {
 	b.runs++
+	mode := columnMode(column)
 	r := results{}
 	profile := proxy == ours && b.opts.profileDir != ""
 	startProxy, stopNode, err := b.node(ctx, proxy, column, profile)
@@ -193,7 +194,8 @@ func (b *bench) measure(ctx context.Context, proxy, column string) (results, err
 	if own, ok := firstSyncDuration(ctx, kp); ok {
 		r["firstSyncOwn"] = cell{value: own}
 	}
-	if b.opts.mode != modeIPVS {
+	switch mode {
+	case modeIPTables:
 		m, err := framework.FetchMetrics(framework.MetricsURL + "/metrics")
 		if err != nil {
 			return r, err
@@ -205,6 +207,15 @@ func (b *bench) measure(ctx context.Context, proxy, column string) (results, err
 			// Both proxies' rules, to compare what each leaves in the kernel.
 			path := b.outputPath(proxy, column, "rules.txt")
 			if out, err := b.cluster.Node.Exec("iptables-" + column + "-save"); err != nil {
+				b.logf("saving the rules: %v", err)
+			} else if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+				b.logf("saving the rules: %v", err)
+			}
+		}
+	case modeNFTables:
+		if b.opts.profileDir != "" {
+			path := b.outputPath(proxy, column, "rules.txt")
+			if out, err := b.cluster.Node.Exec("nft", "list", "ruleset"); err != nil {
 				b.logf("saving the rules: %v", err)
 			} else if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
 				b.logf("saving the rules: %v", err)
@@ -286,14 +297,19 @@ func (b *bench) measure(ctx context.Context, proxy, column string) (results, err
 	if err := b.singleChanges(ctx, kp, r); err != nil {
 		return r, err
 	}
-	if b.opts.mode == modeIPVS {
+	switch mode {
+	case modeIPVS:
 		return r, nil
+	case modeNFTables:
+		if err := b.nftFloor(r); err != nil {
+			return r, err
+		}
+	default:
+		if err := b.restoreFloor(framework.IPTablesBackend(column), r); err != nil {
+			return r, err
+		}
 	}
-	backend := framework.IPTablesBackend(column)
-	if err := b.restoreFloor(backend, r); err != nil {
-		return r, err
-	}
-	if err := b.churn(ctx, backend, r); err != nil {
+	if err := b.churn(ctx, column, r); err != nil {
 		return r, err
 	}
 	return r, nil
@@ -311,27 +327,32 @@ func (b *bench) node(ctx context.Context, proxy, column string, profile bool) (s
 	if proxy == upstream {
 		binary = b.cluster.UpstreamKubeProxy()
 	}
-	if b.opts.mode == modeIPVS {
+	mode := columnMode(column)
+	if mode == modeIPVS {
 		g, err := b.bootGuest(ctx, binary, b.cluster.KubeProxyConfig("mode: ipvs\n"+config))
 		if err != nil {
 			return nil, nil, err
 		}
 		return g.startProxy, g.stop, nil
 	}
-	backend := framework.IPTablesBackend(column)
+	// Both modes start from an empty kernel: no nftables table (nft flush
+	// ruleset) and no iptables rule of either backend.
 	if err := b.cluster.Node.ResetIPTables(); err != nil {
 		return nil, nil, err
 	}
-	if err := b.cluster.Node.PreferIPTablesBackend(backend); err != nil {
-		return nil, nil, err
-	}
-	if proxy == upstream {
-		if binary, err = b.upstreamWrapper(backend); err != nil {
+	if mode == modeIPTables {
+		backend := framework.IPTablesBackend(column)
+		if err := b.cluster.Node.PreferIPTablesBackend(backend); err != nil {
 			return nil, nil, err
+		}
+		if proxy == upstream {
+			if binary, err = b.upstreamWrapper(backend); err != nil {
+				return nil, nil, err
+			}
 		}
 	}
 	// Inside a network namespace nf_conntrack_max is read-only: leave it.
-	config = b.cluster.KubeProxyConfig("mode: iptables\n" + config + "conntrack:\n  maxPerCore: 0\n")
+	config = b.cluster.KubeProxyConfig("mode: " + mode + "\n" + config + "conntrack:\n  maxPerCore: 0\n")
 	startProxy = func(name string) (proxyProcess, error) {
 		kp, err := b.cluster.StartKubeProxy(name, binary, config)
 		if err != nil {
@@ -429,6 +450,12 @@ func (b *bench) timedChange(ctx context.Context, kp proxyProcess, change func() 
 		return 0, 0, err
 	}
 	deadline := time.Now().Add(b.opts.cap)
+	// A sync that seemed to start before the write, and until when the
+	// next is awaited.
+	var early struct {
+		own, wall float64
+		until     time.Time
+	}
 	for time.Now().Before(deadline) {
 		s, err := readSyncState(kp)
 		if err == nil && s.lastQueued >= t0 && s.lastSync >= s.lastQueued && s.count > prev.count {
@@ -443,6 +470,18 @@ func (b *bench) timedChange(ctx context.Context, kp proxyProcess, change func() 
 			if s.count > prev.count+1 || s.lastSync-own >= t0 {
 				return own, s.lastSync - t0, nil
 			}
+			// The change queued that next sync, which starts within
+			// minSyncPeriod of this one's start. Unless this one only
+			// seemed early: upstream records its duration some ms after
+			// its timestamp, and v1.36 has no periodic sync (syncPeriod
+			// only paces retries) to come next. Without a
+			// next sync in the time one more would take, this one applied
+			// the change.
+			early.own, early.wall = own, s.lastSync-t0
+			early.until = time.Now().Add(quietBeforeChange + time.Second + time.Duration(3*own*float64(time.Second)))
+		}
+		if !early.until.IsZero() && time.Now().After(early.until) {
+			return early.own, early.wall, nil
 		}
 		if err == nil {
 			prev = s
@@ -451,7 +490,8 @@ func (b *bench) timedChange(ctx context.Context, kp proxyProcess, change func() 
 			return 0, 0, err
 		}
 	}
-	return 0, 0, fmt.Errorf("no sync within %s of a change", b.opts.cap)
+	return 0, 0, fmt.Errorf("no sync within %s of a change written at %.3f: last read queued %.3f, synced %.3f, %.0f syncs",
+		b.opts.cap, t0, prev.lastQueued, prev.lastSync, prev.count)
 }
 
 // waitQuiet waits until every queued change is applied and the last sync
@@ -553,9 +593,38 @@ func (b *bench) restoreFloor(backend framework.IPTablesBackend, r results) error
 	return nil
 }
 
-// pending is one churn change until its KUBE-SEP chain is seen.
+// nftFloor is restoreFloor in mode nftables: the service's chain in table
+// ip kube-proxy, flushed and written again as nft lists it, in one
+// `nft -f -` (median of 5, through ip netns exec too). Each nft process
+// pays for reading the table it writes into, as each of the proxies'
+// transactions does.
+func (b *bench) nftFloor(r results) error {
+	chain := framework.NFTablesServiceChain(framework.DefaultNamespace, serviceName(b.n/2), framework.ServicePortName, "tcp")
+	listed, err := b.cluster.Node.Exec("nft", "list", "chain", "ip", "kube-proxy", chain)
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", chain, err)
+	}
+	input := "flush chain ip kube-proxy " + chain + "\n" + listed
+	var times []float64
+	for range 5 {
+		cmd := b.cluster.Node.Command("nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(input)
+		start := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("rewriting %s alone: %w: %s", chain, err, out)
+		}
+		times = append(times, time.Since(start).Seconds())
+	}
+	r["nftFloor"] = cell{value: quantile(times, 0.5)}
+	b.logf("  floor: %s rewritten alone in %.3f s", chain, r["nftFloor"].value)
+	return nil
+}
+
+// pending is one churn change until its endpoint chain (in mode
+// nftables: its destination in the service's chain) is seen.
 type pending struct {
 	chain   string
+	dest    string // mode nftables
 	written time.Time
 	seen    time.Time
 	dropped bool
@@ -566,8 +635,24 @@ type pending struct {
 // which stays cheap at any table size; on legacy listing even one chain
 // copies the whole table, so one iptables-save answers for all of them (a
 // time is then late by up to one save, about 0.6 s at 10,000 services, for
-// both proxies alike).
-func (b *bench) findChains(backend framework.IPTablesBackend, todo []*pending, found func(*pending)) {
+// both proxies alike). In mode nftables (nft, not nil) the service's
+// chain, whose DNAT map holds the endpoints, is read over netlink
+// (framework.NFTablesReader: `nft list chain` reads every set first, 2.7 s
+// at 10,000 services).
+func (b *bench) findChains(column string, nft *framework.NFTablesReader, todo []*pending, found func(*pending)) {
+	if nft != nil {
+		for _, p := range todo {
+			ok, err := nft.ChainSendsTo(p.chain, p.dest)
+			if err != nil {
+				b.logf("  churn: reading %s: %v", p.chain, err)
+			}
+			if ok {
+				found(p)
+			}
+		}
+		return
+	}
+	backend := framework.IPTablesBackend(column)
 	if backend == framework.IPTablesLegacy && len(todo) > 0 {
 		chains, err := b.cluster.Node.NATChains(backend)
 		if err != nil {
@@ -589,12 +674,21 @@ func (b *bench) findChains(backend framework.IPTablesBackend, todo []*pending, f
 
 // churn changes one endpoint of a different service at a steady rate and
 // times each change from the API write to the new endpoint's KUBE-SEP
-// chain (and so its DNAT rule) appearing in the kernel. A poller checks
+// chain (and so its DNAT rule) appearing in the kernel, in mode nftables
+// to its address and port appearing in the service chain's DNAT map. A poller checks
 // every change not yet seen (see findChains), then sleeps pollInterval: a
 // time is late by up to one round. A change that a later
 // change to the same service replaced before it was seen is left out.
 // The result is not fatal: changes never seen leave p99 as a lower bound.
-func (b *bench) churn(ctx context.Context, backend framework.IPTablesBackend, r results) error {
+func (b *bench) churn(ctx context.Context, column string, r results) error {
+	var nft *framework.NFTablesReader
+	if column == modeNFTables {
+		var err error
+		if nft, err = b.cluster.Node.NFTablesReader(); err != nil {
+			return err
+		}
+		defer nft.Close()
+	}
 	var mu sync.Mutex
 	var all []*pending
 	lastOf := map[int]*pending{}
@@ -613,7 +707,7 @@ func (b *bench) churn(ctx context.Context, backend framework.IPTablesBackend, r 
 				}
 			}
 			mu.Unlock()
-			b.findChains(backend, todo, func(p *pending) {
+			b.findChains(column, nft, todo, func(p *pending) {
 				at := time.Now()
 				mu.Lock()
 				p.seen = at
@@ -633,6 +727,10 @@ func (b *bench) churn(ctx context.Context, backend framework.IPTablesBackend, r 
 		err := b.replaceEndpoint(ctx, i, func(dest string) {
 			p := &pending{chain: framework.EndpointChain(framework.DefaultNamespace, serviceName(i), framework.ServicePortName, "tcp", dest),
 				written: time.Now()}
+			if nft != nil {
+				p.chain = framework.NFTablesServiceChain(framework.DefaultNamespace, serviceName(i), framework.ServicePortName, "tcp")
+				p.dest = dest
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			if prev := lastOf[i]; prev != nil && prev.seen.IsZero() {
@@ -673,6 +771,12 @@ func (b *bench) churn(ctx context.Context, backend framework.IPTablesBackend, r 
 	note := ""
 	if len(latencies) < total {
 		note = fmt.Sprintf("%d of %d seen", len(latencies), total)
+	}
+	for _, p := range all {
+		if p.seen.IsZero() && !p.dropped {
+			b.logf("  churn: never seen, for one: chain %s %s", p.chain, p.dest)
+			break
+		}
 	}
 	if len(latencies) == 0 {
 		r["churnP99"] = cell{value: b.opts.cap.Seconds(), capped: true, note: note}

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
@@ -26,17 +27,43 @@ var rows = []row{
 	{"deleteSync", "service delete: sync duration, median (s)", 3},
 	{"deleteWall", "service delete: API write -> sync done, median (s)", 3},
 	{"restoreFloor", "floor: one service chain rewritten by iptables-restore alone, median (s)", 3},
+	{"nftFloor", "floor: one service chain flushed and rewritten by nft -f alone, median (s)", 3},
 	{"churnP50", "churn: API write -> DNAT rule in the kernel, p50 (s)", 3},
 	{"churnP99", "churn: API write -> DNAT rule in the kernel, p99 (s)", 3},
 	{"peakRSS", "peak RSS, VmHWM (MB)", 0},
 	{"restartPeakRSS", "restart: peak RSS, VmHWM, before any change (MB)", 0},
 	{"steadyRSS", "steady RSS, VmRSS after idling (MB)", 0},
-	{"idleCPU", "CPU while idle, user+system incl. its iptables children (s)", 2},
+	{"idleCPU", "CPU while idle, user+system incl. the commands it runs (s)", 2},
 }
 
-// iptablesRows measure the iptables tools and rules: mode ipvs leaves
-// them out.
-var iptablesRows = map[string]bool{"natRules": true, "restoreFloor": true, "churnP50": true, "churnP99": true}
+// rowModes are the modes that measure a row, for the rows that not every
+// mode measures: those of the iptables tools and rules, of nft's, and the
+// churn, which reads the rules in the node namespace's kernel (not the
+// VM's).
+var rowModes = map[string][]string{
+	"natRules":     {modeIPTables},
+	"restoreFloor": {modeIPTables},
+	"nftFloor":     {modeNFTables},
+	"churnP50":     {modeIPTables, modeNFTables},
+	"churnP99":     {modeIPTables, modeNFTables},
+}
+
+// measured tells whether a mode measures a row.
+func measured(key, mode string) bool {
+	modes, ok := rowModes[key]
+	return !ok || slices.Contains(modes, mode)
+}
+
+// tableRows are the rows that a column of the table measures.
+func tableRows(columns []string) []row {
+	var out []row
+	for _, r := range rows {
+		if slices.ContainsFunc(columns, func(c string) bool { return measured(r.key, columnMode(c)) }) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
 
 // cell is one measured value. capped means the value is a lower bound (a
 // wait hit the cap); note says something about how it was measured.
@@ -76,20 +103,18 @@ func ratio(ours, upstream cell, okOurs, okUpstream bool) string {
 	return r
 }
 
-// writeTable prints a markdown table: a row per measure of the mode, and
-// per column group (an iptables backend, or ipvs) the columns ours,
+// writeTable prints a markdown table: a row per measure of its modes
+// (tableRows; "-" in a column whose mode does not measure it), and per
+// column group (an iptables backend, nftables or ipvs) the columns ours,
 // upstream and ours/upstream.
-func writeTable(w io.Writer, mode string, columns []string, all map[string]map[string]results) {
+func writeTable(w io.Writer, columns []string, all map[string]map[string]results) {
 	header := []string{"measure"}
 	for _, c := range columns {
 		header = append(header, c+": ours", c+": upstream", c+": ours/upstream")
 	}
 	fmt.Fprintln(w, "| "+strings.Join(header, " | ")+" |")
 	fmt.Fprintln(w, "|"+strings.Repeat(" --- |", len(header)))
-	for _, r := range rows {
-		if iptablesRows[r.key] && mode == modeIPVS {
-			continue
-		}
+	for _, r := range tableRows(columns) {
 		line := []string{r.title}
 		for _, c := range columns {
 			o, okO := all[c][ours][r.key]
