@@ -81,6 +81,14 @@ type staleChain struct {
 	failed  bool
 }
 
+// Family is the nftables family of an IP family's table.
+func Family(family v1.IPFamily) knftables.Family {
+	if family == v1.IPv6Protocol {
+		return knftables.IPv6Family
+	}
+	return knftables.IPv4Family
+}
+
 // New returns the nftables mode; proxy.NewCore runs it.
 func New(cfg Config) (*Syncer, error) {
 	if cfg.NFT == nil {
@@ -88,11 +96,7 @@ func New(cfg Config) (*Syncer, error) {
 	}
 	cfg.Params.IPv6 = cfg.Family == v1.IPv6Protocol
 	if cfg.List == nil {
-		family := knftables.IPv4Family
-		if cfg.Params.IPv6 {
-			family = knftables.IPv6Family
-		}
-		cfg.List = listTable(family)
+		cfg.List = listTable(Family(cfg.Family))
 	}
 	if cfg.Generation == nil {
 		cfg.Generation = nfgen.Generation

@@ -21,10 +21,6 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 )
 
-// nftablesTable is the table upstream's nftables mode keeps everything in,
-// in the ip and ip6 families.
-const nftablesTable = "kube-proxy"
-
 // skipKernelCheckEnv, set to anything, lets the nftables mode run on a
 // kernel older than nftablesMinKernel, as upstream's.
 const skipKernelCheckEnv = "KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK"
@@ -69,18 +65,11 @@ func newNFTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy
 // openNFTables opens the family's kube-proxy table, naming what is
 // missing when it cannot.
 func openNFTables(family v1.IPFamily) (knftables.Interface, error) {
-	nft, err := newNFT(nftFamily(family), nftablesTable)
+	nft, err := newNFT(nftables.Family(family), nftables.TableName)
 	if err != nil {
 		return nil, fmt.Errorf("nftables mode needs the nft tool (v1.0.1 or later) and nf_tables in the kernel: %w", err)
 	}
 	return nft, nil
-}
-
-func nftFamily(family v1.IPFamily) knftables.Family {
-	if family == v1.IPv6Protocol {
-		return knftables.IPv6Family
-	}
-	return knftables.IPv4Family
 }
 
 // checkNFTablesKernel is upstream's kernel check: skipped when skip is
@@ -134,7 +123,7 @@ func cleanupNFTables(ctx context.Context) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, family := range []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol} {
-		nft, err := newNFT(nftFamily(family), nftablesTable)
+		nft, err := newNFT(nftables.Family(family), nftables.TableName)
 		if err != nil {
 			// No usable nft: nothing can have written the table either.
 			continue
@@ -142,7 +131,7 @@ func cleanupNFTables(ctx context.Context) ([]string, error) {
 		if _, err := nft.List(ctx, "chains"); knftables.IsNotFound(err) {
 			continue
 		}
-		name := fmt.Sprintf("nftables table %s %s", nftFamily(family), nftablesTable)
+		name := fmt.Sprintf("nftables table %s %s", nftables.Family(family), nftables.TableName)
 		if err := nftables.Cleanup(ctx, nft); err != nil {
 			errs = append(errs, fmt.Errorf("deleting %s: %w", name, err))
 			continue

@@ -21,6 +21,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/internal/sysctl"
 	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
+	"github.com/rapidproxy/rapidproxy/pkg/nftables"
 )
 
 func TestNFTablesKernelCheck(t *testing.T) {
@@ -110,11 +111,11 @@ func TestCleanupNFTablesDeletesBothFamiliesTables(t *testing.T) {
 	orig := newNFT
 	defer func() { newNFT = orig }()
 	fakes := map[knftables.Family]*knftables.Fake{
-		knftables.IPv4Family: knftables.NewFake(knftables.IPv4Family, nftablesTable),
-		knftables.IPv6Family: knftables.NewFake(knftables.IPv6Family, nftablesTable),
+		knftables.IPv4Family: knftables.NewFake(knftables.IPv4Family, nftables.TableName),
+		knftables.IPv6Family: knftables.NewFake(knftables.IPv6Family, nftables.TableName),
 	}
 	newNFT = func(family knftables.Family, table string) (knftables.Interface, error) {
-		if table != nftablesTable {
+		if table != nftables.TableName {
 			t.Errorf("table %q", table)
 		}
 		return fakes[family], nil
