@@ -224,12 +224,7 @@ func (c *Core) OnServiceCIDRs(cidrs []netip.Prefix) {
 			own = append(own, p.Masked())
 		}
 	}
-	slices.SortFunc(own, func(a, b netip.Prefix) int {
-		if n := a.Addr().Compare(b.Addr()); n != 0 {
-			return n
-		}
-		return a.Bits() - b.Bits()
-	})
+	slices.SortFunc(own, netip.Prefix.Compare)
 	own = slices.Compact(own)
 	c.cidrMu.Lock()
 	changed := !slices.Equal(own, c.serviceCIDRs)
