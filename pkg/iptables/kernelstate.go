@@ -77,7 +77,7 @@ func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]ke
 				continue
 			}
 			r := Rule(rest)
-			fingerprint = fnvLine(fingerprint, canonicalRule(r))
+			fingerprint = ruleFingerprint(fingerprint, r)
 			if keepRules(table, chain) {
 				kt.rules[chain] = append(kt.rules[chain], r)
 			}
@@ -99,6 +99,27 @@ func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]ke
 func (kt kernelTable) has(c Chain) bool {
 	_, ok := kt.fingerprints[c]
 	return ok
+}
+
+// claim records that the chain is one of the desired service chains; the
+// service chains nobody claims are stale. Claimed chains are forgotten,
+// rather than listed apart, so that a restart at 10k services holds one
+// set of some 60k chain names, not two.
+func (kt kernelTable) claim(c Chain) {
+	delete(kt.fingerprints, c)
+}
+
+// unclaimedServiceChains are the service chains the table holds that no
+// claim took, in order.
+func (kt kernelTable) unclaimedServiceChains() []Chain {
+	var stale []Chain
+	for c := range kt.fingerprints {
+		if IsServiceChain(c) {
+			stale = append(stale, c)
+		}
+	}
+	slices.Sort(stale)
+	return stale
 }
 
 // holds tells whether the table holds the chain with exactly these rules;

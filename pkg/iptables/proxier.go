@@ -204,7 +204,6 @@ func (p *Syncer) fullSync() error {
 		return err
 	}
 	desired := make(map[state.ServicePortName]appliedService, len(p.state.Services))
-	wanted := map[Chain]bool{}
 	var shared [][]SharedRule
 	for _, name := range p.serviceOrder() {
 		rules, _ := p.rulesFor(name)
@@ -212,10 +211,10 @@ func (p *Syncer) fullSync() error {
 		shared = append(shared, rules.Shared)
 		var differ []OwnChain
 		for _, c := range rules.Chains {
-			wanted[c.Name] = true
 			if !kernel[TableNAT].holds(c) {
 				differ = append(differ, c)
 			}
+			kernel[TableNAT].claim(c.Name)
 		}
 		if err := writer.addService(differ); err != nil {
 			return err
@@ -236,10 +235,8 @@ func (p *Syncer) fullSync() error {
 			diffSharedChain(final, t, kernel[t].rules[want.Name], want, tail)
 		}
 	}
-	for _, c := range slices.Sorted(maps.Keys(kernel[TableNAT].fingerprints)) {
-		if IsServiceChain(c) && !wanted[c] {
-			final.deleteChain(TableNAT, c)
-		}
+	for _, c := range kernel[TableNAT].unclaimedServiceChains() {
+		final.deleteChain(TableNAT, c)
 	}
 	for _, j := range static.Jumps {
 		if !containsRule(kernel[j.Table].rules[j.From], j.Rule) {
@@ -532,8 +529,10 @@ func (p *Syncer) restore(in io.Reader) error {
 }
 
 // splitArgs splits a rule into arguments, unquoting the quoted comments.
-func splitArgs(r Rule) []string {
-	var args []string
+func splitArgs(r Rule) []string { return appendArgs(nil, r) }
+
+// appendArgs appends the arguments of r to args.
+func appendArgs(args []string, r Rule) []string {
 	s := string(r)
 	for len(s) > 0 {
 		s = strings.TrimLeft(s, " ")
@@ -561,6 +560,11 @@ func splitArgs(r Rule) []string {
 // iptables-save quotes it: a backslash escapes the next character (it
 // prints a comment's ' as \', which Go's unquoting rejects).
 func unquoteArg(s string) (arg, rest string, ok bool) {
+	// Most quoted arguments (every rule's comment) escape nothing: those
+	// are returned as they are, without a copy.
+	if end := strings.IndexAny(s[1:], "\"\\"); end >= 0 && s[1+end] == '"' {
+		return s[1 : 1+end], s[2+end:], true
+	}
 	var b strings.Builder
 	for i := 1; i < len(s); i++ {
 		switch s[i] {
