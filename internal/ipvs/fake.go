@@ -191,6 +191,21 @@ func (f *Fake) RealServers(key ipvsmode.VirtualServerKey) ([]ipvsmode.RealServer
 	return rss, nil
 }
 
+func (f *Fake) AllRealServers() (map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("AllRealServers"); err != nil {
+		return nil, err
+	}
+	all := map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer{}
+	for key, s := range f.services {
+		for _, d := range s.sortedDests() {
+			all[key] = append(all[key], *d)
+		}
+	}
+	return all, nil
+}
+
 func (f *Fake) AddRealServer(key ipvsmode.VirtualServerKey, rs ipvsmode.RealServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -41,17 +42,24 @@ func New(ipv6 bool) (*Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	l, err := newLinks(ipv6)
+	proc, err := openProcIPVS()
 	if err != nil {
 		h.Close()
 		return nil, err
 	}
-	return &Kernel{table: table{h: h, ipv6: ipv6}, links: l}, nil
+	l, err := newLinks(ipv6)
+	if err != nil {
+		h.Close()
+		proc.Close()
+		return nil, err
+	}
+	return &Kernel{table: table{h: h, proc: proc, ipv6: ipv6}, links: l}, nil
 }
 
-// Close releases the netlink sockets.
+// Close releases the netlink sockets and the IPVS listing.
 func (k *Kernel) Close() {
 	k.table.h.Close()
+	k.table.proc.Close()
 	k.links.close()
 }
 
@@ -91,6 +99,7 @@ type table struct {
 	// otherwise interleave.
 	mu   sync.Mutex
 	h    *libipvs.Handle
+	proc *os.File // the kernel's listing of virtual and real servers
 	ipv6 bool
 }
 

@@ -224,6 +224,30 @@ func checkIPVSAgainstFake(t *testing.T, ns string, k4, k6 *Kernel) {
 		}
 	}
 
+	// The one read of every virtual server's real servers lists what the
+	// requests one virtual server at a time list, family by family.
+	for _, k := range []*Kernel{k4, k6} {
+		all, err := k.AllRealServers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var servers int
+		for _, vs := range want {
+			if vs.Addr.Is6() != k.table.ipv6 {
+				continue
+			}
+			servers++
+			got := all[vs.VirtualServerKey]
+			slices.SortFunc(got, func(a, b ipvsmode.RealServer) int { return a.AddrPort().Compare(b.AddrPort()) })
+			if wantReals, _ := fake.RealServers(vs.VirtualServerKey); fmt.Sprint(got) != fmt.Sprint(wantReals) {
+				t.Errorf("IPv6 %t: all real servers list %v for %s, the fake %v", k.table.ipv6, got, vs.VirtualServerKey, wantReals)
+			}
+		}
+		if len(all) != servers {
+			t.Errorf("IPv6 %t: all real servers list %d virtual servers, want %d: %v", k.table.ipv6, len(all), servers, all)
+		}
+	}
+
 	// ipvsadm prints services in hash order and pads its columns: the
 	// same lines, without the version line, trailing blanks and order.
 	listing := testutil.InNetns(t, ns, "ipvsadm", "-Ln")

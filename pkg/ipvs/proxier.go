@@ -254,8 +254,16 @@ func (p *Syncer) readKernel() (*kernelObjects, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing IPVS virtual servers: %w", err)
 	}
+	reals, err := k.AllRealServers()
+	if err != nil {
+		return nil, fmt.Errorf("listing IPVS real servers: %w", err)
+	}
 	for _, vs := range servers {
 		current.servers[vs.VirtualServerKey] = vs
+		current.reals[vs.VirtualServerKey] = map[netip.AddrPort]RealServer{}
+		for _, rs := range reals[vs.VirtualServerKey] {
+			current.reals[vs.VirtualServerKey][rs.AddrPort()] = rs
+		}
 	}
 	bound, err := k.BoundAddresses()
 	if err != nil {
@@ -282,7 +290,7 @@ func (p *Syncer) readKernel() (*kernelObjects, error) {
 }
 
 // realsOf lists a virtual server's real servers, from what a full sync
-// read or from the kernel.
+// read or else from the kernel.
 func (w *write) realsOf(key VirtualServerKey) (map[netip.AddrPort]RealServer, error) {
 	if w.kernel != nil {
 		if reals, ok := w.kernel.reals[key]; ok {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -254,9 +255,10 @@ func TestRestartOverStateInPlaceChangesNothing(t *testing.T) {
 	second, _ := n.proxier(t)
 	feedServices(second)
 	sync(t, second)
+	// Each read is one call, whatever the number of virtual servers.
+	reads := []string{"VirtualServers", "AllRealServers", "BoundAddresses", "NodeAddresses", "SetEntries"}
 	for method, count := range n.kernel.Calls() {
-		if !strings.HasPrefix(method, "Ensure") && method != "VirtualServers" && method != "RealServers" &&
-			method != "BoundAddresses" && method != "NodeAddresses" && method != "SetEntries" {
+		if !strings.HasPrefix(method, "Ensure") && (!slices.Contains(reads, method) || count > 1) {
 			t.Errorf("the restart called %s %d times", method, count)
 		}
 	}

@@ -1,0 +1,70 @@
+package ipvs
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
+)
+
+// procListing is /proc/net/ip_vs as Linux 6.12 prints it, with a virtual
+// server of every kind the parser must read or skip.
+const procListing = `IP Virtual Server version 1.2.1 (size=4096)
+Prot LocalAddress:Port Scheduler Flags
+  -> RemoteAddress:Port Forward Weight ActiveConn InActConn
+TCP  0A600001:0050 rr 
+  -> 0AF40006:1F90      Masq    0      3          1         
+  -> 0AF40005:1F90      Masq    1      0          0         
+UDP  0A60000A:0035 rr persistent 10800 FFFFFFFF
+  -> 0AF40014:0035      Masq    1      0          2         
+SCTP  0A600003:0009 mh 
+TCP  [fd00:0000:0000:0000:0000:0000:0000:0001]:0050 rr 
+  -> [fd00:0244:0000:0000:0000:0000:0000:0005]:1F90      Masq    1      0          0         
+FWM  00000001 rr 
+  -> 0AF40007:0050      Masq    1      0          0         
+AH  0A600004:0000 rr 
+  -> 0AF40008:0000      Masq    1      0          0         
+`
+
+func TestProcListingIsRead(t *testing.T) {
+	for _, tc := range []struct {
+		ipv6 bool
+		want string
+	}{
+		{false, "10.96.0.1:80/TCP: [{10.244.0.6 8080 0 3 1} {10.244.0.5 8080 1 0 0}]\n" +
+			"10.96.0.10:53/UDP: [{10.244.0.20 53 1 0 2}]\n" +
+			"10.96.0.3:9/SCTP: []\n"},
+		{true, "[fd00::1]:80/TCP: [{fd00:244::5 8080 1 0 0}]\n"},
+	} {
+		all, err := parseProcIPVS(strings.NewReader(procListing), tc.ipv6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got strings.Builder
+		for _, key := range []ipvsmode.VirtualServerKey{
+			vsKey("10.96.0.1:80", "TCP"), vsKey("10.96.0.10:53", "UDP"), vsKey("10.96.0.3:9", "SCTP"), vsKey("[fd00::1]:80", "TCP"),
+		} {
+			if reals, ok := all[key]; ok {
+				fmt.Fprintf(&got, "%s: %v\n", key, reals)
+			}
+		}
+		if got.String() != tc.want || len(all) != strings.Count(tc.want, "\n") {
+			t.Errorf("IPv6 %t: read\n%s(%d virtual servers), want\n%s", tc.ipv6, got.String(), len(all), tc.want)
+		}
+	}
+}
+
+func TestProcListingErrorsNameTheLine(t *testing.T) {
+	for _, bad := range []string{
+		"TCP  0A6000:0050 rr\n",
+		"TCP  0A600001:0050 rr\n  -> 0AF40005:1F90 Masq one 0 0\n",
+		"TCP  0A600001:0050 rr\n  -> 0AF40005:1F90 Masq\n",
+		"UDP  [fd00::zz]:0035 rr\n",
+	} {
+		_, err := parseProcIPVS(strings.NewReader("h\nh\nh\n"+bad), false)
+		if err == nil || !strings.Contains(err.Error(), "line ") {
+			t.Errorf("%q: error %v, want one naming the line", bad, err)
+		}
+	}
+}
