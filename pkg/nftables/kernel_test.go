@@ -137,7 +137,8 @@ func TestKernelSyncs(t *testing.T) {
 	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.11"), ep("10.244.1.12", "node=node-2"), ep("10.244.1.15")))
 	n := len(k.txs)
 	h.partial()
-	if len(k.txs) != n+1 || len(operations(k.txs[n])) != 5 {
+	// Two chains flushed, their five rules, the hairpin element.
+	if len(k.txs) != n+1 || len(operations(k.txs[n])) != 8 {
 		t.Errorf("one endpoint change wrote:\n%s", strings.Join(k.txs[n:], "\n"))
 	}
 	compareWithFresh(t, h, params)

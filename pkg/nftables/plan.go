@@ -51,6 +51,10 @@ const (
 type Chain struct {
 	knftables.Chain
 	Rules []string
+	// Upstream are the rules upstream writes for the same thing where
+	// ours differ (see spread): a chain the kernel holds with them is left
+	// as it is, so that taking over from upstream rewrites nothing.
+	Upstream []string
 }
 
 // Layout is what every sync keeps in place whatever the services: the
@@ -322,19 +326,26 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, sel state.Selection) Ser
 	policyChain := func(name string, eps []*state.Endpoint) {
 		c := chain(name)
 		if !affinity {
-			m := make([]string, len(eps))
+			dnats, mapped := make([]string, len(eps)), make([]string, len(eps))
 			for i, ep := range eps {
-				m[i] = itoa(int32(i)) + " : " + ep.IP.String() + " . " + itoa(ep.Port)
+				dnats[i] = "dnat to " + ep.String()
+				mapped[i] = ep.IP.String() + " . " + itoa(ep.Port)
 			}
-			c.Rules = []string{"meta l4proto " + proto + " dnat " + ip + " to numgen random mod " + itoa(int32(len(eps))) + " map { " + strings.Join(m, ", ") + " }"}
+			c.Rules, c.Upstream = spread("meta l4proto "+proto+" ", dnats,
+				"meta l4proto "+proto+" dnat "+ip+" to numgen random mod %d map { %s }", mapped)
 		} else {
-			m := make([]string, len(eps))
+			var checks []string
+			gotos := make([]string, len(eps))
 			for i, ep := range eps {
 				b := endpointBase(svc.Name, ep)
-				c.Rules = append(c.Rules, ip+" saddr @"+prefixAffinity+b+" goto "+prefixEndpoint+b)
-				m[i] = itoa(int32(i)) + " : goto " + prefixEndpoint + b
+				checks = append(checks, ip+" saddr @"+prefixAffinity+b+" goto "+prefixEndpoint+b)
+				gotos[i] = "goto " + prefixEndpoint + b
 			}
-			c.Rules = append(c.Rules, "numgen random mod "+itoa(int32(len(eps)))+" vmap { "+strings.Join(m, ", ")+" }")
+			rules, upstream := spread("", gotos, "numgen random mod %d vmap { %s }", gotos)
+			c.Rules = append(slices.Clip(checks), rules...)
+			if upstream != nil {
+				c.Upstream = append(checks, upstream...)
+			}
 		}
 		out.Chains = append(out.Chains, c)
 	}
@@ -355,6 +366,38 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, sel state.Selection) Ser
 		}
 	}
 	return out
+}
+
+// cascadeLimit is the most endpoints spread spreads over with a cascade
+// of rules.
+const cascadeLimit = 32
+
+// spread sends each new connection to one of the actions, each as likely:
+// up to cascadeLimit actions, with a cascade of rules, each taking its
+// share of what is left ("numgen random mod 3 0" a third, the next rule
+// half of the rest, the last all of it), as the iptables mode does. Above
+// it, and always in upstream's rules (returned as upstream, or nil when
+// the same), one rule maps a random number to the action through an
+// anonymous map (mapRule, with the count and the "0 : x, 1 : y" entries
+// of mapped). Each anonymous map costs the kernel a scan of every set in
+// the table to name it: 10k services made upstream's first sync
+// quadratic, 18 s of kernel time where the cascade takes about 1 s.
+func spread(prefix string, actions []string, mapRule string, mapped []string) (rules, upstream []string) {
+	entries := make([]string, len(mapped))
+	for i, m := range mapped {
+		entries[i] = itoa(int32(i)) + " : " + m
+	}
+	viaMap := []string{fmt.Sprintf(mapRule, len(mapped), strings.Join(entries, ", "))}
+	if len(actions) > cascadeLimit {
+		return viaMap, nil
+	}
+	for i, a := range actions {
+		if left := len(actions) - i; left > 1 {
+			a = "numgen random mod " + itoa(int32(left)) + " 0 " + a
+		}
+		rules = append(rules, prefix+a)
+	}
+	return rules, viaMap
 }
 
 // addressSet writes prefixes as nft lists them back: one address or

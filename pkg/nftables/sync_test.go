@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"os"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -86,8 +88,8 @@ func TestTakeoverFromUpstreamWritesNothing(t *testing.T) {
 	requireNoTransaction(t, h, 0)
 }
 
-// One endpoint change rewrites that service port's chain and elements,
-// nothing else: one flush, one rule, the hairpin element.
+// One endpoint change rewrites that service port's chains and elements,
+// nothing else: their flushes and rules, the hairpin element.
 func TestEndpointChangeWritesOnlyItsService(t *testing.T) {
 	h := sampleHarness(t)
 	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.11"), ep("10.244.1.12", "node=node-2"), ep("10.244.1.15")))
@@ -95,8 +97,11 @@ func TestEndpointChangeWritesOnlyItsService(t *testing.T) {
 	want := []string{
 		"flush chain ip kube-proxy service-JVAD2WNX-hx-conf/fid-b/tcp/http",
 		"flush chain ip kube-proxy local-JVAD2WNX-hx-conf/fid-b/tcp/http",
-		"add rule ip kube-proxy service-JVAD2WNX-hx-conf/fid-b/tcp/http meta l4proto tcp dnat ip to numgen random mod 3 map { 0 : 10.244.1.11 . 8080, 1 : 10.244.1.12 . 8080, 2 : 10.244.1.15 . 8080 }",
-		"add rule ip kube-proxy local-JVAD2WNX-hx-conf/fid-b/tcp/http meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.1.11 . 8080, 1 : 10.244.1.15 . 8080 }",
+		"add rule ip kube-proxy service-JVAD2WNX-hx-conf/fid-b/tcp/http meta l4proto tcp numgen random mod 3 0 dnat to 10.244.1.11:8080",
+		"add rule ip kube-proxy service-JVAD2WNX-hx-conf/fid-b/tcp/http meta l4proto tcp numgen random mod 2 0 dnat to 10.244.1.12:8080",
+		"add rule ip kube-proxy service-JVAD2WNX-hx-conf/fid-b/tcp/http meta l4proto tcp dnat to 10.244.1.15:8080",
+		"add rule ip kube-proxy local-JVAD2WNX-hx-conf/fid-b/tcp/http meta l4proto tcp numgen random mod 2 0 dnat to 10.244.1.11:8080",
+		"add rule ip kube-proxy local-JVAD2WNX-hx-conf/fid-b/tcp/http meta l4proto tcp dnat to 10.244.1.15:8080",
 		"add element ip kube-proxy hairpin-connections { 10.244.1.15 . 10.244.1.15 . tcp . 8080 }",
 	}
 	requireTransaction(t, h, want)
@@ -502,3 +507,25 @@ func requireReachableChainsComplete(t *testing.T, h *harness, before, final *tab
 }
 
 func sameRulesAs(c, other *Chain) bool { return other != nil && sameRules(c.Rules, other.Rules) }
+
+// Up to cascadeLimit endpoints, connections are spread by a cascade of
+// rules, with upstream's map rule as the equivalent; above it by the map
+// rule alone.
+func TestSpread(t *testing.T) {
+	targets := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = "goto e" + strconv.Itoa(i)
+		}
+		return out
+	}
+	rules, upstream := spread("p ", targets(3), "numgen random mod %d vmap { %s }", targets(3))
+	want := []string{"p numgen random mod 3 0 goto e0", "p numgen random mod 2 0 goto e1", "p goto e2"}
+	if !slices.Equal(rules, want) || !slices.Equal(upstream, []string{"numgen random mod 3 vmap { 0 : goto e0, 1 : goto e1, 2 : goto e2 }"}) {
+		t.Errorf("3 targets: rules %q, upstream %q", rules, upstream)
+	}
+	rules, upstream = spread("p ", targets(cascadeLimit+1), "numgen random mod %d vmap { %s }", targets(cascadeLimit+1))
+	if len(rules) != 1 || !strings.HasPrefix(rules[0], "numgen random mod 33 vmap { 0 : goto e0, ") || upstream != nil {
+		t.Errorf("%d targets: rules %q, upstream %q", cascadeLimit+1, rules, upstream)
+	}
+}

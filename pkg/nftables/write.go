@@ -126,7 +126,7 @@ func (w *write) chain(c Chain) {
 		// A base chain's hook or priority cannot be changed in place.
 		w.deleteChains = append(w.deleteChains, &knftables.Chain{Name: c.Name})
 		w.readd = append(w.readd, &add)
-	case !w.force && sameRules(have.Rules, c.Rules):
+	case !w.force && (sameRules(have.Rules, c.Rules) || c.Upstream != nil && sameRules(have.Rules, c.Upstream)):
 		return
 	default:
 		w.flushes = append(w.flushes, &knftables.Chain{Name: c.Name})
