@@ -15,13 +15,16 @@ import (
 // address and protocol matches to the front, adds /32, default options and
 // quotes, and prints marks and probabilities its own way; all of that is
 // undone here. A form this does not know only costs a needless rewrite.
+// The canonical form is itself a rule meaning the same (in iptables-save's
+// order, options sorted, quoted where needed), so it is its own canonical
+// form.
 func canonicalRule(r Rule) string {
 	args := splitArgs(r)
 	// Every call allocates as little as it can: a full sync at 10k
 	// services puts some 340k rules through here. Blocks and options are
 	// index ranges into shared slices, option values sub-slices of args.
 	var header [len(headerFlags)]string
-	var headerSet [len(headerFlags)]bool
+	var headerSet, headerNegated [len(headerFlags)]bool
 	blocks := make([]ruleBlock, 0, 8)
 	options := make([]ruleOption, 0, 16)
 	negate := false
@@ -34,10 +37,6 @@ func canonicalRule(r Rule) string {
 			}
 			return ""
 		}
-		not := ""
-		if negate {
-			not = "!"
-		}
 		short := shortFlags[a]
 		switch {
 		case a == "!":
@@ -45,10 +44,10 @@ func canonicalRule(r Rule) string {
 			continue
 		case short == "-s" || short == "-d":
 			h := headerIndex(short)
-			header[h], headerSet[h] = not+canonicalPrefix(value()), true
+			header[h], headerSet[h], headerNegated[h] = canonicalPrefix(value()), true, negate
 		case short == "-p" || short == "-i" || short == "-o":
 			h := headerIndex(short)
-			header[h], headerSet[h] = not+value(), true
+			header[h], headerSet[h], headerNegated[h] = value(), true, negate
 		case short == "-m" || short == "-j" || short == "-g":
 			blocks = append(blocks, ruleBlock{kind: short, name: value(), from: len(options), to: len(options)})
 		case strings.HasPrefix(a, "--"):
@@ -69,31 +68,52 @@ func canonicalRule(r Rule) string {
 
 	var b strings.Builder
 	b.Grow(len(r) + 16)
+	word := func(w string) {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(w)
+	}
 	for h, flag := range headerFlags {
 		if headerSet[h] {
-			b.WriteString(flag)
-			b.WriteByte('=')
-			b.WriteString(header[h])
-			b.WriteByte(' ')
+			if headerNegated[h] {
+				word("!")
+			}
+			word(flag)
+			word(quoteArg(header[h]))
 		}
 	}
 	for _, blk := range blocks {
-		b.WriteByte('|')
-		b.WriteString(blk.kind)
-		b.WriteByte(' ')
-		b.WriteString(blk.name)
+		word(blk.kind)
+		word(quoteArg(blk.name))
 		for _, o := range blk.normalize(options[blk.from:blk.to]) {
-			b.WriteByte(' ')
 			if o.negated {
-				b.WriteByte('!')
+				word("!")
 			}
-			b.WriteString(o.name)
+			word(quoteArg(o.name))
 			for _, v := range o.values {
-				b.WriteByte('=')
-				b.WriteString(v)
+				word(quoteArg(v))
 			}
 		}
 	}
+	return b.String()
+}
+
+// quoteArg quotes an argument where splitArgs would not read it back as
+// one: empty, with a space, or starting with a quote.
+func quoteArg(a string) string {
+	if a != "" && !strings.Contains(a, " ") && a[0] != '"' {
+		return a
+	}
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(a); i++ {
+		if a[i] == '"' || a[i] == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(a[i])
+	}
+	b.WriteByte('"')
 	return b.String()
 }
 
@@ -145,9 +165,10 @@ func (blk ruleBlock) normalize(options []ruleOption) []ruleOption {
 			(o.values[0] == "icmp-port-unreachable" || o.values[0] == "icmp6-port-unreachable"):
 			continue
 		case blk.name == "statistic" && o.name == "--probability" && len(o.values) == 1:
-			// The kernel keeps the probability as a fraction of 2^31.
+			// The kernel keeps the probability as a fraction of 2^31:
+			// the probability it holds, exactly.
 			if p, err := strconv.ParseFloat(o.values[0], 64); err == nil {
-				o.values[0] = strconv.FormatInt(int64(math.Round(p*(1<<31))), 10)
+				o.values[0] = strconv.FormatFloat(math.Round(p*(1<<31))/(1<<31), 'g', -1, 64)
 			}
 		case blk.name == "MARK" && (o.name == "--or-mark" || o.name == "--xor-mark") && len(o.values) == 1:
 			mask := o.values[0]
@@ -158,7 +179,7 @@ func (blk ruleBlock) normalize(options []ruleOption) []ruleOption {
 		}
 		kept = append(kept, o)
 	}
-	slices.SortFunc(kept, func(a, b ruleOption) int { return strings.Compare(a.name, b.name) })
+	slices.SortStableFunc(kept, func(a, b ruleOption) int { return strings.Compare(a.name, b.name) })
 	return kept
 }
 
@@ -166,7 +187,8 @@ func (blk ruleBlock) normalize(options []ruleOption) []ruleOption {
 // with a prefix length, host bits cleared.
 func canonicalPrefix(s string) string {
 	if !strings.Contains(s, "/") {
-		if a, err := netip.ParseAddr(s); err == nil {
+		// (An address with a zone has no prefix.)
+		if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
 			return netip.PrefixFrom(a, a.BitLen()).String()
 		}
 		return s
