@@ -195,6 +195,13 @@ func Cases() []Case {
 		{Name: "huge-names", Skipped: "bad/" + strings.Repeat("n", 300), Objects: objects(
 			service(strings.Repeat("n", 300), nil),
 			slice(strings.Repeat("n", 300), "huge-1", discovery.AddressTypeIPv4, port("http", 8080), ready))},
+		{Name: "longest-valid-names", Objects: inNamespace(strings.Repeat("s", 63), objects(
+			service(strings.Repeat("n", 63), func(s *v1.Service) {
+				s.Spec.Type = v1.ServiceTypeNodePort
+				s.Spec.ExternalTrafficPolicy = v1.ServiceExternalTrafficPolicyLocal
+				s.Spec.Ports[0].Name, s.Spec.Ports[0].NodePort = strings.Repeat("p", 15), 30999
+			}),
+			slice(strings.Repeat("n", 63), "longest-1", discovery.AddressTypeIPv4, port(strings.Repeat("p", 15), 8080), ready)))},
 		{Name: "huge-namespace", Skipped: strings.Repeat("s", 300) + "/svc", Objects: objects(
 			inNamespace(strings.Repeat("s", 300), service("svc", nil)))},
 		{Name: "huge-port-name", Skipped: "bad/long-port", Objects: objects(
