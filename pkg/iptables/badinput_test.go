@@ -12,14 +12,17 @@ import (
 	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
 )
 
-// failureKernel records every restore the kernel refuses: a failed
-// partial sync is otherwise hidden by the full sync that follows it.
+// failureKernel counts restores and records every one the kernel
+// refuses: a failed partial sync is otherwise hidden by the full sync
+// that follows it.
 type failureKernel struct {
 	Kernel
+	restores int
 	failures []error
 }
 
 func (k *failureKernel) Restore(input io.Reader) error {
+	k.restores++
 	err := k.Kernel.Restore(input)
 	if err != nil {
 		k.failures = append(k.failures, err)
@@ -29,8 +32,9 @@ func (k *failureKernel) Restore(input io.Reader) error {
 
 // Every kind of bad object next to good services, through the real
 // iptables-restore of each backend and family: a partial sync adding
-// them all and a restart's full sync over them are never refused, and the
-// good services' chains are in the kernel as they would be alone.
+// them all and a restart's full sync over them are never refused, the
+// restart writes nothing, and the good services' chains are in the kernel
+// as they would be alone.
 func TestBadObjectsNeverBreakTheRestore(t *testing.T) {
 	if !runInNetns(t) {
 		return
@@ -57,8 +61,12 @@ func TestBadObjectsNeverBreakTheRestore(t *testing.T) {
 			t.Fatalf("%s %s: adding the bad objects: %v %v", backend, family, err, kernel.failures)
 		}
 		restarted := objectsProxier(t, family, kernel, nfacct, append([]badinput.Objects{badinput.Good()}, bad...)...)
+		before := kernel.restores
 		if err := restarted.sync(); err != nil || len(kernel.failures) > 0 {
 			t.Fatalf("%s %s: a restart over them: %v %v", backend, family, err, kernel.failures)
+		}
+		if kernel.restores != before {
+			t.Errorf("%s %s: a restart over the bad objects wrote %d restores, want none", backend, family, kernel.restores-before)
 		}
 
 		saved := savedChains(t, savedText(t, kernel))
