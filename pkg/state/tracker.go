@@ -69,7 +69,7 @@ func (t *Tracker) OnService(name types.NamespacedName, svc *v1.Service) {
 func (t *Tracker) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) {
 	service := slice.Labels[discovery.LabelServiceName]
 	usable := !deleted && service != "" && t.sliceFamilyMatches(slice.AddressType)
-	if !deleted && usable {
+	if usable {
 		if errs := validation.IsDNS1123Label(service); len(errs) > 0 {
 			t.logger.Info("Skipping EndpointSlice", "endpointSlice", klog.KObj(slice), "reason", fmt.Sprintf("service name %q: %s", clip(service), errs[0]))
 			usable = false
