@@ -68,11 +68,24 @@ func canonicalRule(r Rule) string {
 
 	var b strings.Builder
 	b.Grow(len(r) + 16)
+	// word writes one argument, quoted where splitArgs would not read it
+	// back as one: empty, with a space, or starting with a quote.
 	word := func(w string) {
 		if b.Len() > 0 {
 			b.WriteByte(' ')
 		}
-		b.WriteString(w)
+		if w != "" && !strings.Contains(w, " ") && w[0] != '"' {
+			b.WriteString(w)
+			return
+		}
+		b.WriteByte('"')
+		for i := 0; i < len(w); i++ {
+			if w[i] == '"' || w[i] == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(w[i])
+		}
+		b.WriteByte('"')
 	}
 	for h, flag := range headerFlags {
 		if headerSet[h] {
@@ -80,40 +93,22 @@ func canonicalRule(r Rule) string {
 				word("!")
 			}
 			word(flag)
-			word(quoteArg(header[h]))
+			word(header[h])
 		}
 	}
 	for _, blk := range blocks {
 		word(blk.kind)
-		word(quoteArg(blk.name))
+		word(blk.name)
 		for _, o := range blk.normalize(options[blk.from:blk.to]) {
 			if o.negated {
 				word("!")
 			}
-			word(quoteArg(o.name))
+			word(o.name)
 			for _, v := range o.values {
-				word(quoteArg(v))
+				word(v)
 			}
 		}
 	}
-	return b.String()
-}
-
-// quoteArg quotes an argument where splitArgs would not read it back as
-// one: empty, with a space, or starting with a quote.
-func quoteArg(a string) string {
-	if a != "" && !strings.Contains(a, " ") && a[0] != '"' {
-		return a
-	}
-	var b strings.Builder
-	b.WriteByte('"')
-	for i := 0; i < len(a); i++ {
-		if a[i] == '"' || a[i] == '\\' {
-			b.WriteByte('\\')
-		}
-		b.WriteByte(a[i])
-	}
-	b.WriteByte('"')
 	return b.String()
 }
 

@@ -214,7 +214,13 @@ func addrsOfFamily(ips []string, family v1.IPFamily) []netip.Addr {
 // parseAddr parses an address the way the API server validated it, which
 // accepts IPv4 with leading zeros; the zero Addr means not an address.
 func parseAddr(s string) netip.Addr {
-	ip := netutils.ParseIPSloppy(strings.TrimSpace(s))
+	s = strings.TrimSpace(s)
+	// The strict parser first: it allocates nothing (an address with a
+	// zone is no address here).
+	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
+		return a.Unmap()
+	}
+	ip := netutils.ParseIPSloppy(s)
 	if ip == nil {
 		return netip.Addr{}
 	}

@@ -214,7 +214,11 @@ func (t *Tracker) Apply(st *State) Changes {
 	for name, svc := range services {
 		ports, problems := servicePorts(svc, t.family)
 		for _, problem := range problems {
-			t.logger.Info("Skipping Service", "service", name, "reason", problem)
+			msg := "Skipping Service port"
+			if ports == nil {
+				msg = "Skipping Service"
+			}
+			t.logger.Info(msg, "service", name, "reason", problem)
 		}
 		st.replaceService(name, ports, &ch)
 	}
