@@ -16,7 +16,7 @@ export CGO_ENABLED           := 0
 # The upstream tools' directory, known once `tools` has run (it prints it last).
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools test test-ipvs unit lint demo demo-shell bench clean
+.PHONY: all build deps tools test test-ipvs unit fuzz lint demo demo-shell bench clean
 
 all: build
 
@@ -32,9 +32,11 @@ deps:
 tools:
 	hack/build-tools.sh
 
-# Every test: unit tests and the end-to-end tests against a real API server and kernel.
+# Every test: unit tests and the end-to-end tests against a real API server and kernel,
+# then every fuzz target for a while.
 test: deps build tools
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(GO) test -count=1 -timeout 70m ./...
+	$(MAKE) fuzz
 
 # The IPVS tests, in a VM booting Debian's kernel (test/vm, internal/ipvs): this machine's
 # kernel may lack IPVS.
@@ -44,6 +46,19 @@ test-ipvs: deps build tools
 # Unit tests only: no root, no cluster.
 unit:
 	$(GO) test -short ./...
+
+# Every fuzz target (each func FuzzX in a _test.go file) for FUZZTIME, one at a time: go test
+# fuzzes one target per package per run. A new interesting input is minimized for at most 2 s
+# (the default 60 s would take a short run's whole time). A crasher lands in the package's
+# testdata/fuzz/FuzzX, where it stays as a seed once fixed.
+FUZZTIME ?= 10s
+fuzz:
+	@set -e; for file in $$(grep -rlE '^func Fuzz' --include='*_test.go' pkg internal cmd); do \
+		for target in $$(sed -nE 's/^func (Fuzz[A-Za-z0-9_]*)\(.*/\1/p' $$file); do \
+			echo "$$target in ./$$(dirname $$file) for $(FUZZTIME)"; \
+			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./$$(dirname $$file); \
+		done; \
+	done
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -16,6 +16,9 @@ import (
 // address and protocol matches to the front, adds /32, default options and
 // quotes, and prints marks and probabilities its own way; all of that is
 // undone here. A form this does not know only costs a needless rewrite.
+// The canonical form is itself a rule meaning the same (in iptables-save's
+// order, options sorted, quoted where needed), so it is its own canonical
+// form.
 func canonicalRule(r Rule) string {
 	c := canonicalizers.Get().(*canonicalizer)
 	defer canonicalizers.Put(c)
@@ -48,7 +51,7 @@ func (c *canonicalizer) rule(r Rule) []byte {
 	c.args = appendArgs(c.args[:0], r)
 	args := c.args
 	var header [len(headerFlags)]string
-	var headerSet [len(headerFlags)]bool
+	var headerSet, headerNegated [len(headerFlags)]bool
 	blocks := c.blocks[:0]
 	options := c.options[:0]
 	negate := false
@@ -61,10 +64,6 @@ func (c *canonicalizer) rule(r Rule) []byte {
 			}
 			return ""
 		}
-		not := ""
-		if negate {
-			not = "!"
-		}
 		short := shortFlags[a]
 		switch {
 		case a == "!":
@@ -72,10 +71,10 @@ func (c *canonicalizer) rule(r Rule) []byte {
 			continue
 		case short == "-s" || short == "-d":
 			h := headerIndex(short)
-			header[h], headerSet[h] = not+canonicalPrefix(value()), true
+			header[h], headerSet[h], headerNegated[h] = canonicalPrefix(value()), true, negate
 		case short == "-p" || short == "-i" || short == "-o":
 			h := headerIndex(short)
-			header[h], headerSet[h] = not+value(), true
+			header[h], headerSet[h], headerNegated[h] = value(), true, negate
 		case short == "-m" || short == "-j" || short == "-g":
 			blocks = append(blocks, ruleBlock{kind: short, name: value(), from: len(options), to: len(options)})
 		case strings.HasPrefix(a, "--"):
@@ -97,28 +96,44 @@ func (c *canonicalizer) rule(r Rule) []byte {
 	c.blocks, c.options = blocks, options
 
 	b := c.out[:0]
+	// word writes one argument, quoted where splitArgs would not read it
+	// back as one: empty, with a space, or starting with a quote.
+	word := func(w string) {
+		if len(b) > 0 {
+			b = append(b, ' ')
+		}
+		if w != "" && !strings.Contains(w, " ") && w[0] != '"' {
+			b = append(b, w...)
+			return
+		}
+		b = append(b, '"')
+		for i := 0; i < len(w); i++ {
+			if w[i] == '"' || w[i] == '\\' {
+				b = append(b, '\\')
+			}
+			b = append(b, w[i])
+		}
+		b = append(b, '"')
+	}
 	for h, flag := range headerFlags {
 		if headerSet[h] {
-			b = append(b, flag...)
-			b = append(b, '=')
-			b = append(b, header[h]...)
-			b = append(b, ' ')
+			if headerNegated[h] {
+				word("!")
+			}
+			word(flag)
+			word(header[h])
 		}
 	}
 	for _, blk := range blocks {
-		b = append(b, '|')
-		b = append(b, blk.kind...)
-		b = append(b, ' ')
-		b = append(b, blk.name...)
+		word(blk.kind)
+		word(blk.name)
 		for _, o := range blk.normalize(options[blk.from:blk.to]) {
-			b = append(b, ' ')
 			if o.negated {
-				b = append(b, '!')
+				word("!")
 			}
-			b = append(b, o.name...)
+			word(o.name)
 			for _, v := range o.values {
-				b = append(b, '=')
-				b = append(b, v...)
+				word(v)
 			}
 		}
 	}
@@ -174,9 +189,10 @@ func (blk ruleBlock) normalize(options []ruleOption) []ruleOption {
 			(o.values[0] == "icmp-port-unreachable" || o.values[0] == "icmp6-port-unreachable"):
 			continue
 		case blk.name == "statistic" && o.name == "--probability" && len(o.values) == 1:
-			// The kernel keeps the probability as a fraction of 2^31.
+			// The kernel keeps the probability as a fraction of 2^31:
+			// the probability it holds, exactly.
 			if p, err := strconv.ParseFloat(o.values[0], 64); err == nil {
-				o.values[0] = strconv.FormatInt(int64(math.Round(p*(1<<31))), 10)
+				o.values[0] = strconv.FormatFloat(math.Round(p*(1<<31))/(1<<31), 'g', -1, 64)
 			}
 		case blk.name == "MARK" && (o.name == "--or-mark" || o.name == "--xor-mark") && len(o.values) == 1:
 			mask := o.values[0]
@@ -187,7 +203,7 @@ func (blk ruleBlock) normalize(options []ruleOption) []ruleOption {
 		}
 		kept = append(kept, o)
 	}
-	slices.SortFunc(kept, func(a, b ruleOption) int { return strings.Compare(a.name, b.name) })
+	slices.SortStableFunc(kept, func(a, b ruleOption) int { return strings.Compare(a.name, b.name) })
 	return kept
 }
 
@@ -195,7 +211,8 @@ func (blk ruleBlock) normalize(options []ruleOption) []ruleOption {
 // with a prefix length, host bits cleared.
 func canonicalPrefix(s string) string {
 	if !strings.Contains(s, "/") {
-		if a, err := netip.ParseAddr(s); err == nil {
+		// (An address with a zone has no prefix.)
+		if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
 			return netip.PrefixFrom(a, a.BitLen()).String()
 		}
 		return s

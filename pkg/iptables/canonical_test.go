@@ -52,8 +52,12 @@ var savedForms = []struct{ written, saved string }{
 
 func TestCanonicalRuleUndoesSaveFormatting(t *testing.T) {
 	for _, tc := range savedForms {
-		if w, s := canonicalRule(Rule(tc.written)), canonicalRule(Rule(tc.saved)); w != s {
+		w, s := canonicalRule(Rule(tc.written)), canonicalRule(Rule(tc.saved))
+		if w != s {
 			t.Errorf("written and saved forms differ:\n %s\n %s\nas\n %s\n %s", tc.written, tc.saved, w, s)
+		}
+		if again := canonicalRule(Rule(w)); again != w {
+			t.Errorf("the canonical form is not its own:\n %s\n %s", w, again)
 		}
 	}
 }

@@ -59,6 +59,8 @@ func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]ke
 			table = Table(line[1:])
 			kt = newKernelTable()
 			tables[table] = kt
+		case kt.fingerprints == nil:
+			// Before any table: not iptables-save's output, nothing to read.
 		case len(line) > 1 && line[0] == ':':
 			if i := bytes.IndexByte(line, ' '); i > 1 {
 				kt.fingerprints[Chain(line[1:i])] = fnvOffset

@@ -222,6 +222,9 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, sel state.Selection) Ser
 			e.Set = container
 		}
 		if cmt != "" {
+			// nft refuses a longer comment, failing the whole transaction:
+			// "ns/name:port" of valid names may reach 143 bytes.
+			cmt = cmt[:min(len(cmt), knftables.CommentLengthMax)]
 			e.Comment = &cmt
 		}
 		out.Elements = append(out.Elements, e)

@@ -474,7 +474,10 @@ func sameRules(have, want []string) bool {
 	return true
 }
 
-// normalizeSets sorts the items of each "{ a, b }" in a rule.
+// normalizeSets sorts the items of each "{ a, b }" in a rule, and
+// unwraps a set of one address or range: nft lists a set written with
+// one element as that element, but one whose elements it merged into one
+// still as a set.
 func normalizeSets(rule string) string {
 	var b strings.Builder
 	for {
@@ -488,7 +491,11 @@ func normalizeSets(rule string) string {
 		}
 		items := strings.Split(rule[start+2:start+end], ", ")
 		slices.Sort(items)
-		b.WriteString(rule[:start+2] + strings.Join(items, ", ") + " }")
+		if len(items) == 1 && !strings.Contains(items[0], " : ") {
+			b.WriteString(rule[:start] + items[0])
+		} else {
+			b.WriteString(rule[:start+2] + strings.Join(items, ", ") + " }")
+		}
 		rule = rule[start+end+2:]
 	}
 	b.WriteString(rule)

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 
@@ -32,14 +33,18 @@ func (s *ServicePort) UsesLocalEndpoints() bool {
 
 // servicePorts turns a Service into the service ports of one IP family.
 // Services kube-proxy does not handle (headless, ExternalName, or without
-// a cluster IP of the family) give none.
-func servicePorts(svc *v1.Service, family v1.IPFamily) map[ServicePortName]*ServicePort {
+// a cluster IP of the family) give none. Problems are why it left out the
+// whole service, or some of its ports, as invalid (see validate.go).
+func servicePorts(svc *v1.Service, family v1.IPFamily) (ports map[ServicePortName]*ServicePort, problems []string) {
 	if svc == nil || svc.Spec.Type == v1.ServiceTypeExternalName {
-		return nil
+		return nil, nil
+	}
+	if problem := serviceProblem(svc); problem != "" {
+		return nil, []string{problem}
 	}
 	clusterIP := firstOfFamily(clusterIPs(svc), family)
 	if !clusterIP.IsValid() {
-		return nil
+		return nil, nil
 	}
 	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	externalIPs := addrsOfFamily(svc.Spec.ExternalIPs, family)
@@ -64,8 +69,30 @@ func servicePorts(svc *v1.Service, family v1.IPFamily) map[ServicePortName]*Serv
 		distribution = *svc.Spec.TrafficDistribution
 	}
 
-	ports := make(map[ServicePortName]*ServicePort, len(svc.Spec.Ports))
-	for _, p := range svc.Spec.Ports {
+	ports = make(map[ServicePortName]*ServicePort, len(svc.Spec.Ports))
+	// The API refuses two ports of one name, or of one number and
+	// protocol: the first is kept.
+	type number struct {
+		port     int32
+		protocol v1.Protocol
+	}
+	names, numbers := map[string]bool{}, map[number]bool{}
+	for i := range svc.Spec.Ports {
+		p := &svc.Spec.Ports[i]
+		problem := servicePortProblem(p)
+		switch n := (number{p.Port, p.Protocol}); {
+		case problem != "":
+		case names[p.Name]:
+			problem = fmt.Sprintf("a second port named %q", p.Name)
+		case numbers[n]:
+			problem = fmt.Sprintf("a second port %d/%s", p.Port, p.Protocol)
+		default:
+			names[p.Name], numbers[n] = true, true
+		}
+		if problem != "" {
+			problems = append(problems, fmt.Sprintf("port %d: %s", i, problem))
+			continue
+		}
 		spn := ServicePortName{NamespacedName: name, Port: p.Name, Protocol: p.Protocol}
 		ports[spn] = &ServicePort{
 			Name:                     spn,
@@ -84,7 +111,7 @@ func servicePorts(svc *v1.Service, family v1.IPFamily) map[ServicePortName]*Serv
 			Skipped:                  skipped,
 		}
 	}
-	return ports
+	return ports, problems
 }
 
 func clusterIPs(svc *v1.Service) []string {
@@ -187,7 +214,13 @@ func addrsOfFamily(ips []string, family v1.IPFamily) []netip.Addr {
 // parseAddr parses an address the way the API server validated it, which
 // accepts IPv4 with leading zeros; the zero Addr means not an address.
 func parseAddr(s string) netip.Addr {
-	ip := netutils.ParseIPSloppy(strings.TrimSpace(s))
+	s = strings.TrimSpace(s)
+	// The strict parser first: it allocates nothing (an address with a
+	// zone is no address here).
+	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
+		return a.Unmap()
+	}
+	ip := netutils.ParseIPSloppy(s)
 	if ip == nil {
 		return netip.Addr{}
 	}

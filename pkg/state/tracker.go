@@ -1,6 +1,7 @@
 package state
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"sort"
@@ -10,6 +11,8 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/klog/v2"
 )
 
 // Tracker records Service and EndpointSlice changes for one IP family as
@@ -22,13 +25,19 @@ import (
 type Tracker struct {
 	family   v1.IPFamily
 	nodeName string
+	// logger says why an object, or part of one, is left out.
+	logger klog.Logger
 
 	mu sync.Mutex
 	// pendingServices holds the latest object of each changed service (nil
 	// once deleted) since the last Apply.
 	pendingServices map[types.NamespacedName]*v1.Service
 	// slices are the current EndpointSlices of each service, by slice name.
-	slices           map[types.NamespacedName]map[string]*discovery.EndpointSlice
+	slices map[types.NamespacedName]map[string]*discovery.EndpointSlice
+	// sliceOwners is the service each slice in slices is held under: a
+	// slice relabelled to another service, or no longer usable, leaves
+	// the one it was held under.
+	sliceOwners      map[types.NamespacedName]string
 	pendingEndpoints map[types.NamespacedName]bool
 	triggerTimes     []time.Time
 }
@@ -38,8 +47,10 @@ func NewTracker(family v1.IPFamily, nodeName string) *Tracker {
 	return &Tracker{
 		family:           family,
 		nodeName:         nodeName,
+		logger:           klog.Background().WithValues("ipFamily", family),
 		pendingServices:  map[types.NamespacedName]*v1.Service{},
 		slices:           map[types.NamespacedName]map[string]*discovery.EndpointSlice{},
+		sliceOwners:      map[types.NamespacedName]string{},
 		pendingEndpoints: map[types.NamespacedName]bool{},
 	}
 }
@@ -53,32 +64,75 @@ func (t *Tracker) OnService(name types.NamespacedName, svc *v1.Service) {
 
 // OnEndpointSlice records a slice added or updated, or deleted when
 // deleted is true. Slices of the other IP family and slices not owned by a
-// service are ignored.
+// service are ignored, and so are, with a logged reason, the endpoints and
+// ports of a slice that cannot be programmed.
 func (t *Tracker) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) {
 	service := slice.Labels[discovery.LabelServiceName]
-	if service == "" || !t.sliceFamilyMatches(slice.AddressType) {
+	usable := !deleted && service != "" && t.sliceFamilyMatches(slice.AddressType)
+	if usable {
+		if errs := validation.IsDNS1123Label(service); len(errs) > 0 {
+			t.logger.Info("Skipping EndpointSlice", "endpointSlice", klog.KObj(slice), "reason", fmt.Sprintf("service name %q: %s", clip(service), errs[0]))
+			usable = false
+		} else {
+			t.logSliceProblems(slice)
+		}
+	}
+	if !deleted && !usable && slice.AddressType != discovery.AddressTypeIPv4 && slice.AddressType != discovery.AddressTypeIPv6 {
+		t.logger.V(2).Info("Skipping EndpointSlice", "endpointSlice", klog.KObj(slice), "reason", fmt.Sprintf("addressType %q: only IP addresses are proxied", clip(string(slice.AddressType))))
+	}
+	key := types.NamespacedName{Namespace: slice.Namespace, Name: slice.Name}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if owner, held := t.sliceOwners[key]; held && (!usable || owner != service) {
+		t.dropSlice(types.NamespacedName{Namespace: slice.Namespace, Name: owner}, slice.Name)
+		delete(t.sliceOwners, key)
+	}
+	if !usable {
 		return
 	}
 	name := types.NamespacedName{Namespace: slice.Namespace, Name: service}
-	t.mu.Lock()
-	defer t.mu.Unlock()
 	bySlice := t.slices[name]
-	if deleted {
-		delete(bySlice, slice.Name)
-		if len(bySlice) == 0 {
-			delete(t.slices, name)
-		}
-	} else {
-		if bySlice == nil {
-			bySlice = map[string]*discovery.EndpointSlice{}
-			t.slices[name] = bySlice
-		}
-		bySlice[slice.Name] = slice
-		if at, err := time.Parse(time.RFC3339, slice.Annotations[v1.EndpointsLastChangeTriggerTime]); err == nil {
-			t.triggerTimes = append(t.triggerTimes, at)
-		}
+	if bySlice == nil {
+		bySlice = map[string]*discovery.EndpointSlice{}
+		t.slices[name] = bySlice
+	}
+	bySlice[slice.Name] = slice
+	t.sliceOwners[key] = service
+	if at, err := time.Parse(time.RFC3339, slice.Annotations[v1.EndpointsLastChangeTriggerTime]); err == nil {
+		t.triggerTimes = append(t.triggerTimes, at)
 	}
 	t.pendingEndpoints[name] = true
+}
+
+// dropSlice forgets a slice held under a service. Called with t.mu held.
+func (t *Tracker) dropSlice(service types.NamespacedName, sliceName string) {
+	bySlice := t.slices[service]
+	delete(bySlice, sliceName)
+	if len(bySlice) == 0 {
+		delete(t.slices, service)
+	}
+	t.pendingEndpoints[service] = true
+}
+
+// logSliceProblems logs what of a slice mergeSlices will leave out: once
+// per slice change, never per sync.
+func (t *Tracker) logSliceProblems(slice *discovery.EndpointSlice) {
+	for i := range slice.Ports {
+		if problem := slicePortProblem(&slice.Ports[i]); problem != "" {
+			t.logger.Info("Skipping EndpointSlice port", "endpointSlice", klog.KObj(slice), "port", i, "reason", problem)
+		}
+	}
+	bad, first := 0, ""
+	for i := range slice.Endpoints {
+		if _, problem := t.endpointAddr(&slice.Endpoints[i]); problem != "" {
+			if bad++; first == "" {
+				first = problem
+			}
+		}
+	}
+	if bad > 0 {
+		t.logger.Info("Skipping EndpointSlice endpoints", "endpointSlice", klog.KObj(slice), "endpoints", bad, "reason", first)
+	}
 }
 
 func (t *Tracker) sliceFamilyMatches(at discovery.AddressType) bool {
@@ -158,7 +212,15 @@ func (t *Tracker) Apply(st *State) Changes {
 	t.mu.Unlock()
 
 	for name, svc := range services {
-		st.replaceService(name, servicePorts(svc, t.family), &ch)
+		ports, problems := servicePorts(svc, t.family)
+		for _, problem := range problems {
+			msg := "Skipping Service port"
+			if ports == nil {
+				msg = "Skipping Service"
+			}
+			t.logger.Info(msg, "service", name, "reason", problem)
+		}
+		st.replaceService(name, ports, &ch)
 	}
 	for name, eps := range endpoints {
 		st.replaceEndpoints(name, eps, &ch)
@@ -252,8 +314,7 @@ func (t *Tracker) mergeSlices(name types.NamespacedName) EndpointsMap {
 	for _, sliceName := range sliceNames {
 		slice := bySlice[sliceName]
 		for _, port := range slice.Ports {
-			// Upstream ignores ports it cannot name or number.
-			if port.Name == nil || port.Protocol == nil || port.Port == nil || *port.Port == 0 {
+			if slicePortProblem(&port) != "" {
 				continue
 			}
 			spn := ServicePortName{NamespacedName: name, Port: *port.Name, Protocol: *port.Protocol}
@@ -291,11 +352,8 @@ func (t *Tracker) mergeSlices(name types.NamespacedName) EndpointsMap {
 // endpoint converts one slice endpoint for one port; nil when it has no
 // usable address of the family.
 func (t *Tracker) endpoint(e *discovery.Endpoint, port int32) *Endpoint {
-	if len(e.Addresses) == 0 {
-		return nil
-	}
-	ip := parseAddr(e.Addresses[0])
-	if !ip.IsValid() || familyOf(ip) != t.family {
+	ip, problem := t.endpointAddr(e)
+	if problem != "" {
 		return nil
 	}
 	ep := &Endpoint{
@@ -321,4 +379,20 @@ func (t *Tracker) endpoint(e *discovery.Endpoint, port int32) *Endpoint {
 		}
 	}
 	return ep
+}
+
+// endpointAddr is the address of a slice endpoint, or why it has none
+// usable (only the first address counts, as upstream).
+func (t *Tracker) endpointAddr(e *discovery.Endpoint) (netip.Addr, string) {
+	if len(e.Addresses) == 0 {
+		return netip.Addr{}, "an endpoint without an address"
+	}
+	ip := parseAddr(e.Addresses[0])
+	switch {
+	case !ip.IsValid():
+		return ip, fmt.Sprintf("address %q is not an IP address", clip(e.Addresses[0]))
+	case familyOf(ip) != t.family:
+		return ip, fmt.Sprintf("address %q is not %s", e.Addresses[0], t.family)
+	}
+	return ip, ""
 }
