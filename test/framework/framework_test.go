@@ -12,6 +12,9 @@ import (
 // A run that was killed leaves namespaces and processes behind; the next
 // run's clean-up must remove them all.
 func TestLeftoversOfAKilledRunAreRemoved(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the machine's local cluster lock")
+	}
 	testutil.RequireRoot(t)
 	testutil.RequireCommands(t, "ip", "sleep")
 	lock, err := lockMachine()
