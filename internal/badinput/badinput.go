@@ -11,7 +11,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"reflect"
 	"strings"
+	"testing"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -345,4 +347,30 @@ func slice(service, name string, family discovery.AddressType, ports []discovery
 
 func endpoint(addr string, ready bool) discovery.Endpoint {
 	return discovery.Endpoint{Addresses: []string{addr}, Conditions: discovery.EndpointConditions{Ready: ptr.To(ready), Serving: ptr.To(ready)}, NodeName: ptr.To("node-2")}
+}
+
+// CheckPlan is the body of a mode's plan fuzz target: the objects of data
+// next to the good ones through plan, in each family, leave nothing that
+// problems names, and the good service ports' objects are as without them.
+func CheckPlan[K comparable, T any](t *testing.T, data []byte, plan func(t *testing.T, family v1.IPFamily, objs ...Objects) map[K]T, problems func(family v1.IPFamily, objects T) []string) {
+	objs, ok := Decode(data)
+	if !ok {
+		return
+	}
+	for _, family := range []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol} {
+		all := plan(t, family, Good(), objs)
+		for name, o := range all {
+			if bad := problems(family, o); len(bad) > 0 {
+				t.Errorf("%s %v: %s", family, name, strings.Join(bad, "; "))
+			}
+		}
+		if objs.UsesGoodNames() {
+			continue
+		}
+		for name, o := range plan(t, family, Good()) {
+			if !reflect.DeepEqual(all[name], o) {
+				t.Errorf("%s: good service port %v changed next to bad objects", family, name)
+			}
+		}
+	}
 }

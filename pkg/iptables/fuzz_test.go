@@ -21,7 +21,8 @@ import (
 var families = []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}
 
 // fuzzParams are node settings under which every kind of rule is
-// written (the nfacct counting rules only when nfacct is there).
+// written (the nfacct counting rules only when nfacct is there), those of
+// the golden tests too.
 func fuzzParams(t testing.TB, family v1.IPFamily, nfacct bool) Params {
 	t.Helper()
 	cidr, nodeIP := "10.244.0.0/16", "10.255.0.2"

@@ -221,16 +221,7 @@ func TestGoldenRuleSets(t *testing.T) {
 			if family == "" {
 				family = v1.IPv4Protocol
 			}
-			cidr, nodeIP := "10.244.0.0/16", "10.255.0.2"
-			if family == v1.IPv6Protocol {
-				cidr, nodeIP = "fd00:244::/56", "fd00:255::2"
-			}
-			detector, err := localdetect.New(localdetect.Settings{Mode: "ClusterCIDR", CIDRs: []string{cidr}}, family)
-			if err != nil {
-				t.Fatal(err)
-			}
-			params := Params{IPv6: family == v1.IPv6Protocol, MasqueradeBit: 14, LocalhostNodePorts: true,
-				LocalDetector: detector, NodeIP: netip.MustParseAddr(nodeIP), RandomFully: true}
+			params := fuzzParams(t, family, false)
 			if tc.params != nil {
 				tc.params(&params)
 			}

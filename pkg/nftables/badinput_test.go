@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/knftables"
 
 	"github.com/rapidproxy/rapidproxy/internal/badinput"
 )
@@ -46,10 +45,7 @@ func TestBadObjectsNeverBreakTheTransaction(t *testing.T) {
 			t.Errorf("%s: a restart over the bad objects wrote:\n%s", family, k.txs[len(k.txs)-1])
 		}
 
-		kf := knftables.IPv4Family
-		if family == v1.IPv6Protocol {
-			kf = knftables.IPv6Family
-		}
+		kf := Family(family)
 		tb, err := readTable(t.Context(), listTable(kf))
 		if err != nil {
 			t.Fatal(err)

@@ -46,10 +46,7 @@ func (k *kernelNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
 // kernelHarness is a harness whose syncer writes the real table.
 func kernelHarness(t *testing.T, family v1.IPFamily, params Params) (*harness, *kernelNFT) {
 	t.Helper()
-	kf := knftables.IPv4Family
-	if family == v1.IPv6Protocol {
-		kf = knftables.IPv6Family
-	}
+	kf := Family(family)
 	real, err := knftables.New(kf, TableName)
 	if err != nil {
 		t.Fatal(err)
@@ -75,10 +72,7 @@ func (h *harness) kernelSyncer(family v1.IPFamily, params Params, k *kernelNFT) 
 // the golden files are.
 func listed(t *testing.T, family v1.IPFamily) string {
 	t.Helper()
-	kf := knftables.IPv4Family
-	if family == v1.IPv6Protocol {
-		kf = knftables.IPv6Family
-	}
+	kf := Family(family)
 	tb, err := readTable(t.Context(), listTable(kf))
 	if err != nil {
 		t.Fatal(err)
