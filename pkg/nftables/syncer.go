@@ -63,7 +63,7 @@ type Syncer struct {
 	// asked for in the last sync; elements counts who wants which element.
 	layout  Layout
 	applied map[state.ServicePortName]ServiceObjects
-	wanted  map[elemID]*wantedElem
+	wanted  map[elemID]wantedElem
 	// stale are the chains flushed and no longer wanted, to be deleted
 	// by a later transaction.
 	stale map[string]staleChain
@@ -126,7 +126,7 @@ func (s *Syncer) FullSync(v state.View) error {
 		s.kernel = nil
 		return fmt.Errorf("reading the %s table: %w", TableName, err)
 	}
-	s.kernel, s.layout, s.applied, s.wanted = t, Layout{}, map[state.ServicePortName]ServiceObjects{}, map[elemID]*wantedElem{}
+	s.kernel, s.layout, s.applied, s.wanted = t, Layout{}, map[state.ServicePortName]ServiceObjects{}, map[elemID]wantedElem{}
 	if genErr == nil {
 		s.verified = gen
 	}

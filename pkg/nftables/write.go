@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -19,11 +20,20 @@ import (
 type elemID struct{ container, key string }
 
 // wantedElem is who wants an element with which value: a value stays
-// while one service port (or the layout) still wants it.
-type wantedElem struct {
-	values map[string]int
-	// elem is the element to write for each value (its comment).
-	elem map[string]knftables.Element
+// while one service port (or the layout) still wants it. Nearly every
+// element has one value, so the values are a short list.
+type wantedElem []wantedValue
+
+type wantedValue struct {
+	value  string
+	owners int
+	// elem is the element to write for this value (its comment).
+	elem knftables.Element
+}
+
+// has tells whether someone wants value.
+func (we wantedElem) has(value string) bool {
+	return slices.ContainsFunc(we, func(v wantedValue) bool { return v.value == value })
 }
 
 func idOf(e knftables.Element) elemID {
@@ -183,20 +193,22 @@ func (w *write) dropSet(name string) {
 func (w *write) want(e knftables.Element, delta int) {
 	id := idOf(e)
 	we := w.s.wanted[id]
-	if we == nil {
-		we = &wantedElem{values: map[string]int{}, elem: map[string]knftables.Element{}}
-		w.s.wanted[id] = we
-	}
 	v := strings.Join(e.Value, " . ")
-	we.values[v] += delta
-	if we.values[v] <= 0 {
-		delete(we.values, v)
-		delete(we.elem, v)
-	} else {
-		we.elem[v] = e
+	i := slices.IndexFunc(we, func(wv wantedValue) bool { return wv.value == v })
+	if i < 0 {
+		i = len(we)
+		we = append(we, wantedValue{value: v})
 	}
-	if len(we.values) == 0 {
+	we[i].owners += delta
+	if we[i].owners <= 0 {
+		we = slices.Delete(we, i, i+1)
+	} else {
+		we[i].elem = e
+	}
+	if len(we) == 0 {
 		delete(w.s.wanted, id)
+	} else {
+		w.s.wanted[id] = we
 	}
 	w.touched[id] = true
 }
@@ -211,7 +223,7 @@ func (w *write) element(id elemID) {
 	}
 	have, exists := ts.elements[id.key]
 	we := w.s.wanted[id]
-	if we == nil {
+	if len(we) == 0 {
 		if exists {
 			w.elemDeletes = append(w.elemDeletes, ts.element(id.key))
 			delete(ts.elements, id.key)
@@ -220,17 +232,17 @@ func (w *write) element(id elemID) {
 	}
 	adds := &w.newElems
 	if exists {
-		if _, ok := we.values[have]; ok {
+		if we.has(have) {
 			return
 		}
 		// Deleted and added again in one transaction: never missing.
 		w.elemDeletes = append(w.elemDeletes, ts.element(id.key))
 		adds = &w.elemAdds
 	}
-	v := slices.Sorted(maps.Keys(we.values))[0]
-	e := we.elem[v]
+	first := slices.MinFunc(we, func(a, b wantedValue) int { return strings.Compare(a.value, b.value) })
+	e := first.elem
 	*adds = append(*adds, &e)
-	ts.elements[id.key] = v
+	ts.elements[id.key] = first.value
 }
 
 // removeUnwanted flushes every chain, deletes every set and element a
@@ -256,7 +268,7 @@ func (w *write) removeUnwanted() {
 // run sends the transaction: one, or none when nothing differs.
 func (w *write) run() error {
 	for _, id := range slices.SortedFunc(maps.Keys(w.touched), func(a, b elemID) int {
-		return strings.Compare(a.container+" "+a.key, b.container+" "+b.key)
+		return cmp.Or(strings.Compare(a.container, b.container), strings.Compare(a.key, b.key))
 	}) {
 		w.element(id)
 	}
@@ -275,11 +287,13 @@ func (w *write) run() error {
 
 // maxTxOps bounds the operations of one transaction of a large sync (a
 // first sync, mostly): a long one holds the kernel's nftables mutex all
-// along. Each transaction costs a process that first reads the table, so
-// fewer, larger ones keep the first sync linear: at 100k services, 94
-// transactions of 10k operations took 44 s, 13 of 100k 24 s (see
-// docs/performance.md). Syncer.maxTxOps is this but in tests.
-const maxTxOps = 100000
+// along, and its text and objects are held at once (at 10k services, the
+// heap's goal peaks at 136 MB with 10k operations, 142 with 50k, 151 with
+// 100k). Each transaction costs a process that first reads the table, so
+// fewer, larger ones keep the first sync near linear: at 100k services,
+// 94 transactions of 10k operations took 44 s, 22 of 50k 32 s, 13 of 100k
+// 24 s (see docs/performance.md). Syncer.maxTxOps is this but in tests.
+const maxTxOps = 50000
 
 // transactions are the sync's operations in an order that keeps every
 // reference valid: new sets and chains, flushes, deletions, rules, then
