@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/rapidproxy/rapidproxy/internal/nfgen"
 )
 
 // Backend is the kernel interface the iptables tools drive.
@@ -66,7 +68,11 @@ func (r *Runner) Restore(input io.Reader) error {
 	cmd.Stdin = input
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
+	run := cmd.Run
+	if r.backend == NFT {
+		run = func() error { return nfgen.Write(cmd.Run) }
+	}
+	if err := run(); err != nil {
 		return fmt.Errorf("%s: %w: %s", r.tool("-restore"), err, strings.TrimSpace(stderr.String()))
 	}
 	return nil

@@ -306,8 +306,8 @@ func (k *listingKernel) ListRules(table, chain string) ([]string, error) {
 }
 
 // With the real tools, our syncs, full and partial, do not make the flush
-// probes list their chains, while another program's write does (on nft,
-// into any table).
+// probes list their chains nor report a change, while another program's
+// write does (on nft, into any table).
 func TestFlushProbesSkipOurOwnWritesOnTheRealKernel(t *testing.T) {
 	if !runInNetns(t) {
 		return
@@ -316,21 +316,25 @@ func TestFlushProbesSkipOurOwnWritesOnTheRealKernel(t *testing.T) {
 	kernel := &listingKernel{Kernel: real, listed: map[string]int{}}
 	p.cfg.Kernel = kernel
 	slow := int(p.cfg.SyncPeriod / flushCheckInterval)
-	check := func(tick int, want map[string]int) {
+	check := func(tick int, want map[string]int, wantChanged bool) {
 		t.Helper()
-		if probe, flushed := p.watch.check(tick); flushed {
+		probe, flushed, changed := p.watch.check(tick)
+		if flushed {
 			t.Fatalf("%s: probe %s/%s fired with nothing flushed", backend, probe.table, probe.chain)
+		}
+		if changed != wantChanged {
+			t.Errorf("%s: at tick %d another program's change reported: %v, want %v", backend, tick, changed, wantChanged)
 		}
 		if !maps.Equal(kernel.listed, want) {
 			t.Errorf("%s: at tick %d listed %v, want %v", backend, tick, kernel.listed, want)
 		}
 	}
-	check(0, map[string]int{})
+	check(0, map[string]int{}, false)
 	feedService(p, 3)
 	if err := p.sync(); err != nil {
 		t.Fatal(err)
 	}
-	check(slow, map[string]int{})
+	check(slow, map[string]int{}, false)
 	foreign := []string{"-t", "nat", "-A", "PREROUTING", "-s", "192.0.2.1/32", "-j", "RETURN"}
 	if out, err := exec.Command("iptables-"+string(backend), foreign...).CombinedOutput(); err != nil {
 		t.Fatalf("%v: %v: %s", foreign, err, out)
@@ -340,7 +344,7 @@ func TestFlushProbesSkipOurOwnWritesOnTheRealKernel(t *testing.T) {
 		// One generation counts the changes of the whole nftables ruleset.
 		want = map[string]int{"mangle": 1, "filter": 1, "nat": 1}
 	}
-	check(2*slow, want)
+	check(2*slow, want, true)
 }
 
 // A partial sync touches only what changed: one endpoint replaced rewrites

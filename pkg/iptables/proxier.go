@@ -72,8 +72,19 @@ type Syncer struct {
 
 	// written is true once a full sync has written everything and no
 	// flush was seen since: before that there is nothing to lose.
-	writtenMu sync.Mutex
-	written   bool
+	// verifying is set when the watch asked for a full sync because
+	// another program changed a table we write to: that sync compares
+	// every chain with the kernel and reports what it had to restore.
+	// fullSyncTook paces such syncs.
+	writtenMu    sync.Mutex
+	written      bool
+	verifying    bool
+	fullSyncTook time.Duration
+
+	// restores counts the restore inputs written, and restored names
+	// (the first few) chains a full sync found differing in the kernel.
+	restores int
+	restored []Chain
 }
 
 // New returns the iptables mode; proxy.NewCore runs it.
@@ -114,14 +125,33 @@ func (p *Syncer) FullSync(v state.View) error {
 			return fmt.Errorf("nfacct objects: %w", err)
 		}
 	}
-	if err := p.fullSync(); err != nil {
+	p.writtenMu.Lock()
+	verifying := p.verifying
+	p.verifying = false
+	p.writtenMu.Unlock()
+	start, restores := time.Now(), p.restores
+	p.restored = p.restored[:0]
+	err := p.fullSync()
+	p.writtenMu.Lock()
+	p.fullSyncTook = time.Since(start)
+	p.written = err == nil
+	p.writtenMu.Unlock()
+	if err != nil {
 		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
 		return err
 	}
-	p.writtenMu.Lock()
-	p.written = true
-	p.writtenMu.Unlock()
+	if verifying && p.restores > restores {
+		klog.InfoS("Restored our iptables rules that another program had changed", "ipFamily", p.cfg.Family, "chains", p.restored)
+		metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
+	}
 	return nil
+}
+
+// noteRestored records that a full sync rewrites a chain, for its log line.
+func (p *Syncer) noteRestored(c Chain) {
+	if len(p.restored) < 10 {
+		p.restored = append(p.restored, c)
+	}
 }
 
 // largeCluster tells whether the services have more endpoints in all than
@@ -190,12 +220,14 @@ func (p *Syncer) fullSync() error {
 	for _, t := range kubeTables {
 		if !kernel[t].has(chainCanary) {
 			fixed.writeChain(t, OwnChain{Name: chainCanary})
+			p.noteRestored(chainCanary)
 		}
 	}
 	for t, chains := range static.Chains {
 		for _, c := range chains {
 			if !kernel[t].holds(c) {
 				fixed.writeChain(t, c)
+				p.noteRestored(c.Name)
 			}
 		}
 	}
@@ -215,6 +247,7 @@ func (p *Syncer) fullSync() error {
 			wanted[c.Name] = true
 			if !kernel[TableNAT].holds(c) {
 				differ = append(differ, c)
+				p.noteRestored(c.Name)
 			}
 		}
 		if err := writer.addService(differ); err != nil {
@@ -233,7 +266,11 @@ func (p *Syncer) fullSync() error {
 				}
 				continue
 			}
+			lines := final.table(t).lines()
 			diffSharedChain(final, t, kernel[t].rules[want.Name], want, tail)
+			if final.table(t).lines() > lines {
+				p.noteRestored(want.Name)
+			}
 		}
 	}
 	for _, c := range slices.Sorted(maps.Keys(kernel[TableNAT].fingerprints)) {
@@ -244,6 +281,7 @@ func (p *Syncer) fullSync() error {
 	for _, j := range static.Jumps {
 		if !containsRule(kernel[j.Table].rules[j.From], j.Rule) {
 			final.insertFirst(j.Table, j.From, j.Rule)
+			p.noteRestored(j.From)
 		}
 	}
 	if err := writer.finish(final); err != nil {
@@ -355,14 +393,20 @@ type flushProbe struct {
 	rule  Rule
 	// every is how many check intervals apart the probe runs.
 	every int
+	// verify: when another program changed the table, whatever the
+	// probe finds, have a full sync compare our chains with the kernel.
+	verify bool
 }
 
 // flushProbes: the filter FORWARD jump is checked every second (gone with
-// `iptables -F`, a firewall reload or a reset of the whole ruleset); the
-// others once per sync period: the mangle canary (gone when a program
-// deletes the tables' chains, what upstream checks) and the nat PREROUTING
-// jump (the nat table can be large, and reading even one of its chains
-// costs iptables-legacy a copy of the whole table).
+// `iptables -F`, a firewall reload or a reset of the whole ruleset), and
+// so is the nat table's generation: when another program changed the nat
+// table (where the service chains are), a full sync compares every chain
+// with the kernel (a service chain deleted, a rule inserted into one);
+// the nat PREROUTING jump is listed at the sync period, as is the mangle
+// canary (gone when a program deletes the tables' chains, what upstream
+// checks): reading even one nat chain costs iptables-legacy a copy of the
+// whole table.
 func (p *Syncer) flushProbes() []flushProbe {
 	slow := max(1, int(p.cfg.SyncPeriod/flushCheckInterval))
 	probes := []flushProbe{{table: TableMangle, chain: chainCanary, every: slow}}
@@ -371,14 +415,19 @@ func (p *Syncer) flushProbes() []flushProbe {
 		case j.Table == TableFilter && j.From == "FORWARD" && jumpTarget(string(j.Rule)) == chainForward:
 			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: 1})
 		case j.Table == TableNAT && j.From == "PREROUTING":
-			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: slow})
+			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: slow},
+				flushProbe{table: j.Table, every: 1, verify: true})
 		}
 	}
 	return probes
 }
 
-// flushed tells whether the probe finds its rule or chain gone.
+// flushed tells whether the probe finds its rule or chain gone; a
+// verifying probe lists nothing.
 func (p *Syncer) flushed(probe flushProbe) bool {
+	if probe.verify {
+		return false
+	}
 	rules, err := p.cfg.Kernel.ListRules(string(probe.table), string(probe.chain))
 	if err != nil {
 		return true
@@ -394,10 +443,16 @@ func (p *Syncer) flushed(probe flushProbe) bool {
 }
 
 // Watch runs the flush probes and asks for a full sync, which restores
-// everything, when one finds our rules gone.
+// everything, when one finds our rules gone, or when another program
+// changed the nat table: then at most once per ten times the last full
+// sync's duration, so that a program changing its own rules all the time
+// costs us a bounded share of a core (on nft, every change to any table
+// moves the generation the probes read).
 func (p *Syncer) Watch(ctx context.Context, resync func()) {
 	ticker := time.NewTicker(flushCheckInterval)
 	defer ticker.Stop()
+	var pending bool
+	var last time.Time
 	for tick := 0; ; tick++ {
 		select {
 		case <-ctx.Done():
@@ -410,16 +465,21 @@ func (p *Syncer) Watch(ctx context.Context, resync func()) {
 		if !written {
 			continue
 		}
-		probe, flushed := p.watch.check(tick)
-		if !flushed {
-			continue
-		}
-		klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", probe.table, "chain", probe.chain)
-		metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
+		probe, flushed, changed := p.watch.check(tick)
+		pending = pending || changed
 		p.writtenMu.Lock()
-		p.written = false
+		due := time.Since(last) >= 10*p.fullSyncTook
+		if flushed || (pending && due) {
+			p.written, p.verifying, pending, last = false, true, false, time.Now()
+		}
+		verify := p.verifying
 		p.writtenMu.Unlock()
-		resync()
+		if flushed {
+			klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", probe.table, "chain", probe.chain)
+		}
+		if verify {
+			resync()
+		}
 	}
 }
 
@@ -456,8 +516,9 @@ func (p *Syncer) newFlushWatch() *flushWatch {
 }
 
 // check runs the probes due at this tick and returns the first that finds
-// our rules gone.
-func (w *flushWatch) check(tick int) (flushProbe, bool) {
+// our rules gone; changed tells whether another program changed a table a
+// verifying probe watches.
+func (w *flushWatch) check(tick int) (_ flushProbe, flushed, changed bool) {
 	for i, probe := range w.probes {
 		if tick%probe.every != 0 {
 			continue
@@ -469,11 +530,15 @@ func (w *flushWatch) check(tick int) (flushProbe, bool) {
 			w.seen[i], w.listed[i] = generation, tick
 		}
 		w.mu.Unlock()
-		if !unchanged && w.p.flushed(probe) {
-			return probe, true
+		switch {
+		case unchanged:
+		case probe.verify:
+			changed = true
+		case w.p.flushed(probe):
+			return probe, true, changed
 		}
 	}
-	return flushProbe{}, false
+	return flushProbe{}, false, changed
 }
 
 // tableGeneration is one probe's table generation, if it could be read.
@@ -524,6 +589,7 @@ func (w *flushWatch) fullSyncRead(before, after []tableGeneration) {
 // change was ours.
 func (p *Syncer) restore(in io.Reader) error {
 	before := p.watch.generations()
+	p.restores++
 	if err := p.cfg.Kernel.Restore(in); err != nil {
 		return err
 	}

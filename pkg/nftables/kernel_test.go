@@ -194,8 +194,10 @@ func compareWithFresh(t *testing.T, h *harness, params Params) {
 }
 
 // On the real kernel the watch lists nothing while idle or after our own
-// syncs, lists once after another program's unrelated change, and notices
-// a table flushed or deleted by another program within about a second.
+// syncs; after another program's change it lists once and asks for a full
+// sync, which writes nothing when the change was not to our table, and
+// restores it within about a second when it was: the table flushed or
+// deleted, a chain of ours flushed, a rule added to one.
 func TestKernelWatch(t *testing.T) {
 	if !inNetns(t) {
 		return
@@ -223,7 +225,9 @@ func TestKernelWatch(t *testing.T) {
 			t.Fatalf("nft %s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}
-	noticed := func(what string) {
+	// noticed waits for the watch to ask for a full sync, runs it, and
+	// checks whether it wrote.
+	noticed := func(what string, wantWrite bool) {
 		t.Helper()
 		start := time.Now()
 		select {
@@ -232,7 +236,11 @@ func TestKernelWatch(t *testing.T) {
 		case <-time.After(2 * time.Second):
 			t.Fatalf("%s: not noticed within 2 s", what)
 		}
+		n := len(k.txs)
 		h.full()
+		if wrote := len(k.txs) > n; wrote != wantWrite {
+			t.Errorf("%s: the full sync wrote: %v, want %v", what, wrote, wantWrite)
+		}
 		for len(resyncs) > 0 {
 			<-resyncs
 		}
@@ -242,14 +250,24 @@ func TestKernelWatch(t *testing.T) {
 	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.15")))
 	h.partial()
 	quiet("after our own partial sync", 2*time.Second, 0)
+	k.lists.Store(0)
 	nft("add", "table", "ip", "someone-else")
-	quiet("after another table was added", 2500*time.Millisecond, 1)
+	noticed("another table added", false)
+	if n := k.lists.Load(); n != 1 {
+		t.Errorf("after another table was added: %d listings, want 1", n)
+	}
+	quiet("after that", 2*time.Second, 0)
 
-	nft("flush", "table", "ip", TableName)
-	noticed("nft flush table")
-	quiet("after the repair", 2*time.Second, 0)
-	nft("delete", "table", "ip", TableName)
-	noticed("nft delete table")
-	quiet("after the repair", 2*time.Second, 0)
+	const ours = "service-DMA2WJPR-hx-conf/fid-a/tcp/http"
+	for _, damage := range [][]string{
+		{"flush", "table", "ip", TableName},
+		{"delete", "table", "ip", TableName},
+		{"flush", "chain", "ip", TableName, ours},
+		{"insert", "rule", "ip", TableName, ours, "drop"},
+	} {
+		nft(damage...)
+		noticed("nft "+strings.Join(damage, " "), true)
+		quiet("after the repair", 2*time.Second, 0)
+	}
 	compareWithFresh(t, h, v4(nil)(t))
 }

@@ -49,6 +49,10 @@ type write struct {
 	newRules, newElems, addBase []knftables.Object
 
 	touched map[elemID]bool
+	// written are the chains whose rules this sync writes; operations,
+	// once run, what its transactions held.
+	written    []string
+	operations int
 	// seen are the chains and sets this sync wants (full sync only).
 	seenChains, seenSets map[string]bool
 }
@@ -131,6 +135,7 @@ func (w *write) chain(c Chain) {
 	default:
 		w.flushes = append(w.flushes, &knftables.Chain{Name: c.Name})
 	}
+	w.written = append(w.written, c.Name)
 	for _, r := range c.Rules {
 		*rules = append(*rules, &knftables.Rule{Chain: c.Name, Rule: writable(r)})
 	}
@@ -261,6 +266,7 @@ func (w *write) run() error {
 		w.element(id)
 	}
 	for _, tx := range w.transactions() {
+		w.operations += tx.NumOperations()
 		if err := w.s.run(tx); err != nil {
 			// nft -f applies all or nothing, but earlier transactions of
 			// a split sync went through: what we think the table holds
@@ -271,6 +277,12 @@ func (w *write) run() error {
 	}
 	w.s.deleteStaleChains()
 	return nil
+}
+
+// chainsWritten names, for a log line, the chains the sync wrote rules
+// to: the first few.
+func (w *write) chainsWritten() []string {
+	return w.written[:min(len(w.written), 10)]
 }
 
 // maxTxOps bounds the operations of one transaction of a large sync (a
