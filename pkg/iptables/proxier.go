@@ -73,18 +73,18 @@ type Syncer struct {
 	// written is true once a full sync has written everything and no
 	// flush was seen since: before that there is nothing to lose.
 	// verifying is set when the watch asked for a full sync because
-	// another program changed a table we write to: that sync compares
-	// every chain with the kernel and reports what it had to restore.
-	// fullSyncTook paces such syncs.
+	// another program changed a table we write to; fullSyncTook paces
+	// such syncs.
 	writtenMu    sync.Mutex
 	written      bool
 	verifying    bool
 	fullSyncTook time.Duration
 
-	// restores counts the restore inputs written, and restored names
-	// (the first few) chains a full sync found differing in the kernel.
-	restores int
-	restored []Chain
+	// rewritten names (the first few) the chains a full sync found
+	// differing in the kernel; repairs counts those it had written
+	// before, as they are: another program changed them.
+	rewritten []Chain
+	repairs   int
 }
 
 // New returns the iptables mode; proxy.NewCore runs it.
@@ -129,9 +129,9 @@ func (p *Syncer) FullSync(v state.View) error {
 	verifying := p.verifying
 	p.verifying = false
 	p.writtenMu.Unlock()
-	start, restores := time.Now(), p.restores
-	p.restored = p.restored[:0]
-	err := p.fullSync()
+	start := time.Now()
+	p.rewritten, p.repairs = p.rewritten[:0], 0
+	err := p.fullSync(verifying)
 	p.writtenMu.Lock()
 	p.fullSyncTook = time.Since(start)
 	p.written = err == nil
@@ -140,17 +140,21 @@ func (p *Syncer) FullSync(v state.View) error {
 		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
 		return err
 	}
-	if verifying && p.restores > restores {
-		klog.InfoS("Restored our iptables rules that another program had changed", "ipFamily", p.cfg.Family, "chains", p.restored)
+	if p.repairs > 0 {
+		klog.InfoS("Restored our iptables rules that another program had changed", "ipFamily", p.cfg.Family, "repairedChains", p.repairs, "rewritten", p.rewritten)
 		metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
 	}
 	return nil
 }
 
-// noteRestored records that a full sync rewrites a chain, for its log line.
-func (p *Syncer) noteRestored(c Chain) {
-	if len(p.restored) < 10 {
-		p.restored = append(p.restored, c)
+// noteRewritten records that a full sync rewrites a chain, and whether
+// that repairs another program's change.
+func (p *Syncer) noteRewritten(c Chain, repair bool) {
+	if len(p.rewritten) < 10 {
+		p.rewritten = append(p.rewritten, c)
+	}
+	if repair {
+		p.repairs++
 	}
 }
 
@@ -208,8 +212,11 @@ func (p *Syncer) partialSync(changed map[state.ServicePortName]bool) error {
 // the fixed chains; the per-service chains, which nothing jumps to yet;
 // then the differences in the shared chains, which switch traffic over
 // atomically per table, with the removal of chains nothing uses any more
-// and the jumps from the built-in chains.
-func (p *Syncer) fullSync() error {
+// and the jumps from the built-in chains. A service chain rewritten as it
+// was applied is a repair, and so are the fixed chains and jumps when the
+// watch saw another program's change (verifying); the shared chains also
+// change with the services, and are only named.
+func (p *Syncer) fullSync(verifying bool) error {
 	kernel, err := p.readKernel()
 	if err != nil {
 		return err
@@ -220,14 +227,14 @@ func (p *Syncer) fullSync() error {
 	for _, t := range kubeTables {
 		if !kernel[t].has(chainCanary) {
 			fixed.writeChain(t, OwnChain{Name: chainCanary})
-			p.noteRestored(chainCanary)
+			p.noteRewritten(chainCanary, verifying)
 		}
 	}
 	for t, chains := range static.Chains {
 		for _, c := range chains {
 			if !kernel[t].holds(c) {
 				fixed.writeChain(t, c)
-				p.noteRestored(c.Name)
+				p.noteRewritten(c.Name, verifying)
 			}
 		}
 	}
@@ -243,11 +250,11 @@ func (p *Syncer) fullSync() error {
 		desired[name] = summarize(rules)
 		shared = append(shared, rules.Shared)
 		var differ []OwnChain
-		for _, c := range rules.Chains {
+		for i, c := range rules.Chains {
 			wanted[c.Name] = true
 			if !kernel[TableNAT].holds(c) {
 				differ = append(differ, c)
-				p.noteRestored(c.Name)
+				p.noteRewritten(c.Name, slices.Contains(p.applied[name].chains, desired[name].chains[i]))
 			}
 		}
 		if err := writer.addService(differ); err != nil {
@@ -269,7 +276,7 @@ func (p *Syncer) fullSync() error {
 			lines := final.table(t).lines()
 			diffSharedChain(final, t, kernel[t].rules[want.Name], want, tail)
 			if final.table(t).lines() > lines {
-				p.noteRestored(want.Name)
+				p.noteRewritten(want.Name, false)
 			}
 		}
 	}
@@ -281,7 +288,7 @@ func (p *Syncer) fullSync() error {
 	for _, j := range static.Jumps {
 		if !containsRule(kernel[j.Table].rules[j.From], j.Rule) {
 			final.insertFirst(j.Table, j.From, j.Rule)
-			p.noteRestored(j.From)
+			p.noteRewritten(j.From, verifying)
 		}
 	}
 	if err := writer.finish(final); err != nil {
@@ -589,7 +596,6 @@ func (w *flushWatch) fullSyncRead(before, after []tableGeneration) {
 // change was ours.
 func (p *Syncer) restore(in io.Reader) error {
 	before := p.watch.generations()
-	p.restores++
 	if err := p.cfg.Kernel.Restore(in); err != nil {
 		return err
 	}

@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/knftables"
 
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 )
 
 // inNetns re-runs the calling test inside a fresh network namespace, and
@@ -226,7 +228,14 @@ func TestKernelWatch(t *testing.T) {
 		}
 	}
 	// noticed waits for the watch to ask for a full sync, runs it, and
-	// checks whether it wrote.
+	// checks whether it wrote, and counted a repair.
+	repairs := func() float64 {
+		var m dto.Metric
+		if err := metrics.NFTablesRepairsTotal.WithLabelValues(string(v1.IPv4Protocol)).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
 	noticed := func(what string, wantWrite bool) {
 		t.Helper()
 		start := time.Now()
@@ -236,10 +245,13 @@ func TestKernelWatch(t *testing.T) {
 		case <-time.After(2 * time.Second):
 			t.Fatalf("%s: not noticed within 2 s", what)
 		}
-		n := len(k.txs)
+		n, counted := len(k.txs), repairs()
 		h.full()
 		if wrote := len(k.txs) > n; wrote != wantWrite {
 			t.Errorf("%s: the full sync wrote: %v, want %v", what, wrote, wantWrite)
+		}
+		if got := repairs() - counted; got != map[bool]float64{true: 1}[wantWrite] {
+			t.Errorf("%s: %v repairs counted", what, got)
 		}
 		for len(resyncs) > 0 {
 			<-resyncs

@@ -80,9 +80,9 @@ type Syncer struct {
 	verified uint64
 	// foreign is set by the watch when another program changed the
 	// ruleset since it last looked; verifying, when it asked for the
-	// full sync that compares the whole table with what we wrote, which
-	// then counts and logs what it had to restore. fullSyncTook paces
-	// those syncs.
+	// full sync that compares the whole table with what we want, which
+	// then logs and counts the chains it restored as they were applied.
+	// fullSyncTook paces those syncs.
 	foreign, verifying bool
 	fullSyncTook       time.Duration
 }
@@ -133,7 +133,11 @@ func (s *Syncer) SetServiceCIDRs(cidrs []netip.Prefix) {
 func (s *Syncer) FullSync(v state.View) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	start, verifying := s.now(), s.verifying
+	start := s.now()
+	var applied map[string][]string
+	if s.verifying {
+		applied = s.appliedChains()
+	}
 	s.verifying = false
 	defer func() { s.fullSyncTook = s.now().Sub(start) }()
 	// What the listing shows is the table at this generation or later.
@@ -153,6 +157,7 @@ func (s *Syncer) FullSync(v state.View) error {
 		}
 	}
 	w := s.newWrite(true)
+	w.applied = applied
 	w.replaceLayout(s.cfg.Params.Layout())
 	for _, name := range slices.SortedFunc(maps.Keys(v.Services), compareNames) {
 		w.replace(name, s.objectsFor(v, name))
@@ -161,11 +166,25 @@ func (s *Syncer) FullSync(v state.View) error {
 	if err := w.run(); err != nil {
 		return err
 	}
-	if verifying && w.operations > 0 {
-		klog.InfoS("Restored the nftables table another program had changed", "ipFamily", s.cfg.Family, "operations", w.operations, "chains", w.chainsWritten())
+	if len(w.restored) > 0 {
+		klog.InfoS("Restored the nftables table another program had changed", "ipFamily", s.cfg.Family, "restoredChains", len(w.restored), "chains", w.restored[:min(len(w.restored), 10)])
 		metrics.NFTablesRepairsTotal.WithLabelValues(string(s.cfg.Family)).Inc()
 	}
 	return nil
+}
+
+// appliedChains are the rules of every chain the last syncs wrote.
+func (s *Syncer) appliedChains() map[string][]string {
+	chains := map[string][]string{}
+	for _, c := range s.layout.Chains {
+		chains[c.Name] = c.Rules
+	}
+	for _, objects := range s.applied {
+		for _, c := range objects.Chains {
+			chains[c.Name] = c.Rules
+		}
+	}
+	return chains
 }
 
 // PartialSync rewrites only what the changed service ports own, trusting

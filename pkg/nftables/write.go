@@ -49,10 +49,11 @@ type write struct {
 	newRules, newElems, addBase []knftables.Object
 
 	touched map[elemID]bool
-	// written are the chains whose rules this sync writes; operations,
-	// once run, what its transactions held.
-	written    []string
-	operations int
+	// applied are the rules of each chain as the syncs before wrote
+	// them, when the watch asked this full sync to tell what it
+	// restored: the chains it rewrites as they were.
+	applied  map[string][]string
+	restored []string
 	// seen are the chains and sets this sync wants (full sync only).
 	seenChains, seenSets map[string]bool
 }
@@ -135,7 +136,9 @@ func (w *write) chain(c Chain) {
 	default:
 		w.flushes = append(w.flushes, &knftables.Chain{Name: c.Name})
 	}
-	w.written = append(w.written, c.Name)
+	if rules, ok := w.applied[c.Name]; ok && slices.Equal(rules, c.Rules) {
+		w.restored = append(w.restored, c.Name)
+	}
 	for _, r := range c.Rules {
 		*rules = append(*rules, &knftables.Rule{Chain: c.Name, Rule: writable(r)})
 	}
@@ -238,11 +241,15 @@ func (w *write) element(id elemID) {
 	ts.elements[id.key] = v
 }
 
-// removeUnwanted flushes every chain, deletes every set and element a
-// full sync did not ask for: other services', or an older layout's.
+// removeUnwanted flushes every service port's chain, deletes every set
+// and element a full sync did not ask for: other services', or an older
+// layout's.
 func (w *write) removeUnwanted() {
 	for _, name := range slices.Sorted(maps.Keys(w.t.chains)) {
-		if !w.seenChains[name] {
+		// As upstream: only a service port's chains, named with a "/",
+		// are ours to remove; another program's chain in the table (one
+		// jumping to ours, say) stays.
+		if !w.seenChains[name] && strings.Contains(name, "/") {
 			w.dropChain(name)
 		}
 	}
@@ -266,7 +273,6 @@ func (w *write) run() error {
 		w.element(id)
 	}
 	for _, tx := range w.transactions() {
-		w.operations += tx.NumOperations()
 		if err := w.s.run(tx); err != nil {
 			// nft -f applies all or nothing, but earlier transactions of
 			// a split sync went through: what we think the table holds
@@ -277,12 +283,6 @@ func (w *write) run() error {
 	}
 	w.s.deleteStaleChains()
 	return nil
-}
-
-// chainsWritten names, for a log line, the chains the sync wrote rules
-// to: the first few.
-func (w *write) chainsWritten() []string {
-	return w.written[:min(len(w.written), 10)]
 }
 
 // maxTxOps bounds the operations of one transaction of a large sync (a

@@ -591,7 +591,20 @@ func TestFailedSyncsAreCountedAndRecovered(t *testing.T) {
 			}
 			return nil
 		})
+		// Another program's change makes our kube-proxy compare its rules
+		// with the kernel in a full sync, which leaves that program's rule
+		// alone: waiting for it sends the removal below to a partial sync.
+		fullSyncs := func() float64 {
+			return metricValue(metrics(t), `kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family="IPv4"}`)
+		}
+		synced := fullSyncs()
 		onNode(t, f.jump(chain)...)
+		eventually(t, 5*time.Second, "the full sync after another program's change", func() error {
+			if fullSyncs() <= synced {
+				return fmt.Errorf("none yet")
+			}
+			return nil
+		})
 		failures := func() []float64 {
 			text := metrics(t)
 			var values []float64

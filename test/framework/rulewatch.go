@@ -88,10 +88,16 @@ func (n *Netns) TableRules(family, table string) (map[string][]TableRule, error)
 	if err != nil {
 		return nil, fmt.Errorf("nft -a list table %s %s: %w", family, table, err)
 	}
+	return parseTableRules(string(out)), nil
+}
+
+// parseTableRules reads `nft -a list table` output; a set's or a map's
+// elements, which nft wraps in lines as they fit, are taken one by one.
+func parseTableRules(out string) map[string][]TableRule {
 	rules := map[string][]TableRule{}
 	var block string
 	var sorted bool
-	for _, line := range strings.Split(string(out), "\n") {
+	for _, line := range strings.Split(out, "\n") {
 		line = strings.TrimSpace(line)
 		text, handle, _ := strings.Cut(line, " # handle ")
 		text = counters.ReplaceAllString(text, "")
@@ -105,11 +111,18 @@ func (n *Netns) TableRules(family, table string) (map[string][]TableRule, error)
 				slices.SortFunc(rules[block], func(a, b TableRule) int { return strings.Compare(a.Text, b.Text) })
 			}
 			block = ""
+		case block != "" && sorted:
+			text = strings.TrimSuffix(strings.TrimPrefix(text, "elements = {"), "}")
+			for _, item := range strings.Split(text, ",") {
+				if item = strings.TrimSpace(item); item != "" {
+					rules[block] = append(rules[block], TableRule{Text: item})
+				}
+			}
 		case block != "" && text != "":
-			rules[block] = append(rules[block], TableRule{Text: strings.TrimSuffix(text, ","), Handle: handle})
+			rules[block] = append(rules[block], TableRule{Text: text, Handle: handle})
 		}
 	}
-	return rules, nil
+	return rules
 }
 
 // counters are what traffic changes in a listed rule.
