@@ -322,17 +322,18 @@ var tamperings = map[string][]tampering{
 			return []string{"iptables-nft", "-t", "nat", "-F"}, ""
 		}},
 		{"a service chain deleted", func(t *testing.T, chain, _ string) ([]string, string) {
-			// Its jump from KUBE-SERVICES too: a chain in use cannot go.
-			out, err := cluster.Node.Exec("iptables-nft", "-t", "nat", "-S", "KUBE-SERVICES")
+			// Its jump from KUBE-SERVICES too, in one transaction: a chain
+			// in use cannot go.
+			rules, err := cluster.Node.TableRules("ip", "nat")
 			if err != nil {
 				t.Fatal(err)
 			}
-			position := slices.IndexFunc(strings.Split(out, "\n"), func(l string) bool { return strings.HasSuffix(l, "-j "+chain) })
-			if position < 1 { // line 0 is "-N KUBE-SERVICES"
-				t.Fatalf("no jump to %s in KUBE-SERVICES:\n%s", chain, out)
+			jump := slices.IndexFunc(rules["chain KUBE-SERVICES"], func(r framework.TableRule) bool { return strings.HasSuffix(r.Text, "jump "+chain) })
+			if jump < 0 {
+				t.Fatalf("no jump to %s in KUBE-SERVICES: %v", chain, rules["chain KUBE-SERVICES"])
 			}
-			return []string{"iptables-nft-restore", "--noflush"},
-				fmt.Sprintf("*nat\n-D KUBE-SERVICES %d\n-F %s\n-X %s\nCOMMIT\n", position, chain, chain)
+			return []string{"nft", "-f", "-"}, fmt.Sprintf("delete rule ip nat KUBE-SERVICES handle %s\nflush chain ip nat %s\ndelete chain ip nat %s\n",
+				rules["chain KUBE-SERVICES"][jump].Handle, chain, chain)
 		}},
 		{"a rule inserted into a service chain", func(_ *testing.T, chain, _ string) ([]string, string) {
 			return []string{"iptables-nft", "-t", "nat", "-I", chain, "1", "-j", "RETURN"}, ""
