@@ -10,15 +10,17 @@ import (
 )
 
 // Generation returns a number that changes whenever the rules of one table
-// of this runner's backend and family may have changed, read without
-// starting a program: on nft the kernel's ruleset generation, which every
-// change to any nftables table increments; on legacy the size and rule
-// count of that table. Checking it first lets kube-proxy look for flushed
+// of this runner's backend and family may have changed by another
+// program's hand or ours, read without starting a program: on nft the
+// kernel's ruleset generation, which every change to any nftables table
+// increments, less our own restores' (nfgen.ForeignGeneration: one
+// family's restores leave the other's unmoved); on legacy the size and
+// rule count of that table. Checking it first lets kube-proxy look for flushed
 // rules often while costing nearly nothing when nothing changes; on legacy
 // even a one-chain listing copies the whole table.
 func (r *Runner) Generation(table string) (uint64, error) {
 	if r.backend == NFT {
-		return nfgen.Generation()
+		return nfgen.ForeignGeneration()
 	}
 	r.infoMu.Lock()
 	defer r.infoMu.Unlock()

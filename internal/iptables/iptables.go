@@ -9,9 +9,12 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/rapidproxy/rapidproxy/internal/nfgen"
 )
 
 // Backend is the kernel interface the iptables tools drive.
@@ -58,18 +61,61 @@ func (r *Runner) tool(suffix string) string {
 
 // Restore feeds input to iptables-restore without flushing other
 // programs' rules. Each table in the input is applied atomically; when one
-// fails, the error names the line iptables complained about.
+// fails, the error quotes the line iptables complained about (legacy's
+// message gives only its number), if it was within the first
+// keptInput bytes.
 func (r *Runner) Restore(input io.Reader) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	cmd := exec.Command(r.tool("-restore"), "-w", "--noflush", "--counters")
-	cmd.Stdin = input
+	sent := &headBuffer{limit: keptInput}
+	cmd.Stdin = io.TeeReader(input, sent)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("%s: %w: %s", r.tool("-restore"), err, strings.TrimSpace(stderr.String()))
+	run := cmd.Run
+	if r.backend == NFT {
+		run = func() error { return nfgen.Write(cmd.Run) }
+	}
+	if err := run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		return fmt.Errorf("%s: %w: %s%s", r.tool("-restore"), err, msg, offendingLine(msg, sent.Bytes()))
 	}
 	return nil
+}
+
+// keptInput bounds the copy of a restore input kept to quote a failing
+// line: a partial sync's input is far smaller, a full sync's at 10k
+// services some 18 MB.
+const keptInput = 1 << 20
+
+// headBuffer keeps the first limit bytes written to it.
+type headBuffer struct {
+	bytes.Buffer
+	limit int
+}
+
+func (b *headBuffer) Write(p []byte) (int, error) {
+	if room := b.limit - b.Len(); room > 0 {
+		b.Buffer.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+var restoreLineNumber = regexp.MustCompile(`line (\d+)`)
+
+// offendingLine quotes the input line an iptables-restore message names,
+// "" when it names none or input does not reach it.
+func offendingLine(msg string, input []byte) string {
+	m := restoreLineNumber.FindStringSubmatch(msg)
+	if m == nil {
+		return ""
+	}
+	n, _ := strconv.Atoi(m[1])
+	lines := strings.SplitN(string(input), "\n", n+1)
+	if n < 1 || len(lines) <= n {
+		return ""
+	}
+	return fmt.Sprintf(" (input line %d: %q)", n, lines[n-1])
 }
 
 // Save hands iptables-save output of every table to read as the tool

@@ -201,3 +201,23 @@ func TestSaveStreamsToItsReader(t *testing.T) {
 		}
 	})
 }
+
+// A failed restore's error quotes the line iptables names, when the
+// input kept reaches it whole.
+func TestOffendingLineIsQuoted(t *testing.T) {
+	input := []byte("*nat\n-X KUBE-SEP-A\nCOMMIT\n")
+	for msg, want := range map[string]string{
+		"iptables-restore: line 2 failed":                                 ` (input line 2: "-X KUBE-SEP-A")`,
+		"iptables-restore v1.8.9 (nf_tables): line 3: RULE_APPEND failed": ` (input line 3: "COMMIT")`,
+		"iptables-restore: line 4 failed":                                 "",
+		"iptables-restore: line 0 failed":                                 "",
+		"Another app is currently holding the xtables lock":               "",
+	} {
+		if got := offendingLine(msg, input); got != want {
+			t.Errorf("%q: got %q, want %q", msg, got, want)
+		}
+	}
+	if got := offendingLine("line 2 failed", []byte("*nat\n-X KUBE-SEP")); got != "" {
+		t.Errorf("a line cut short by the kept input's limit was quoted: %q", got)
+	}
+}

@@ -9,6 +9,7 @@ package nfgen
 import (
 	"encoding/binary"
 	"errors"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -65,4 +66,40 @@ func Generation() (uint64, error) {
 		}
 	}
 	return 0, errors.New("nftables: no ruleset generation in the answer")
+}
+
+// own counts the generations this process's writes moved the ruleset by,
+// so that a watch tells another program's changes from ours, whichever
+// of our syncers (one per IP family) wrote: each would otherwise take
+// the other's writes for a stranger's and check its rules after each.
+var own struct {
+	sync.Mutex
+	generations uint64
+}
+
+// Write runs one write of this process to the ruleset (a transaction,
+// one restore), which ForeignGeneration then does not count. Writes are
+// serialized, as the kernel serializes transactions anyway.
+func Write(write func() error) error {
+	own.Lock()
+	defer own.Unlock()
+	before, errBefore := Generation()
+	err := write()
+	after, errAfter := Generation()
+	// A write that moved it by more than one raced with another
+	// program's: counting it as foreign costs one needless check.
+	if errBefore == nil && errAfter == nil && after == before+1 {
+		own.generations++
+	}
+	return err
+}
+
+// ForeignGeneration is the ruleset generation less the moves of this
+// process's own writes (Write): it changes only when another program
+// changes the ruleset.
+func ForeignGeneration() (uint64, error) {
+	own.Lock()
+	defer own.Unlock()
+	gen, err := Generation()
+	return gen - own.generations, err
 }

@@ -57,3 +57,41 @@ func TestGeneration(t *testing.T) {
 		}
 	})
 }
+
+// The foreign generation moves with another program's transaction, not
+// with one of ours run through Write, failed or not.
+func TestForeignGenerationLeavesOurWritesOut(t *testing.T) {
+	testutil.RequireCommands(t, "nft")
+	netns := testutil.NewNetns(t)
+	testutil.DoInNetns(t, netns, func() {
+		foreign := func() uint64 {
+			t.Helper()
+			g, err := ForeignGeneration()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return g
+		}
+		nft := func(script string) error {
+			cmd := exec.Command("nft", "-f", "-")
+			cmd.Stdin = strings.NewReader(script)
+			return cmd.Run()
+		}
+		before := foreign()
+		if err := Write(func() error { return nft("add table ip ours\n") }); err != nil {
+			t.Fatal(err)
+		}
+		if err := Write(func() error { return nft("delete chain ip ours nochain\n") }); err == nil {
+			t.Fatal("deleting a missing chain did not fail")
+		}
+		if after := foreign(); after != before {
+			t.Errorf("our writes moved the foreign generation from %d to %d", before, after)
+		}
+		if err := nft("add table ip theirs\n"); err != nil {
+			t.Fatal(err)
+		}
+		if after := foreign(); after != before+1 {
+			t.Errorf("another program's transaction moved the foreign generation from %d to %d", before, after)
+		}
+	})
+}

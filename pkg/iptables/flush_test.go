@@ -70,20 +70,27 @@ func newProbedProxier(t *testing.T) (testProxier, *probeKernel) {
 }
 
 // A probe lists its chain only when its table's generation moved, and at
-// most at its own pace: the slow ones once per sync period.
+// most at its own pace: the slow ones once per sync period. A change to
+// the nat table is reported at the next tick, for a verifying full sync.
 func TestFlushProbesRunOnlyWhenTheirTableChanged(t *testing.T) {
 	p, kernel := newProbedProxier(t)
 	slow := int(p.cfg.SyncPeriod / flushCheckInterval)
+	changes := 0
 	ticks := func(from, to int) {
 		t.Helper()
 		for tick := from; tick < to; tick++ {
-			if probe, flushed := p.watch.check(tick); flushed {
+			probe, flushed, changed := p.watch.check(tick)
+			if flushed {
 				t.Fatalf("tick %d: probe %s/%s fired with nothing flushed", tick, probe.table, probe.chain)
+			}
+			if changed {
+				changes++
 			}
 		}
 	}
 
 	ticks(0, 1)
+	changes = 0
 	if want := map[string]int{"mangle": 1, "filter": 1, "nat": 1}; !maps.Equal(kernel.listed, want) {
 		t.Fatalf("first check listed %v, want %v", kernel.listed, want)
 	}
@@ -92,8 +99,14 @@ func TestFlushProbesRunOnlyWhenTheirTableChanged(t *testing.T) {
 		t.Errorf("with no change, two sync periods listed %v, want nothing more", kernel.listed)
 	}
 
+	if changes != 0 {
+		t.Errorf("with no change, %d ticks reported a nat change", changes)
+	}
 	kernel.generations["nat"]++
 	ticks(2*slow, 2*slow+1)
+	if changes != 1 {
+		t.Errorf("after a nat change, %d ticks reported it, want 1", changes)
+	}
 	kernel.generations["filter"]++
 	ticks(2*slow+1, 2*slow+2)
 	if want := map[string]int{"mangle": 1, "filter": 2, "nat": 2}; !maps.Equal(kernel.listed, want) {
@@ -102,7 +115,7 @@ func TestFlushProbesRunOnlyWhenTheirTableChanged(t *testing.T) {
 
 	kernel.flushed["filter"] = true
 	kernel.generations["filter"]++
-	probe, flushed := p.watch.check(2*slow + 2)
+	probe, flushed, _ := p.watch.check(2*slow + 2)
 	if !flushed || probe.table != TableFilter || probe.chain != "FORWARD" {
 		t.Errorf("a filter flush: got %v %s/%s, want the FORWARD probe to fire", flushed, probe.table, probe.chain)
 	}
@@ -118,7 +131,7 @@ func TestFlushProbesSkipTheChangesOfOurOwnSyncs(t *testing.T) {
 	checkUntil := func(to int) (flushProbe, bool) {
 		t.Helper()
 		for ; tick < to; tick++ {
-			if probe, flushed := p.watch.check(tick); flushed {
+			if probe, flushed, _ := p.watch.check(tick); flushed {
 				tick++
 				return probe, true
 			}

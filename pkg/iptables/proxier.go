@@ -72,8 +72,19 @@ type Syncer struct {
 
 	// written is true once a full sync has written everything and no
 	// flush was seen since: before that there is nothing to lose.
-	writtenMu sync.Mutex
-	written   bool
+	// verifying is set when the watch asked for a full sync because
+	// another program changed a table we write to; fullSyncTook paces
+	// such syncs.
+	writtenMu    sync.Mutex
+	written      bool
+	verifying    bool
+	fullSyncTook time.Duration
+
+	// rewritten names (the first few) the chains a full sync found
+	// differing in the kernel; repairs counts those it had written
+	// before, as they are: another program changed them.
+	rewritten []Chain
+	repairs   int
 }
 
 // New returns the iptables mode; proxy.NewCore runs it.
@@ -114,14 +125,37 @@ func (p *Syncer) FullSync(v state.View) error {
 			return fmt.Errorf("nfacct objects: %w", err)
 		}
 	}
-	if err := p.fullSync(); err != nil {
+	p.writtenMu.Lock()
+	verifying := p.verifying
+	p.verifying = false
+	p.writtenMu.Unlock()
+	start := time.Now()
+	p.rewritten, p.repairs = p.rewritten[:0], 0
+	err := p.fullSync(verifying)
+	p.writtenMu.Lock()
+	p.fullSyncTook = time.Since(start)
+	p.written = err == nil
+	p.writtenMu.Unlock()
+	if err != nil {
 		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
 		return err
 	}
-	p.writtenMu.Lock()
-	p.written = true
-	p.writtenMu.Unlock()
+	if p.repairs > 0 {
+		klog.InfoS("Restored our iptables rules that another program had changed", "ipFamily", p.cfg.Family, "repairedChains", p.repairs, "rewritten", p.rewritten)
+		metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
+	}
 	return nil
+}
+
+// noteRewritten records that a full sync rewrites a chain, and whether
+// that repairs another program's change.
+func (p *Syncer) noteRewritten(c Chain, repair bool) {
+	if len(p.rewritten) < 10 {
+		p.rewritten = append(p.rewritten, c)
+	}
+	if repair {
+		p.repairs++
+	}
 }
 
 // largeCluster tells whether the services have more endpoints in all than
@@ -178,8 +212,11 @@ func (p *Syncer) partialSync(changed map[state.ServicePortName]bool) error {
 // the fixed chains; the per-service chains, which nothing jumps to yet;
 // then the differences in the shared chains, which switch traffic over
 // atomically per table, with the removal of chains nothing uses any more
-// and the jumps from the built-in chains.
-func (p *Syncer) fullSync() error {
+// and the jumps from the built-in chains. A service chain rewritten as it
+// was applied is a repair, and so are the fixed chains and jumps when the
+// watch saw another program's change (verifying); the shared chains also
+// change with the services, and are only named.
+func (p *Syncer) fullSync(verifying bool) error {
 	kernel, err := p.readKernel()
 	if err != nil {
 		return err
@@ -190,12 +227,14 @@ func (p *Syncer) fullSync() error {
 	for _, t := range kubeTables {
 		if !kernel[t].has(chainCanary) {
 			fixed.writeChain(t, OwnChain{Name: chainCanary})
+			p.noteRewritten(chainCanary, verifying)
 		}
 	}
 	for t, chains := range static.Chains {
 		for _, c := range chains {
 			if !kernel[t].holds(c) {
 				fixed.writeChain(t, c)
+				p.noteRewritten(c.Name, verifying)
 			}
 		}
 	}
@@ -210,9 +249,10 @@ func (p *Syncer) fullSync() error {
 		desired[name] = summarize(rules)
 		shared = append(shared, rules.Shared)
 		var differ []OwnChain
-		for _, c := range rules.Chains {
+		for i, c := range rules.Chains {
 			if !kernel[TableNAT].holds(c) {
 				differ = append(differ, c)
+				p.noteRewritten(c.Name, slices.Contains(p.applied[name].chains, desired[name].chains[i]))
 			}
 			kernel[TableNAT].claim(c.Name)
 		}
@@ -232,7 +272,11 @@ func (p *Syncer) fullSync() error {
 				}
 				continue
 			}
+			lines := final.table(t).lines()
 			diffSharedChain(final, t, kernel[t].rules[want.Name], want, tail)
+			if final.table(t).lines() > lines {
+				p.noteRewritten(want.Name, false)
+			}
 		}
 	}
 	for _, c := range kernel[TableNAT].unclaimedServiceChains() {
@@ -241,6 +285,7 @@ func (p *Syncer) fullSync() error {
 	for _, j := range static.Jumps {
 		if !containsRule(kernel[j.Table].rules[j.From], j.Rule) {
 			final.insertFirst(j.Table, j.From, j.Rule)
+			p.noteRewritten(j.From, verifying)
 		}
 	}
 	if err := writer.finish(final); err != nil {
@@ -352,14 +397,20 @@ type flushProbe struct {
 	rule  Rule
 	// every is how many check intervals apart the probe runs.
 	every int
+	// verify: when another program changed the table, whatever the
+	// probe finds, have a full sync compare our chains with the kernel.
+	verify bool
 }
 
 // flushProbes: the filter FORWARD jump is checked every second (gone with
-// `iptables -F`, a firewall reload or a reset of the whole ruleset); the
-// others once per sync period: the mangle canary (gone when a program
-// deletes the tables' chains, what upstream checks) and the nat PREROUTING
-// jump (the nat table can be large, and reading even one of its chains
-// costs iptables-legacy a copy of the whole table).
+// `iptables -F`, a firewall reload or a reset of the whole ruleset), and
+// so is the nat table's generation: when another program changed the nat
+// table (where the service chains are), a full sync compares every chain
+// with the kernel (a service chain deleted, a rule inserted into one);
+// the nat PREROUTING jump is listed at the sync period, as is the mangle
+// canary (gone when a program deletes the tables' chains, what upstream
+// checks): reading even one nat chain costs iptables-legacy a copy of the
+// whole table.
 func (p *Syncer) flushProbes() []flushProbe {
 	slow := max(1, int(p.cfg.SyncPeriod/flushCheckInterval))
 	probes := []flushProbe{{table: TableMangle, chain: chainCanary, every: slow}}
@@ -368,14 +419,19 @@ func (p *Syncer) flushProbes() []flushProbe {
 		case j.Table == TableFilter && j.From == "FORWARD" && jumpTarget(string(j.Rule)) == chainForward:
 			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: 1})
 		case j.Table == TableNAT && j.From == "PREROUTING":
-			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: slow})
+			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: slow},
+				flushProbe{table: j.Table, every: 1, verify: true})
 		}
 	}
 	return probes
 }
 
-// flushed tells whether the probe finds its rule or chain gone.
+// flushed tells whether the probe finds its rule or chain gone; a
+// verifying probe lists nothing.
 func (p *Syncer) flushed(probe flushProbe) bool {
+	if probe.verify {
+		return false
+	}
 	rules, err := p.cfg.Kernel.ListRules(string(probe.table), string(probe.chain))
 	if err != nil {
 		return true
@@ -391,10 +447,16 @@ func (p *Syncer) flushed(probe flushProbe) bool {
 }
 
 // Watch runs the flush probes and asks for a full sync, which restores
-// everything, when one finds our rules gone.
+// everything, when one finds our rules gone, or when another program
+// changed the nat table: then at most once per ten times the last full
+// sync's duration, so that a program changing its own rules all the time
+// costs us a bounded share of a core (on nft, every change to any table
+// moves the generation the probes read).
 func (p *Syncer) Watch(ctx context.Context, resync func()) {
 	ticker := time.NewTicker(flushCheckInterval)
 	defer ticker.Stop()
+	var pending bool
+	var last time.Time
 	for tick := 0; ; tick++ {
 		select {
 		case <-ctx.Done():
@@ -407,16 +469,21 @@ func (p *Syncer) Watch(ctx context.Context, resync func()) {
 		if !written {
 			continue
 		}
-		probe, flushed := p.watch.check(tick)
-		if !flushed {
-			continue
-		}
-		klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", probe.table, "chain", probe.chain)
-		metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
+		probe, flushed, changed := p.watch.check(tick)
+		pending = pending || changed
 		p.writtenMu.Lock()
-		p.written = false
+		due := time.Since(last) >= 10*p.fullSyncTook
+		if flushed || (pending && due) {
+			p.written, p.verifying, pending, last = false, true, false, time.Now()
+		}
+		verify := p.verifying
 		p.writtenMu.Unlock()
-		resync()
+		if flushed {
+			klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", probe.table, "chain", probe.chain)
+		}
+		if verify {
+			resync()
+		}
 	}
 }
 
@@ -453,8 +520,9 @@ func (p *Syncer) newFlushWatch() *flushWatch {
 }
 
 // check runs the probes due at this tick and returns the first that finds
-// our rules gone.
-func (w *flushWatch) check(tick int) (flushProbe, bool) {
+// our rules gone; changed tells whether another program changed a table a
+// verifying probe watches.
+func (w *flushWatch) check(tick int) (_ flushProbe, flushed, changed bool) {
 	for i, probe := range w.probes {
 		if tick%probe.every != 0 {
 			continue
@@ -466,11 +534,15 @@ func (w *flushWatch) check(tick int) (flushProbe, bool) {
 			w.seen[i], w.listed[i] = generation, tick
 		}
 		w.mu.Unlock()
-		if !unchanged && w.p.flushed(probe) {
-			return probe, true
+		switch {
+		case unchanged:
+		case probe.verify:
+			changed = true
+		case w.p.flushed(probe):
+			return probe, true, changed
 		}
 	}
-	return flushProbe{}, false
+	return flushProbe{}, false, changed
 }
 
 // tableGeneration is one probe's table generation, if it could be read.

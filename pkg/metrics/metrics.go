@@ -65,7 +65,10 @@ var (
 	// stale chains (done after the sync that stopped using them).
 	NFTablesSyncFailuresTotal    = counter("sync_proxy_rules_nftables_sync_failures_total", "Cumulative proxy nftables sync failures", "ip_family")
 	NFTablesCleanupFailuresTotal = counter("sync_proxy_rules_nftables_cleanup_failures_total", "Cumulative proxy nftables cleanup failures", "ip_family")
-	NoLocalEndpointsTotal        = gauge("sync_proxy_rules_no_local_endpoints_total", "Number of services with a Local traffic policy and no endpoints", "traffic_policy", "ip_family")
+	// NFTablesRepairsTotal is ours, not upstream's: how often another
+	// program changed the nftables mode's table and it was restored.
+	NFTablesRepairsTotal  = counter("sync_proxy_rules_nftables_repairs_total", "Times kube-proxy's nftables table was found changed by another program and restored", "ip_family")
+	NoLocalEndpointsTotal = gauge("sync_proxy_rules_no_local_endpoints_total", "Number of services with a Local traffic policy and no endpoints", "traffic_policy", "ip_family")
 
 	ProxyHealthzTotal = counter("proxy_healthz_total", "Cumulative proxy healthz HTTP status", "code")
 	ProxyLivezTotal   = counter("proxy_livez_total", "Cumulative proxy livez HTTP status", "code")
@@ -129,7 +132,7 @@ var Registry = func() *prometheus.Registry {
 		SyncProxyRulesLastTimestamp, SyncProxyRulesLastQueued, NetworkProgrammingLatency,
 		EndpointChangesPending, EndpointChangesTotal, ServiceChangesPending, ServiceChangesTotal,
 		IPTablesRestoreFailuresTotal, IPTablesPartialRestoreFailuresTotal, IPTablesRulesTotal, IPTablesRulesLastSync, IPTablesFlushRecoveriesTotal,
-		NFTablesSyncFailuresTotal, NFTablesCleanupFailuresTotal,
+		NFTablesSyncFailuresTotal, NFTablesCleanupFailuresTotal, NFTablesRepairsTotal,
 		NoLocalEndpointsTotal, ProxyHealthzTotal, ProxyLivezTotal,
 		ConntrackReconcilerSyncDuration, ConntrackReconcilerDeleted,
 		IPTablesCTStateInvalidDropped, IPTablesLocalhostNodePortsAccepted,

@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/knftables"
 
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 )
 
 // inNetns re-runs the calling test inside a fresh network namespace, and
@@ -189,8 +191,10 @@ func compareWithFresh(t *testing.T, h *harness, params Params) {
 }
 
 // On the real kernel the watch lists nothing while idle or after our own
-// syncs, lists once after another program's unrelated change, and notices
-// a table flushed or deleted by another program within about a second.
+// syncs; after another program's change it lists once and asks for a full
+// sync, which writes nothing when the change was not to our table, and
+// restores it within about a second when it was: the table flushed or
+// deleted, a chain of ours flushed, a rule added to one.
 func TestKernelWatch(t *testing.T) {
 	if !inNetns(t) {
 		return
@@ -218,7 +222,16 @@ func TestKernelWatch(t *testing.T) {
 			t.Fatalf("nft %s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}
-	noticed := func(what string) {
+	// noticed waits for the watch to ask for a full sync, runs it, and
+	// checks whether it wrote, and counted a repair.
+	repairs := func() float64 {
+		var m dto.Metric
+		if err := metrics.NFTablesRepairsTotal.WithLabelValues(string(v1.IPv4Protocol)).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	noticed := func(what string, wantWrite bool) {
 		t.Helper()
 		start := time.Now()
 		select {
@@ -227,7 +240,14 @@ func TestKernelWatch(t *testing.T) {
 		case <-time.After(2 * time.Second):
 			t.Fatalf("%s: not noticed within 2 s", what)
 		}
+		n, counted := len(k.txs), repairs()
 		h.full()
+		if wrote := len(k.txs) > n; wrote != wantWrite {
+			t.Errorf("%s: the full sync wrote: %v, want %v", what, wrote, wantWrite)
+		}
+		if got := repairs() - counted; got != map[bool]float64{true: 1}[wantWrite] {
+			t.Errorf("%s: %v repairs counted", what, got)
+		}
 		for len(resyncs) > 0 {
 			<-resyncs
 		}
@@ -237,14 +257,24 @@ func TestKernelWatch(t *testing.T) {
 	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.15")))
 	h.partial()
 	quiet("after our own partial sync", 2*time.Second, 0)
+	k.lists.Store(0)
 	nft("add", "table", "ip", "someone-else")
-	quiet("after another table was added", 2500*time.Millisecond, 1)
+	noticed("another table added", false)
+	if n := k.lists.Load(); n != 1 {
+		t.Errorf("after another table was added: %d listings, want 1", n)
+	}
+	quiet("after that", 2*time.Second, 0)
 
-	nft("flush", "table", "ip", TableName)
-	noticed("nft flush table")
-	quiet("after the repair", 2*time.Second, 0)
-	nft("delete", "table", "ip", TableName)
-	noticed("nft delete table")
-	quiet("after the repair", 2*time.Second, 0)
+	const ours = "service-DMA2WJPR-hx-conf/fid-a/tcp/http"
+	for _, damage := range [][]string{
+		{"flush", "table", "ip", TableName},
+		{"delete", "table", "ip", TableName},
+		{"flush", "chain", "ip", TableName, ours},
+		{"insert", "rule", "ip", TableName, ours, "drop"},
+	} {
+		nft(damage...)
+		noticed("nft "+strings.Join(damage, " "), true)
+		quiet("after the repair", 2*time.Second, 0)
+	}
 	compareWithFresh(t, h, v4(nil)(t))
 }

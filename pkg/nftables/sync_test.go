@@ -263,13 +263,15 @@ func TestFailedTransactionThenFullSync(t *testing.T) {
 }
 
 // A full sync removes what the state no longer has: another run's
-// chains and sets, and elements no one wants.
+// service chains and sets, and elements no one wants. As upstream's, it
+// leaves another program's chain in the table (a name without "/").
 func TestFullSyncRemovesStaleObjects(t *testing.T) {
 	h := sampleHarness(t)
 	tx := h.nft.NewTransaction()
 	tx.Add(&knftables.Chain{Name: "service-AAAAAAAA-gone/svc/tcp/p"})
 	tx.Add(&knftables.Rule{Chain: "service-AAAAAAAA-gone/svc/tcp/p", Rule: "meta l4proto tcp dnat ip to numgen random mod 1 map { 0 : 10.244.9.9 . 80 }"})
-	tx.Add(&knftables.Chain{Name: "mark-for-masquerade"})
+	tx.Add(&knftables.Chain{Name: "someone-elses"})
+	tx.Add(&knftables.Rule{Chain: "someone-elses", Rule: "counter"})
 	tx.Add(&knftables.Set{Name: "affinity-AAAAAAAA-gone/svc/tcp/p__10.244.9.9/80", Type: "ipv4_addr", Flags: []knftables.SetFlag{"dynamic", "timeout"}, Timeout: ptr(time.Hour)})
 	tx.Add(&knftables.Element{Map: mapServiceIPs, Key: []string{"10.96.99.99", "tcp", "80"}, Value: []string{"goto service-AAAAAAAA-gone/svc/tcp/p"}})
 	tx.Add(&knftables.Element{Set: setClusterIPs, Key: []string{"10.96.99.99"}})
@@ -288,6 +290,14 @@ func TestFullSyncRemovesStaleObjects(t *testing.T) {
 	h.syncer.now = func() time.Time { return time.Now().Add(time.Minute) }
 	h.changed = nil
 	h.partial()
+	if rules, err := h.nft.ListRules(t.Context(), "someone-elses"); err != nil || len(rules) != 1 {
+		t.Errorf("another program's chain: %v, %v; want it left with its rule", rules, err)
+	}
+	tx = h.nft.NewTransaction()
+	tx.Delete(&knftables.Chain{Name: "someone-elses"})
+	if err := h.nft.Fake.Run(t.Context(), tx); err != nil {
+		t.Fatal(err)
+	}
 	checkAgainstFreshSync(t, h)
 }
 

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/rapidproxy/rapidproxy/internal/nfgen"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -31,7 +32,8 @@ type Config struct {
 	// the call or the reader's Close) means there is no table.
 	List func(ctx context.Context) (io.ReadCloser, error)
 	// Generation reads the kernel's nftables ruleset generation; nil
-	// reads it over netlink (nfgen).
+	// reads it over netlink, less our own transactions' moves
+	// (nfgen.ForeignGeneration), which are then run through nfgen.Write.
 	Generation func() (uint64, error)
 	Params     Params
 }
@@ -53,6 +55,9 @@ type Syncer struct {
 	// genFailed is set by the watch once it logged that it cannot read
 	// the generation.
 	genFailed bool
+	// writeTx runs one of our transactions: through nfgen.Write when the
+	// generation is nfgen's.
+	writeTx func(func() error) error
 
 	mu sync.Mutex
 	// kernel is what the table holds: read by a full sync, kept up to date
@@ -73,6 +78,13 @@ type Syncer struct {
 	// the watch when it found the table in place. The watch lists the
 	// table only when the generation is another.
 	verified uint64
+	// foreign is set by the watch when another program changed the
+	// ruleset since it last looked; verifying, when it asked for the
+	// full sync that compares the whole table with what we want, which
+	// then logs and counts the chains it restored as they were applied.
+	// fullSyncTook paces those syncs.
+	foreign, verifying bool
+	fullSyncTook       time.Duration
 }
 
 // staleChain is when a chain was flushed, and whether deleting it failed.
@@ -98,10 +110,12 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.List == nil {
 		cfg.List = listTable(Family(cfg.Family))
 	}
+	writeTx := func(write func() error) error { return write() }
 	if cfg.Generation == nil {
-		cfg.Generation = nfgen.Generation
+		cfg.Generation, writeTx = nfgen.ForeignGeneration, nfgen.Write
 	}
-	return &Syncer{cfg: cfg, now: time.Now, maxTxOps: maxTxOps, stale: map[string]staleChain{}}, nil
+	metrics.NFTablesRepairsTotal.WithLabelValues(string(cfg.Family))
+	return &Syncer{cfg: cfg, now: time.Now, maxTxOps: maxTxOps, stale: map[string]staleChain{}, writeTx: writeTx}, nil
 }
 
 // SetServiceCIDRs changes the ServiceCIDRs whose unallocated addresses are
@@ -119,6 +133,13 @@ func (s *Syncer) SetServiceCIDRs(cidrs []netip.Prefix) {
 func (s *Syncer) FullSync(v state.View) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	start := s.now()
+	var applied map[string][]string
+	if s.verifying {
+		applied = s.appliedChains()
+	}
+	s.verifying = false
+	defer func() { s.fullSyncTook = s.now().Sub(start) }()
 	// What the listing shows is the table at this generation or later.
 	gen, genErr := s.cfg.Generation()
 	t, err := readTable(context.TODO(), s.cfg.List)
@@ -136,12 +157,34 @@ func (s *Syncer) FullSync(v state.View) error {
 		}
 	}
 	w := s.newWrite(true)
+	w.applied = applied
 	w.replaceLayout(s.cfg.Params.Layout())
 	for _, name := range slices.SortedFunc(maps.Keys(v.Services), compareNames) {
 		w.replace(name, s.objectsFor(v, name))
 	}
 	w.removeUnwanted()
-	return w.run()
+	if err := w.run(); err != nil {
+		return err
+	}
+	if len(w.restored) > 0 {
+		klog.InfoS("Restored the nftables table another program had changed", "ipFamily", s.cfg.Family, "restoredChains", len(w.restored), "chains", w.restored[:min(len(w.restored), 10)])
+		metrics.NFTablesRepairsTotal.WithLabelValues(string(s.cfg.Family)).Inc()
+	}
+	return nil
+}
+
+// appliedChains are the rules of every chain the last syncs wrote.
+func (s *Syncer) appliedChains() map[string][]string {
+	chains := map[string][]string{}
+	for _, c := range s.layout.Chains {
+		chains[c.Name] = c.Rules
+	}
+	for _, objects := range s.applied {
+		for _, c := range objects.Chains {
+			chains[c.Name] = c.Rules
+		}
+	}
+	return chains
 }
 
 // PartialSync rewrites only what the changed service ports own, trusting
@@ -174,23 +217,42 @@ func compareNames(a, b state.ServicePortName) int {
 		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 }
 
-// Watch asks for a full sync when the table was deleted or flushed (by
-// `nft flush ruleset`, say). Once a second it reads the ruleset
-// generation, which costs no process; only when it moved other than by
-// our own transactions does it list one small chain to see whether the
-// change was ours to repair.
+// Watch asks for a full sync when another program changed the ruleset.
+// Once a second it reads the ruleset generation, which costs no process;
+// only when it moved other than by our own transactions does it list one
+// small chain to see whether the table was deleted or flushed (by `nft
+// flush ruleset`, say), and ask for a full sync at once if so. Any other
+// change by another program (a chain of ours flushed, a rule added to
+// one) is found by a full sync, which compares the whole table with what
+// we want and writes only the difference: at most one such sync per ten
+// times the last full sync's duration, so that a program changing its
+// own tables all the time costs us a bounded share of a core.
 func (s *Syncer) Watch(ctx context.Context, resync func()) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	var pending bool
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-			if gone := s.check(ctx); gone != "" {
-				klog.InfoS("The nftables table was changed by another program; resyncing", "ipFamily", s.cfg.Family, "found", gone)
-				resync()
-			}
+		}
+		gone := s.check(ctx)
+		s.mu.Lock()
+		pending = pending || s.foreign
+		s.foreign = false
+		due := s.now().Sub(last) >= 10*s.fullSyncTook
+		if gone != "" || (pending && due) {
+			s.verifying, pending, last = true, false, s.now()
+		}
+		verify := s.verifying
+		s.mu.Unlock()
+		if gone != "" {
+			klog.InfoS("The nftables table was changed by another program; resyncing", "ipFamily", s.cfg.Family, "found", gone)
+		}
+		if verify {
+			resync()
 		}
 	}
 }
@@ -207,6 +269,9 @@ func (s *Syncer) check(ctx context.Context) string {
 	if !written || (err == nil && gen == known) {
 		return ""
 	}
+	s.mu.Lock()
+	s.foreign = true
+	s.mu.Unlock()
 	if err != nil && !s.genFailed {
 		// Without the generation, list every time.
 		klog.ErrorS(err, "Reading the nftables ruleset generation; checking the table by listing it instead", "ipFamily", s.cfg.Family)
@@ -247,7 +312,7 @@ func (s *Syncer) tableGone(ctx context.Context) string {
 // at the new one.
 func (s *Syncer) run(tx *knftables.Transaction) error {
 	before, err := s.cfg.Generation()
-	if err := s.cfg.NFT.Run(context.TODO(), tx); err != nil {
+	if err := s.writeTx(func() error { return s.cfg.NFT.Run(context.TODO(), tx) }); err != nil {
 		return err
 	}
 	after, errAfter := s.cfg.Generation()

@@ -59,6 +59,11 @@ type write struct {
 	newRules, newElems, addBase []knftables.Object
 
 	touched map[elemID]bool
+	// applied are the rules of each chain as the syncs before wrote
+	// them, when the watch asked this full sync to tell what it
+	// restored: the chains it rewrites as they were.
+	applied  map[string][]string
+	restored []string
 	// seen are the chains and sets this sync wants (full sync only).
 	seenChains, seenSets map[string]bool
 }
@@ -140,6 +145,9 @@ func (w *write) chain(c Chain) {
 		return
 	default:
 		w.flushes = append(w.flushes, &knftables.Chain{Name: c.Name})
+	}
+	if rules, ok := w.applied[c.Name]; ok && slices.Equal(rules, c.Rules) {
+		w.restored = append(w.restored, c.Name)
 	}
 	for _, r := range c.Rules {
 		*rules = append(*rules, &knftables.Rule{Chain: c.Name, Rule: writable(r)})
@@ -245,11 +253,15 @@ func (w *write) element(id elemID) {
 	ts.elements[id.key] = first.value
 }
 
-// removeUnwanted flushes every chain, deletes every set and element a
-// full sync did not ask for: other services', or an older layout's.
+// removeUnwanted flushes every service port's chain, deletes every set
+// and element a full sync did not ask for: other services', or an older
+// layout's.
 func (w *write) removeUnwanted() {
 	for _, name := range slices.Sorted(maps.Keys(w.t.chains)) {
-		if !w.seenChains[name] {
+		// As upstream: only a service port's chains, named with a "/",
+		// are ours to remove; another program's chain in the table (one
+		// jumping to ours, say) stays.
+		if !w.seenChains[name] && strings.Contains(name, "/") {
 			w.dropChain(name)
 		}
 	}

@@ -321,6 +321,8 @@ func (c *Core) SyncOnce() error {
 	}
 	if full {
 		if err := c.mode.FullSync(view); err != nil {
+			// The runner retries, backing off from a second to a minute.
+			klog.ErrorS(err, "Full sync failed; retrying", "mode", c.cfg.ModeName, "ipFamily", family)
 			c.countFailure()
 			c.needFullSync = true
 			return fmt.Errorf("%s %s sync: %w", c.cfg.ModeName, family, err)

@@ -64,8 +64,11 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 	klog.InfoS("Node", "name", nodeName, "primaryIPs", nodeIPs)
 
 	setOOMScoreAdj(cfg.OOMScoreAdj)
+	// Upstream exits here, and restarts in a loop on a node whose
+	// /proc/sys is read-only; the limits only matter under load, so the
+	// rules are served regardless (--init-only still fails).
 	if err := conntrack.SetSysctls(sysctl.Proc{}, cfg.Conntrack); err != nil {
-		return fmt.Errorf("conntrack settings: %w", err)
+		klog.ErrorS(err, "Could not apply the conntrack settings; serving without them")
 	}
 
 	health := healthcheck.NewProxyHealth(2 * syncPeriod(cfg))

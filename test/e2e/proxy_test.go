@@ -45,8 +45,11 @@ func inEachMode(t *testing.T, test func(t *testing.T, mode string)) {
 // with, ours or upstream's, in the given mode. Metrics are served on the
 // node's IP so the tests can read them; conntrack limits are left alone
 // because the node namespace cannot change them.
-func proxyConfig(mode string) string {
-	return "mode: " + mode + "\nmetricsBindAddress: 0.0.0.0:10249\nconntrack:\n  maxPerCore: 0\n"
+func proxyConfig(mode string) string { return proxyConfigWith(mode, 0) }
+
+// proxyConfigWith is proxyConfig with a conntrack limit per core.
+func proxyConfigWith(mode string, conntrackPerCore int) string {
+	return "mode: " + mode + "\nmetricsBindAddress: 0.0.0.0:10249\nconntrack:\n  maxPerCore: " + strconv.Itoa(conntrackPerCore) + "\n"
 }
 
 var (
@@ -88,13 +91,20 @@ func switchProxy(t *testing.T, ours bool, mode string) {
 
 func switchProxyLocked(t *testing.T, ours bool, mode string) {
 	t.Helper()
+	startProxyLocked(t, ours, mode, nil, proxyConfig(mode))
+}
+
+// startProxyLocked is switchProxyLocked with the command line run by a
+// wrapper command (none when nil) and another configuration.
+func startProxyLocked(t *testing.T, ours bool, mode string, wrapper []string, config string) {
+	t.Helper()
 	stopProxyLocked()
 	binary, name := cluster.KubeProxy(), "kube-proxy"
 	if !ours {
 		binary, name = cluster.UpstreamKubeProxy(), "kube-proxy-upstream"
 	}
 	started++
-	p, err := cluster.StartKubeProxy(fmt.Sprintf("%s-%s-%d", name, mode, started), binary, cluster.KubeProxyConfig(proxyConfig(mode)))
+	p, err := cluster.StartKubeProxyUnder(fmt.Sprintf("%s-%s-%d", name, mode, started), wrapper, binary, cluster.KubeProxyConfig(config))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,6 +53,9 @@ type Cluster struct {
 	bins      binaries
 	lock      *os.File
 	processes []*Process
+	// apiServerArgs start kube-apiserver, again after StopAPIServer.
+	apiServerArgs []string
+	apiServer     *Process
 
 	mu       sync.Mutex
 	pods     map[string]*Pod
@@ -215,18 +218,18 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	if err := c.startEtcd(ctx); err != nil {
 		return err
 	}
-	apiserver, err := c.start("kube-apiserver", exec.Command(filepath.Join(c.bins.tools, "kube-apiserver"),
-		"--etcd-servers="+etcdClientURL,
-		"--bind-address="+APIServerIP,
-		"--secure-port="+apiServerPort,
-		"--advertise-address="+APIServerIP,
-		"--tls-cert-file="+pki.path("apiserver.crt"),
-		"--tls-private-key-file="+pki.path("apiserver.key"),
-		"--client-ca-file="+pki.path("ca.crt"),
+	c.apiServerArgs = []string{filepath.Join(c.bins.tools, "kube-apiserver"),
+		"--etcd-servers=" + etcdClientURL,
+		"--bind-address=" + APIServerIP,
+		"--secure-port=" + apiServerPort,
+		"--advertise-address=" + APIServerIP,
+		"--tls-cert-file=" + pki.path("apiserver.crt"),
+		"--tls-private-key-file=" + pki.path("apiserver.key"),
+		"--client-ca-file=" + pki.path("ca.crt"),
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+pki.path("sa.key"),
-		"--service-account-signing-key-file="+pki.path("sa.key"),
-		"--service-cluster-ip-range="+ServiceCIDRs,
+		"--service-account-key-file=" + pki.path("sa.key"),
+		"--service-account-signing-key-file=" + pki.path("sa.key"),
+		"--service-cluster-ip-range=" + ServiceCIDRs,
 		"--authorization-mode=RBAC",
 		// As kubeadm's API server: kube-proxy's DaemonSet is privileged.
 		"--allow-privileged=true",
@@ -234,9 +237,6 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		// plain objects whose status the framework writes.
 		"--disable-admission-plugins=ServiceAccount",
 		"--endpoint-reconciler-type=none",
-	))
-	if err != nil {
-		return err
 	}
 	restConfig, err := c.adminRESTConfig()
 	if err != nil {
@@ -245,11 +245,8 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	if c.Client, err = kubernetes.NewForConfig(restConfig); err != nil {
 		return err
 	}
-	if err := waitFor(ctx, apiserver, "kube-apiserver ready", func() bool {
-		body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
-		return err == nil && string(body) == "ok"
-	}); err != nil {
-		return fmt.Errorf("%w\nits failing readiness checks:\n%s", err, c.failingReadyChecks())
+	if err := c.StartAPIServer(ctx); err != nil {
+		return err
 	}
 	kcm, err := c.start("kube-controller-manager", exec.Command(filepath.Join(c.bins.tools, "kube-controller-manager"),
 		"--kubeconfig="+kcmConfig,
@@ -272,6 +269,27 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	}
 	return nil
 }
+
+// StartAPIServer starts kube-apiserver, with the same flags, certificates
+// and etcd after StopAPIServer, and waits until it is ready.
+func (c *Cluster) StartAPIServer(ctx context.Context) error {
+	apiserver, err := c.start("kube-apiserver", exec.Command(c.apiServerArgs[0], c.apiServerArgs[1:]...))
+	if err != nil {
+		return err
+	}
+	c.apiServer = apiserver
+	if err := waitFor(ctx, apiserver, "kube-apiserver ready", func() bool {
+		body, err := c.Client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil && string(body) == "ok"
+	}); err != nil {
+		return fmt.Errorf("%w\nits failing readiness checks:\n%s", err, c.failingReadyChecks())
+	}
+	return nil
+}
+
+// StopAPIServer stops kube-apiserver (SIGTERM, as a control-plane
+// upgrade does); etcd, the controller-manager and kube-proxy stay up.
+func (c *Cluster) StopAPIServer() { c.apiServer.Stop() }
 
 // adminRESTConfig is the admin's client configuration, certificates and
 // key loaded as data: client-go caches transports by certificate file path,

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -29,11 +30,18 @@ func (c *Cluster) KubeProxyConfig(extra string) string {
 // StartKubeProxy runs binary in the node namespace with the given config
 // file content and extra flags, logging to name.log.
 func (c *Cluster) StartKubeProxy(name, binary, config string, flags ...string) (*KubeProxy, error) {
+	return c.StartKubeProxyUnder(name, nil, binary, config, flags...)
+}
+
+// StartKubeProxyUnder is StartKubeProxy with the command line run by a
+// wrapper command, e.g. "env", "KEY=value".
+func (c *Cluster) StartKubeProxyUnder(name string, wrapper []string, binary, config string, flags ...string) (*KubeProxy, error) {
 	path := filepath.Join(c.Dir, name+".yaml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		return nil, err
 	}
-	p, err := c.StartKubeProxyCommand(name, append([]string{binary, "--config=" + path}, flags...)...)
+	args := append(append(slices.Clone(wrapper), binary, "--config="+path), flags...)
+	p, err := c.StartKubeProxyCommand(name, args...)
 	if err != nil {
 		return nil, err
 	}

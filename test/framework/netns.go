@@ -87,17 +87,39 @@ func (n *Netns) StartLoad(proto, hostPort string, duration, interval time.Durati
 	return l, nil
 }
 
-// Wait waits for the load to end and returns how many requests were
-// answered and how many failed, with the first errors.
-func (l *Load) Wait() (ok, failed int, errs string, err error) {
+// LoadResult is what a load saw.
+type LoadResult struct {
+	OK, Failed int
+	// LongestGap is the longest time without an answer: between two
+	// answered requests, or from the start to the first, or from the
+	// last to the end.
+	LongestGap time.Duration
+	// Errors are the first failures, one per line with its time.
+	Errors string
+}
+
+// String is the line the tests log: sent, failed, longest gap.
+func (r LoadResult) String() string {
+	return fmt.Sprintf("%d requests sent, %d failed, longest gap between answers %s", r.OK+r.Failed, r.Failed, r.LongestGap)
+}
+
+// Wait waits for the load to end and returns what it saw.
+func (l *Load) Wait() (LoadResult, error) {
 	if err := l.cmd.Wait(); err != nil {
-		return 0, 0, "", fmt.Errorf("load generator: %w: %s", err, l.out.String())
+		return LoadResult{}, fmt.Errorf("load generator: %w: %s", err, l.out.String())
 	}
 	first, rest, _ := strings.Cut(l.out.String(), "\n")
-	if _, err := fmt.Sscanf(first, "ok=%d failed=%d", &ok, &failed); err != nil {
-		return 0, 0, "", fmt.Errorf("load generator said %q", l.out.String())
+	var r LoadResult
+	var gap string
+	if _, err := fmt.Sscanf(first, "ok=%d failed=%d gap=%s", &r.OK, &r.Failed, &gap); err != nil {
+		return LoadResult{}, fmt.Errorf("load generator said %q", l.out.String())
 	}
-	return ok, failed, rest, nil
+	var err error
+	if r.LongestGap, err = time.ParseDuration(gap); err != nil {
+		return LoadResult{}, fmt.Errorf("load generator said %q: %w", first, err)
+	}
+	r.Errors = rest
+	return r, nil
 }
 
 func (n *Netns) delete() error {

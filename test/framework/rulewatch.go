@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -68,3 +70,60 @@ func nftablesHashed(base string) string {
 	sum := sha256.Sum256([]byte(base))
 	return base32.StdEncoding.EncodeToString(sum[:])[:8] + "-" + base
 }
+
+// TableRule is one rule of an nftables table as `nft -a` lists it:
+// its text, without counters, and its handle.
+type TableRule struct {
+	Text   string
+	Handle string
+}
+
+// TableRules lists an nftables table of the namespace (the iptables-nft
+// tables are nftables tables too: "ip nat") chain by chain; a set or a
+// map is listed as its lines, sorted. A rule written again gets a new
+// handle, so two listings tell which chains were rewritten in between,
+// and their texts whether the table holds the same rules.
+func (n *Netns) TableRules(family, table string) (map[string][]TableRule, error) {
+	out, err := n.Command("nft", "-a", "list", "table", family, table).Output()
+	if err != nil {
+		return nil, fmt.Errorf("nft -a list table %s %s: %w", family, table, err)
+	}
+	return parseTableRules(string(out)), nil
+}
+
+// parseTableRules reads `nft -a list table` output; a set's or a map's
+// elements, which nft wraps in lines as they fit, are taken one by one.
+func parseTableRules(out string) map[string][]TableRule {
+	rules := map[string][]TableRule{}
+	var block string
+	var sorted bool
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		text, handle, _ := strings.Cut(line, " # handle ")
+		text = counters.ReplaceAllString(text, "")
+		f := strings.Fields(text)
+		switch {
+		case len(f) >= 3 && (f[0] == "chain" || f[0] == "set" || f[0] == "map") && f[len(f)-1] == "{":
+			block, sorted = f[0]+" "+f[1], f[0] != "chain"
+			rules[block] = []TableRule{}
+		case text == "}":
+			if sorted {
+				slices.SortFunc(rules[block], func(a, b TableRule) int { return strings.Compare(a.Text, b.Text) })
+			}
+			block = ""
+		case block != "" && sorted:
+			text = strings.TrimSuffix(strings.TrimPrefix(text, "elements = {"), "}")
+			for _, item := range strings.Split(text, ",") {
+				if item = strings.TrimSpace(item); item != "" {
+					rules[block] = append(rules[block], TableRule{Text: item})
+				}
+			}
+		case block != "" && text != "":
+			rules[block] = append(rules[block], TableRule{Text: text, Handle: handle})
+		}
+	}
+	return rules
+}
+
+// counters are what traffic changes in a listed rule.
+var counters = regexp.MustCompile(`counter packets \d+ bytes \d+ ?`)

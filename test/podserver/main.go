@@ -21,7 +21,7 @@ func main() {
 	client := flag.String("client", "", "instead of serving, send one request to proto://host:port (tcp or udp) and print the reply")
 	timeout := flag.Duration("timeout", 2*time.Second, "client: how long to wait for a reply")
 	sport := flag.Int("sport", 0, "client: the local port to send from (0: any)")
-	load := flag.Duration("load", 0, "client: send a new request every -interval for this long, then print \"ok=N failed=M\" and the first errors")
+	load := flag.Duration("load", 0, "client: send a new request every -interval for this long, then print \"ok=N failed=M gap=D\" (D the longest time between two answered requests, or from the start to the first, or from the last to the end) and the first errors")
 	interval := flag.Duration("interval", 50*time.Millisecond, "client: the time between requests of -load")
 	flag.Parse()
 	if *client != "" && *load > 0 {
@@ -86,11 +86,14 @@ func serve(name, port string) error {
 }
 
 // generateLoad sends requests one after the other, each on a new
-// connection, and reports how many got no reply.
+// connection, and reports how many got no reply and the longest time
+// without an answer.
 func generateLoad(target string, duration, interval, timeout time.Duration) {
 	ok, failed := 0, 0
 	var errs []string
-	for end := time.Now().Add(duration); time.Now().Before(end); time.Sleep(interval) {
+	start := time.Now()
+	end, lastOK, gap := start.Add(duration), start, time.Duration(0)
+	for ; time.Now().Before(end); time.Sleep(interval) {
 		if _, err := request(target, 0, timeout); err != nil {
 			failed++
 			if len(errs) < 5 {
@@ -99,8 +102,11 @@ func generateLoad(target string, duration, interval, timeout time.Duration) {
 			continue
 		}
 		ok++
+		now := time.Now()
+		gap, lastOK = max(gap, now.Sub(lastOK)), now
 	}
-	fmt.Printf("ok=%d failed=%d\n", ok, failed)
+	gap = max(gap, time.Since(lastOK))
+	fmt.Printf("ok=%d failed=%d gap=%s\n", ok, failed, gap.Round(time.Millisecond))
 	for _, e := range errs {
 		fmt.Println(e)
 	}
