@@ -54,9 +54,10 @@ type Cluster struct {
 	lock      *os.File
 	processes []*Process
 
-	mu       sync.Mutex
-	pods     map[string]*Pod
-	nextHost int
+	mu        sync.Mutex
+	pods      map[string]*Pod
+	nextHost  int
+	freeHosts []int // of removed pods, oldest first
 }
 
 // Start brings up a cluster, first removing whatever a killed run left.
