@@ -32,7 +32,6 @@ const (
 type synLossResult struct {
 	column, proxy string
 	counts        framework.ProbeCounts
-	changes       int
 }
 
 // runSynLoss measures every column and proxy in one cluster and prints a
@@ -131,7 +130,7 @@ func (b *bench) synLossRun(ctx context.Context, client *framework.Netns, target,
 	if err := errors.Join(churnErr, err); err != nil {
 		return r, err
 	}
-	r.counts, r.changes = framework.CountConnections(conns), len(changes)
+	r.counts = framework.CountConnections(conns)
 	for _, line := range framework.LineUpFailures(conns, changes) {
 		b.logf("  %s", line)
 	}
