@@ -32,7 +32,8 @@ type ChurnOptions struct {
 	// Labels select the churned pods into the service; NamePrefix names them.
 	Labels     map[string]string
 	NamePrefix string
-	// Pods is how many start (ready) and the most there are at a time.
+	// Pods is how many start (ready) and MaxPods (2 or more) the most
+	// there are at a time.
 	Pods, MaxPods int
 	// Changes are made one every Interval.
 	Changes  int
@@ -126,6 +127,10 @@ func (ch *Churn) change(ctx context.Context) (EndpointChange, error) {
 	}
 	if !ch.ready[pod] {
 		kinds = append(kinds, ChangeReady)
+	}
+	if len(kinds) == 0 { // the only ready pod, and no room for another: one turns ready
+		pod = names[slices.IndexFunc(names, func(n string) bool { return !ch.ready[n] })]
+		kinds = []string{ChangeReady}
 	}
 	change := EndpointChange{At: time.Now(), Kind: kinds[ch.rnd.IntN(len(kinds))], Pod: pod}
 	switch change.Kind {
