@@ -16,7 +16,7 @@ export CGO_ENABLED           := 0
 # The upstream tools' directory, known once `tools` has run (it prints it last).
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools test test-ipvs unit fuzz lint demo demo-shell bench clean
+.PHONY: all build deps tools test test-ipvs unit fuzz lint demo demo-shell bench synloss clean
 
 all: build
 
@@ -86,6 +86,16 @@ bench: deps build tools
 	$(GO) build -o $(BIN)/bench-agent ./test/bench/agent
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -mode $(MODE) -agent $(BIN)/bench-agent \
 		-n $(N) -e $(E) -backends $(BACKENDS) -cap $(CAP) -idle $(IDLE) $(BENCH_FLAGS)
+
+# Packets during rule changes: a fresh TCP connection every 5 ms to a service
+# whose endpoints change CHANGES times, ours against upstream's, on each
+# iptables BACKEND and in nftables mode; counts lost SYNs and resets. See
+# docs/reliability.md.
+CHANGES ?= 200
+synloss: deps build tools
+	$(GO) build -o $(BIN)/bench ./test/bench
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -synloss $(CHANGES) -mode iptables,nftables \
+		-backends nft,legacy -cap 2m $(BENCH_FLAGS)
 
 # A shell in the demo's client pod (run while `make demo` is up).
 demo-shell:

@@ -42,6 +42,10 @@ type options struct {
 	profileDir string
 	profileFor time.Duration
 	workers    int
+	synLoss    int // endpoint changes of the packet-loss run; 0: the benchmark instead
+	// synLossGrace is how long a pod the packet-loss run removes serves
+	// after its endpoint turns terminating.
+	synLossGrace time.Duration
 }
 
 const (
@@ -70,6 +74,8 @@ func main() {
 	flag.StringVar(&opts.profileDir, "profile-dir", "", "if set, write there CPU profiles of our first sync, restart and idle time, a heap profile after the first sync (enableProfiling), and each proxy's iptables-save (nft list ruleset in mode nftables) after its first sync")
 	flag.DurationVar(&opts.profileFor, "profile-for", 20*time.Second, "length of that profile, from our process start")
 	flag.IntVar(&opts.workers, "workers", 32, "parallel API writers when creating the objects")
+	flag.DurationVar(&opts.synLossGrace, "synloss-grace", 3*time.Second, "with -synloss: a removed pod's termination grace period, which it serves through; 0 removes it at once, before any proxy can know")
+	flag.IntVar(&opts.synLoss, "synloss", 0, "instead of the benchmark, probe a service with a fresh TCP connection every 5 ms while its endpoints change this many times, and count the connections lost or reset (modes iptables and nftables; -n and -e unused)")
 	flag.Parse()
 	err := func() error {
 		var err error
@@ -104,6 +110,9 @@ func main() {
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
+		if opts.synLoss > 0 {
+			return runSynLoss(ctx, opts, os.Stdout, os.Stderr)
+		}
 		return run(ctx, opts, os.Stdout, os.Stderr)
 	}()
 	if err != nil {

@@ -57,9 +57,10 @@ type Cluster struct {
 	apiServerArgs []string
 	apiServer     *Process
 
-	mu       sync.Mutex
-	pods     map[string]*Pod
-	nextHost int
+	mu        sync.Mutex
+	pods      map[string]*Pod
+	nextHost  int
+	freeHosts []int // of removed pods, oldest first
 }
 
 // Start brings up a cluster, first removing whatever a killed run left.

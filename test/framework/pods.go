@@ -27,6 +27,7 @@ type Pod struct {
 	Netns  *Netns
 	Server *Process
 	node   string
+	host   int // the last byte of IPv4
 }
 
 // PodOptions describe a pod to add.
@@ -43,18 +44,15 @@ type PodOptions struct {
 // starts its server, creates the Pod object and marks it running and ready
 // (standing in for the kubelet).
 func (c *Cluster) AddPod(ctx context.Context, name string, opts PodOptions) (*Pod, error) {
-	c.mu.Lock()
-	host := c.nextHost
-	c.nextHost++
-	c.mu.Unlock()
-	if host > 250 {
-		return nil, fmt.Errorf("the framework's pod range is full")
+	host, err := c.allocateHost()
+	if err != nil {
+		return nil, err
 	}
 	ns, err := newNetns("pod-" + name)
 	if err != nil {
 		return nil, err
 	}
-	p := &Pod{Name: name, Labels: opts.Labels, Netns: ns, node: NodeName,
+	p := &Pod{Name: name, Labels: opts.Labels, Netns: ns, node: NodeName, host: host,
 		IPv4: "10.244.0." + strconv.Itoa(host), IPv6: "fd00:244::" + strconv.FormatInt(int64(host), 16)}
 	if opts.Remote {
 		p.node = RemoteNodeName
@@ -98,6 +96,23 @@ func (c *Cluster) AddPod(ctx context.Context, name string, opts PodOptions) (*Po
 		return nil, err
 	}
 	return p, c.SetPodReady(ctx, name, true)
+}
+
+// allocateHost picks a pod's address: each once, then those of removed
+// pods, oldest first (a long benchmark adds more pods than the range holds).
+func (c *Cluster) allocateHost() (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.nextHost <= 250 {
+		c.nextHost++
+		return c.nextHost - 1, nil
+	}
+	if len(c.freeHosts) == 0 {
+		return 0, fmt.Errorf("the framework's pod range is full")
+	}
+	host := c.freeHosts[0]
+	c.freeHosts = c.freeHosts[1:]
+	return host, nil
 }
 
 func (c *Cluster) createPodObject(ctx context.Context, p *Pod, ports []int) error {
@@ -168,5 +183,8 @@ func (c *Cluster) RemovePod(ctx context.Context, name string) error {
 	if nsErr := p.Netns.delete(); err == nil {
 		err = nsErr
 	}
+	c.mu.Lock()
+	c.freeHosts = append(c.freeHosts, p.host)
+	c.mu.Unlock()
 	return err
 }

@@ -2,16 +2,22 @@
 // connections and UDP datagrams with one line, "<name> <client address>",
 // so a test can tell which endpoint served it and what source it saw.
 // With -client it is instead a client: one request that prints the reply,
-// or with -load a stream of requests that prints how many were answered.
+// or with -load a stream of requests that prints how many were answered, or
+// with -probe fresh TCP connections opened on a fixed beat, each reported on
+// a line of its own.
 package main
 
 import (
 	"bufio"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"os"
+	"os/signal"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 )
 
@@ -22,8 +28,13 @@ func main() {
 	timeout := flag.Duration("timeout", 2*time.Second, "client: how long to wait for a reply")
 	sport := flag.Int("sport", 0, "client: the local port to send from (0: any)")
 	load := flag.Duration("load", 0, "client: send a new request every -interval for this long, then print \"ok=N failed=M gap=D\" (D the longest time between two answered requests, or from the start to the first, or from the last to the end) and the first errors")
-	interval := flag.Duration("interval", 50*time.Millisecond, "client: the time between requests of -load")
+	interval := flag.Duration("interval", 50*time.Millisecond, "client: the time between requests of -load or connections of -probe")
+	probe := flag.Duration("probe", 0, "client: open a new TCP connection every -interval for this long or until SIGTERM, without waiting for the previous ones, and print one line per connection (see probeConnection)")
 	flag.Parse()
+	if *client != "" && *probe > 0 {
+		probeConnections(*client, *probe, *interval, *timeout)
+		return
+	}
 	if *client != "" && *load > 0 {
 		generateLoad(*client, *load, *interval, *timeout)
 		return
@@ -143,4 +154,78 @@ func request(target string, sport int, timeout time.Duration) (string, error) {
 		return "", fmt.Errorf("%s: no reply: %w", target, err)
 	}
 	return strings.TrimSpace(line), nil
+}
+
+// probeConnections opens a TCP connection to target every interval for
+// duration or until SIGTERM, each in its own goroutine so that a stalled
+// one does not delay the beat, and prints a line per connection once all
+// have ended.
+func probeConnections(target string, duration, interval, timeout time.Duration) {
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM)
+	addr := strings.TrimPrefix(target, "tcp://")
+	var (
+		mu    sync.Mutex
+		lines []string
+		wg    sync.WaitGroup
+	)
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	end := time.After(duration)
+	for probing := true; probing; {
+		select {
+		case <-stop:
+			probing = false
+		case <-end:
+			probing = false
+		case <-tick.C:
+			wg.Go(func() {
+				line := probeConnection(addr, timeout)
+				mu.Lock()
+				lines = append(lines, line)
+				mu.Unlock()
+			})
+		}
+	}
+	wg.Wait()
+	for _, line := range lines {
+		fmt.Println(line)
+	}
+}
+
+// probeConnection opens one connection and reads the reply: it returns
+// "<start, Unix ns> <connect time, µs> <outcome> <pod or error>", the
+// outcome being ok, reset (refused or reset), timeout (no connection
+// within timeout) or error (anything else, such as unreachable).
+func probeConnection(addr string, timeout time.Duration) string {
+	start := time.Now()
+	outcome, detail := "ok", ""
+	conn, err := net.DialTimeout("tcp", addr, timeout)
+	connect := time.Since(start)
+	if err == nil {
+		defer conn.Close()
+		_ = conn.SetDeadline(start.Add(timeout))
+		var line string
+		if line, err = bufio.NewReader(conn).ReadString('\n'); err == nil {
+			detail, _, _ = strings.Cut(line, " ")
+		}
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET):
+		outcome = "reset"
+	case isTimeout(err):
+		outcome = "timeout"
+	default:
+		outcome = "error"
+	}
+	if err != nil {
+		detail = strings.ReplaceAll(err.Error(), " ", "_")
+	}
+	return fmt.Sprintf("%d %d %s %s", start.UnixNano(), connect.Microseconds(), outcome, detail)
+}
+
+func isTimeout(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) && netErr.Timeout()
 }
