@@ -16,7 +16,7 @@ export CGO_ENABLED           := 0
 # The upstream tools' directory, known once `tools` has run (it prints it last).
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools test test-ipvs unit lint demo demo-shell bench clean
+.PHONY: all build deps tools test test-ipvs unit lint demo demo-shell bench soak clean
 
 all: build
 
@@ -71,6 +71,19 @@ bench: deps build tools
 	$(GO) build -o $(BIN)/bench-agent ./test/bench/agent
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -mode $(MODE) -agent $(BIN)/bench-agent \
 		-n $(N) -e $(E) -backends $(BACKENDS) -cap $(CAP) -idle $(IDLE) $(BENCH_FLAGS)
+
+# The churn soak (not part of `test`, which runs a one-minute version): our kube-proxy over
+# SOAK_N services x SOAK_E endpoints while Services and EndpointSlices change at SOAK_RATE writes/s
+# for SOAK_FOR, sampling its RSS and goroutines; then the kernel's rules are checked against the
+# API. Prints a markdown report, also kept in _output/soak.md. See docs/reliability.md.
+SOAK_N    ?= 10000
+SOAK_E    ?= 5
+SOAK_RATE ?= 50
+SOAK_FOR  ?= 10m
+soak: deps build tools
+	$(GO) build -o $(BIN)/bench ./test/bench
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -soak $(SOAK_FOR) -soak-rate $(SOAK_RATE) \
+		-n $(SOAK_N) -e $(SOAK_E) -cap $(CAP) > $(OUT)/soak.md; status=$$?; cat $(OUT)/soak.md; exit $$status
 
 # A shell in the demo's client pod (run while `make demo` is up).
 demo-shell:

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -126,6 +127,24 @@ func TestMetricsServerPaths(t *testing.T) {
 	cfg.EnableProfiling = true
 	if code, _ := get(metricsMux(cfg, &explain.Handler{}), "/debug/pprof/"); code != http.StatusOK {
 		t.Errorf("/debug/pprof/ with profiling: %d", code)
+	}
+}
+
+// /configz shows the kubeconfig's path, as upstream's, never what the
+// file holds.
+func TestConfigzShowsTheKubeconfigPathOnly(t *testing.T) {
+	cfg := defaulted(t)
+	const secret = "c2VjcmV0LXRva2VuLXZhbHVl"
+	path := t.TempDir() + "/kubeconfig"
+	if err := os.WriteFile(path, []byte("users:\n- name: x\n  user:\n    token: "+secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ClientConnection.Kubeconfig = path
+	rec := httptest.NewRecorder()
+	metricsMux(cfg, &explain.Handler{}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/configz", nil))
+	body := rec.Body.String()
+	if !strings.Contains(body, `"kubeconfig":"`+path+`"`) || strings.Contains(body, secret) {
+		t.Errorf("/configz: %s; want the kubeconfig's path %s and nothing of its content", body, path)
 	}
 }
 

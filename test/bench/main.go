@@ -42,6 +42,11 @@ type options struct {
 	profileDir string
 	profileFor time.Duration
 	workers    int
+	// soak, when set, runs the churn soak for that long instead of the
+	// benchmark (soak.go).
+	soak       time.Duration
+	soakRate   int
+	soakSample time.Duration
 }
 
 const (
@@ -70,6 +75,9 @@ func main() {
 	flag.StringVar(&opts.profileDir, "profile-dir", "", "if set, write there CPU profiles of our first sync, restart and idle time, a heap profile after the first sync (enableProfiling), and each proxy's iptables-save (nft list ruleset in mode nftables) after its first sync")
 	flag.DurationVar(&opts.profileFor, "profile-for", 20*time.Second, "length of that profile, from our process start")
 	flag.IntVar(&opts.workers, "workers", 32, "parallel API writers when creating the objects")
+	flag.DurationVar(&opts.soak, "soak", 0, "instead of the benchmark, run the churn soak this long: our kube-proxy (iptables mode, nft) over the first -n x -e while Services and EndpointSlices change at -soak-rate, then the kernel checked against the API (docs/reliability.md)")
+	flag.IntVar(&opts.soakRate, "soak-rate", 50, "API writes per second during the soak")
+	flag.DurationVar(&opts.soakSample, "soak-sample", 10*time.Second, "how often the soak reads the proxy's RSS and goroutines")
 	flag.Parse()
 	err := func() error {
 		var err error
@@ -125,8 +133,12 @@ func ints(list string) ([]int, error) {
 }
 
 // run benchmarks every shape, each in a cluster of its own, and prints a
-// table per shape to out; progress goes to log.
+// table per shape to out; progress goes to log. With -soak it runs the
+// soak instead.
 func run(ctx context.Context, opts options, out, log io.Writer) error {
+	if opts.soak > 0 {
+		return soak(ctx, opts, out, log)
+	}
 	for _, n := range opts.services {
 		for _, e := range opts.endpoints {
 			results, err := benchShape(ctx, opts, n, e, log)
