@@ -20,6 +20,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/component-base/logs"
+	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/rapidproxy/rapidproxy/pkg/config"
@@ -102,16 +104,18 @@ func TestMetricsServerPaths(t *testing.T) {
 	}
 	mux := metricsMux(cfg, &explain.Handler{})
 	for path, want := range map[string]string{
-		"/metrics":   "# HELP",
-		"/healthz":   "ok",
-		"/proxyMode": "iptables",
-		"/configz":   `"kubeproxy.config.k8s.io"`,
+		"/metrics":      "# HELP",
+		"/healthz":      "ok",
+		"/healthz/ping": "ok",
+		"/metrics/slis": "",
+		"/proxyMode":    "iptables",
+		"/configz":      `"kubeproxy.config.k8s.io"`,
 	} {
 		if code, body := get(mux, path); code != http.StatusOK || !strings.Contains(body, want) {
 			t.Errorf("%s: %d %q, want 200 with %q", path, code, body, want)
 		}
 	}
-	for _, path := range []string{"/nope", "/debug/pprof/"} {
+	for _, path := range []string{"/nope", "/debug/pprof/", "/debug/flags/v"} {
 		if code, _ := get(mux, path); code != http.StatusNotFound {
 			t.Errorf("%s: %d, want 404", path, code)
 		}
@@ -125,8 +129,19 @@ func TestMetricsServerPaths(t *testing.T) {
 		t.Errorf("/debug/services on the healthz port: %d, want 404", code)
 	}
 	cfg.EnableProfiling = true
-	if code, _ := get(metricsMux(cfg, &explain.Handler{}), "/debug/pprof/"); code != http.StatusOK {
+	mux = metricsMux(cfg, &explain.Handler{})
+	if code, _ := get(mux, "/debug/pprof/"); code != http.StatusOK {
 		t.Errorf("/debug/pprof/ with profiling: %d", code)
+	}
+	// As upstream's: GET refused, PUT sets the verbosity.
+	if code, _ := get(mux, "/debug/flags/v"); code != http.StatusNotAcceptable {
+		t.Errorf("GET /debug/flags/v with profiling: %d, want 406", code)
+	}
+	defer func() { _, _ = logs.GlogSetter("0") }()
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodPut, "/debug/flags/v", strings.NewReader("4")))
+	if rec.Code != http.StatusOK || !klog.V(4).Enabled() {
+		t.Errorf("PUT /debug/flags/v 4: %d %q; verbosity 4 enabled: %v", rec.Code, rec.Body.String(), klog.V(4).Enabled())
 	}
 }
 

@@ -33,8 +33,8 @@ import (
 const (
 	changeEndpoint      = iota // a new address for the slice's first endpoint
 	changeEndpointAgain        // the same again: half the writes are slice updates
-	changeServicePort          // the service's port flips between 80 and 81 (or, if deleted, it is created)
-	changeServiceExists        // the service is deleted, or created if it was
+	changeServicePort          // the service's port flips between 80 and 81
+	changeServiceExists        // the service is deleted; a deleted one is created at its next turn, whatever the kind
 	changeKinds
 )
 
@@ -213,18 +213,20 @@ func (s *soaker) change(ctx context.Context, k int) (kind int, err error) {
 	services := s.client.CoreV1().Services(framework.DefaultNamespace)
 	svc := s.services[i]
 	switch {
+	case svc == nil:
+		// A deleted service comes back at its next turn, so that nearly
+		// all N exist throughout.
+		created, err := services.Create(ctx, framework.SelectorlessService(serviceName(i), servicePort, endpointPort), metav1.CreateOptions{})
+		if err == nil {
+			s.services[i] = created
+		}
+		return changeServiceExists, err
 	case kind == changeEndpoint || kind == changeEndpointAgain:
 		slice := s.slices[i].DeepCopy()
 		slice.Endpoints[0].Addresses = []string{address(initialAddresses + int(s.next.Add(1)%freshAddresses))}
 		updated, err := s.client.DiscoveryV1().EndpointSlices(framework.DefaultNamespace).Update(ctx, slice, metav1.UpdateOptions{})
 		if err == nil {
 			s.slices[i] = updated
-		}
-		return kind, err
-	case svc == nil:
-		created, err := services.Create(ctx, framework.SelectorlessService(serviceName(i), servicePort, endpointPort), metav1.CreateOptions{})
-		if err == nil {
-			s.services[i] = created
 		}
 		return kind, err
 	case kind == changeServicePort:

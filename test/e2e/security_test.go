@@ -28,7 +28,7 @@ import (
 var (
 	metricsPaths = []string{"/", "/metrics", "/metrics/slis", "/healthz", "/healthz/ping", "/livez", "/readyz",
 		"/configz", "/proxyMode", "/flagz", "/statusz", "/debug/pprof/", "/debug/pprof/cmdline",
-		"/debug/pprof/heap", "/debug/flags/v", "/debug/services", "/nope"}
+		"/debug/pprof/heap", "/debug/pprof", "/debug/flags", "/debug/flags/v", "/debug/services", "/nope"}
 	healthzPaths = []string{"/", "/healthz", "/livez", "/readyz", "/metrics", "/configz", "/proxyMode",
 		"/debug/pprof/", "/debug/services", "/nope"}
 )

@@ -4,13 +4,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // namePrefix marks every namespace and host link the framework creates.
@@ -179,34 +176,4 @@ func cleanupLeftovers() error {
 		}
 	}
 	return nil
-}
-
-// socket opens a socket in the namespace, from a thread that has entered
-// it; the socket stays in it.
-func (n *Netns) socket(domain, typ, proto int) (int, error) {
-	runtime.LockOSThread()
-	self, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return -1, err
-	}
-	defer self.Close()
-	target, err := os.Open("/run/netns/" + n.Name)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return -1, err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return -1, err
-	}
-	defer func() {
-		// A thread that cannot go back stays locked: the runtime then
-		// ends it with this goroutine instead of reusing it.
-		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return unix.Socket(domain, typ, proto)
 }

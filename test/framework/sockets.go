@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -177,4 +179,34 @@ func (n *Netns) ListenTCP(addr netip.AddrPort) (stop func(), err error) {
 		return nil, err
 	}
 	return func() { unix.Close(fd) }, nil
+}
+
+// socket opens a socket in the namespace, from a thread that has entered
+// it; the socket stays in it.
+func (n *Netns) socket(domain, typ, proto int) (int, error) {
+	runtime.LockOSThread()
+	self, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		return -1, err
+	}
+	defer self.Close()
+	target, err := os.Open("/run/netns/" + n.Name)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return -1, err
+	}
+	defer target.Close()
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return -1, err
+	}
+	defer func() {
+		// A thread that cannot go back stays locked: the runtime then
+		// ends it with this goroutine instead of reusing it.
+		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
+	return unix.Socket(domain, typ, proto)
 }
