@@ -102,13 +102,15 @@ func TestMetricsServerPaths(t *testing.T) {
 		body, _ := io.ReadAll(rec.Result().Body)
 		return rec.Code, string(body)
 	}
-	mux := metricsMux(cfg, &explain.Handler{})
+	mux := metricsMux(cfg, &explain.Handler{}, newZPages(map[string]string{"v": "2"}))
 	for path, want := range map[string]string{
 		"/metrics":      "# HELP",
 		"/healthz":      "ok",
 		"/healthz/ping": "ok",
 		"/metrics/slis": "",
 		"/proxyMode":    "iptables",
+		"/flagz":        "kube-proxy flagz",
+		"/statusz":      "Emulation version",
 		"/configz":      `"kubeproxy.config.k8s.io"`,
 	} {
 		if code, body := get(mux, path); code != http.StatusOK || !strings.Contains(body, want) {
@@ -129,7 +131,7 @@ func TestMetricsServerPaths(t *testing.T) {
 		t.Errorf("/debug/services on the healthz port: %d, want 404", code)
 	}
 	cfg.EnableProfiling = true
-	mux = metricsMux(cfg, &explain.Handler{})
+	mux = metricsMux(cfg, &explain.Handler{}, newZPages(map[string]string{"v": "2"}))
 	if code, _ := get(mux, "/debug/pprof/"); code != http.StatusOK {
 		t.Errorf("/debug/pprof/ with profiling: %d", code)
 	}
@@ -156,7 +158,7 @@ func TestConfigzShowsTheKubeconfigPathOnly(t *testing.T) {
 	}
 	cfg.ClientConnection.Kubeconfig = path
 	rec := httptest.NewRecorder()
-	metricsMux(cfg, &explain.Handler{}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/configz", nil))
+	metricsMux(cfg, &explain.Handler{}, newZPages(map[string]string{"v": "2"})).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/configz", nil))
 	body := rec.Body.String()
 	if !strings.Contains(body, `"kubeconfig":"`+path+`"`) || strings.Contains(body, secret) {
 		t.Errorf("/configz: %s; want the kubeconfig's path %s and nothing of its content", body, path)
@@ -175,11 +177,11 @@ func TestPortInUse(t *testing.T) {
 	health := healthcheck.NewProxyHealth(time.Minute)
 
 	cfg.BindAddressHardFail = true
-	if _, err := startServers(context.Background(), cfg, health, &explain.Handler{}); err == nil || !strings.Contains(err.Error(), "healthz server on "+taken.Addr().String()) {
+	if _, err := startServers(context.Background(), cfg, health, &explain.Handler{}, zPages{}); err == nil || !strings.Contains(err.Error(), "healthz server on "+taken.Addr().String()) {
 		t.Errorf("hard fail: got %v, want an error naming the healthz address", err)
 	}
 	cfg.BindAddressHardFail = false
-	srv, err := startServers(context.Background(), cfg, health, &explain.Handler{})
+	srv, err := startServers(context.Background(), cfg, health, &explain.Handler{}, zPages{})
 	if err != nil {
 		t.Errorf("soft fail: got %v", err)
 	}

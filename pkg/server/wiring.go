@@ -62,7 +62,7 @@ func (s servers) close() {
 
 // startServers opens the healthz and metrics servers where configured. A
 // port in use is fatal with bindAddressHardFail, else only logged.
-func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, health *healthcheck.ProxyHealth, services *explain.Handler) (servers, error) {
+func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, health *healthcheck.ProxyHealth, services *explain.Handler, z zPages) (servers, error) {
 	var out servers
 	listen := func(name, addr string, handler http.Handler) error {
 		if addr == "" {
@@ -90,7 +90,7 @@ func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, hea
 		out.close()
 		return nil, err
 	}
-	if err := listen("metrics", cfg.MetricsBindAddress, metricsMux(cfg, services)); err != nil {
+	if err := listen("metrics", cfg.MetricsBindAddress, metricsMux(cfg, services, z)); err != nil {
 		out.close()
 		return nil, err
 	}
@@ -102,12 +102,13 @@ func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, hea
 }
 
 // metricsMux serves upstream's paths: /metrics, /metrics/slis, /healthz
-// (and /healthz/ping, its one check), /configz, /proxyMode and, with
+// (and /healthz/ping, its one check), /configz, /proxyMode, /flagz,
+// /statusz and, with
 // profiling on, /debug/pprof and /debug/flags (PUT /debug/flags/v sets the
 // log verbosity); and /debug/services (what the node does with each
 // service: only here, on the metrics address, which is loopback unless
 // configured otherwise, as /configz). Every other path is 404.
-func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler) http.Handler {
+func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler, z zPages) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(explain.Path, services)
 	mux.Handle(explain.Path+"/", services)
@@ -125,6 +126,8 @@ func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler)
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"kubeproxy.config.k8s.io": cfg})
 	})
+	mux.HandleFunc("/flagz", z.flagz)
+	mux.HandleFunc("/statusz", z.statusz)
 	if cfg.EnableProfiling {
 		mux.Handle("/debug/pprof", http.RedirectHandler("/debug/pprof/", http.StatusFound))
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
