@@ -129,9 +129,9 @@ func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler,
 	mux.HandleFunc("/flagz", z.flagz)
 	mux.HandleFunc("/statusz", z.statusz)
 	if cfg.EnableProfiling {
+		// Upstream's set: no cmdline, which would show the command line.
 		mux.Handle("/debug/pprof", http.RedirectHandler("/debug/pprof/", http.StatusFound))
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)

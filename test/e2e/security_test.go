@@ -286,9 +286,10 @@ func TestDeployRBACIsExactlyWhatKubeProxyUses(t *testing.T) {
 				proxy := start(t, nftablesMode)
 				refused := fmt.Sprintf("cannot %%s resource %q", resource)
 				eventually(t, 30*time.Second, "our kube-proxy refused "+resource, func() error {
-					log, _ := os.ReadFile(proxy.LogPath)
+					raw, _ := os.ReadFile(proxy.LogPath)
+					log := strings.ReplaceAll(string(raw), `\"`, `"`) // klog quotes the error
 					for _, verb := range []string{"list", "get", "create", "watch", "patch"} {
-						if strings.Contains(string(log), fmt.Sprintf(refused, verb)) {
+						if strings.Contains(log, fmt.Sprintf(refused, verb)) {
 							return nil
 						}
 					}
@@ -339,8 +340,11 @@ func grepLines(text, s string) string {
 // 127.0.0.1 on the node gets no answer. In iptables mode, which turns
 // route_localnet on for NodePorts on localhost, the KUBE-FIREWALL rule
 // drops it (its counter shows it), while the node itself reaches a
-// NodePort on 127.0.0.1; a SYN to 127.0.0.1:<nodePort> is answered as by
-// upstream's kube-proxy over the same rules. In nftables mode, as
+// NodePort on 127.0.0.1. A SYN to 127.0.0.1:<nodePort> gets the answer
+// upstream's kube-proxy gives, which is the pod's SYN-ACK: its rules DNAT
+// it in PREROUTING like any local address, and the guard, in INPUT, lets
+// DNATed packets through; it reaches nothing the node's own IP does not
+// already offer at that port. In nftables mode, as
 // upstream's, route_localnet stays off and the kernel drops them. The same
 // SYN to the node's own address is answered, which shows the probe works.
 func TestLocalhostIsClosedToOtherHosts(t *testing.T) {
@@ -366,7 +370,8 @@ func TestLocalhostIsClosedToOtherHosts(t *testing.T) {
 		}
 		return reply
 	}
-	toNode := netip.AddrPortFrom(netip.MustParseAddr(framework.NodeExternalIP), nodePort)
+	// The node's primary IP: the nftables mode's NodePorts answer there only.
+	toNode := netip.AddrPortFrom(netip.MustParseAddr(framework.NodeIPv4), nodePort)
 	toLoopbackNodePort := netip.AddrPortFrom(local.Addr(), nodePort)
 
 	t.Run(iptablesMode, func(t *testing.T) {
