@@ -287,10 +287,13 @@ func checkIPTablesAgainstAPI(ctx context.Context, b *bench) (int, []string, erro
 	if err != nil {
 		return 0, nil, err
 	}
-	save, err := b.cluster.Node.Exec("iptables-nft-save", "-t", "nat")
+	// Standard output only: a warning on standard error may land in the
+	// middle of a rule.
+	out, err := b.cluster.Node.Command("iptables-nft-save", "-t", "nat").Output()
 	if err != nil {
 		return 0, nil, err
 	}
+	save := string(out)
 	checked, bad := compareIPTables(services.Items, slices_.Items, save)
 	if len(bad) > 0 {
 		// Kept with the cluster's logs, which the next run's start removes.
