@@ -30,7 +30,8 @@ func TestChurnSoakAppliesEveryChange(t *testing.T) {
 		cap: 2 * time.Minute, workers: 32,
 		soak: time.Minute, soakRate: 50, soakSample: 5 * time.Second,
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	// As TestBenchSmoke: the wait for the machine's cluster lock counts too.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
 	defer cancel()
 	var out, log bytes.Buffer
 	err := soak(ctx, opts, &out, &log)
