@@ -16,7 +16,7 @@ export CGO_ENABLED           := 0
 # The upstream tools' directory, known once `tools` has run (it prints it last).
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools test test-ipvs unit fuzz lint demo demo-shell bench synloss clean
+.PHONY: all build deps tools test test-ipvs unit fuzz lint demo demo-shell bench synloss soak clean
 
 all: build
 
@@ -96,6 +96,19 @@ synloss: deps build tools
 	$(GO) build -o $(BIN)/bench ./test/bench
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -synloss $(CHANGES) -mode iptables,nftables \
 		-backends nft,legacy -cap 2m $(BENCH_FLAGS)
+
+# The churn soak (not part of `test`, which runs a one-minute version): our kube-proxy over
+# SOAK_N services x SOAK_E endpoints while Services and EndpointSlices change at SOAK_RATE writes/s
+# for SOAK_FOR, sampling its RSS and goroutines; then the kernel's rules are checked against the
+# API. Prints a markdown report, also kept in _output/soak.md. See docs/reliability.md.
+SOAK_N    ?= 10000
+SOAK_E    ?= 5
+SOAK_RATE ?= 50
+SOAK_FOR  ?= 10m
+soak: deps build tools
+	$(GO) build -o $(BIN)/bench ./test/bench
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -soak $(SOAK_FOR) -soak-rate $(SOAK_RATE) \
+		-n $(SOAK_N) -e $(SOAK_E) -cap $(CAP) > $(OUT)/soak.md; status=$$?; cat $(OUT)/soak.md; exit $$status
 
 # A shell in the demo's client pod (run while `make demo` is up).
 demo-shell:

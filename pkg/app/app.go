@@ -102,7 +102,14 @@ func (o *options) run(ctx context.Context, fs *pflag.FlagSet, stdout io.Writer) 
 	case o.initOnly:
 		return server.InitOnly(ctx, o.cfg)
 	}
-	return o.serve(ctx)
+	return o.serve(ctx, flagValues(fs))
+}
+
+// flagValues are every flag's name and value, for /flagz.
+func flagValues(fs *pflag.FlagSet) map[string]string {
+	out := map[string]string{}
+	fs.VisitAll(func(f *pflag.Flag) { out[f.Name] = f.Value.String() })
+	return out
 }
 
 // complete builds the configuration in force: the file when --config is
@@ -135,7 +142,7 @@ func (o *options) complete(fs *pflag.FlagSet) error {
 // serve runs the proxy until the context ends, it fails, or the config
 // file changes (the process exits so its supervisor restarts it with the
 // new file, as upstream does).
-func (o *options) serve(ctx context.Context) error {
+func (o *options) serve(ctx context.Context, flags map[string]string) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errCh := make(chan error, 2)
@@ -146,7 +153,7 @@ func (o *options) serve(ctx context.Context) error {
 		}
 		go func() { errCh <- watch.wait(ctx, configPollInterval) }()
 	}
-	go func() { errCh <- server.Run(ctx, o.cfg, server.Options{Master: o.master}) }()
+	go func() { errCh <- server.Run(ctx, o.cfg, server.Options{Master: o.master, Flags: flags}) }()
 	err := <-errCh
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		return nil

@@ -34,6 +34,9 @@ import (
 type Options struct {
 	// Master overrides the API server address of the kubeconfig (--master).
 	Master string
+	// Flags are the command line's flags and their values, which /flagz
+	// shows.
+	Flags map[string]string
 }
 
 // nodeWait bounds how long start-up waits for the Node object to exist.
@@ -74,7 +77,7 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 	health := healthcheck.NewProxyHealth(2 * syncPeriod(cfg))
 	health.SetNode(node)
 	services := &explain.Handler{}
-	servers, err := startServers(ctx, cfg, health, services)
+	servers, err := startServers(ctx, cfg, health, services, newZPages(opts.Flags))
 	if err != nil {
 		return err
 	}

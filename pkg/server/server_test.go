@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/component-base/logs"
+	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
 	"github.com/rapidproxy/rapidproxy/pkg/config"
@@ -99,18 +102,22 @@ func TestMetricsServerPaths(t *testing.T) {
 		body, _ := io.ReadAll(rec.Result().Body)
 		return rec.Code, string(body)
 	}
-	mux := metricsMux(cfg, &explain.Handler{})
+	mux := metricsMux(cfg, &explain.Handler{}, newZPages(map[string]string{"v": "2"}))
 	for path, want := range map[string]string{
-		"/metrics":   "# HELP",
-		"/healthz":   "ok",
-		"/proxyMode": "iptables",
-		"/configz":   `"kubeproxy.config.k8s.io"`,
+		"/metrics":      "# HELP",
+		"/healthz":      "ok",
+		"/healthz/ping": "ok",
+		"/metrics/slis": "",
+		"/proxyMode":    "iptables",
+		"/flagz":        "kube-proxy flagz",
+		"/statusz":      "Emulation version",
+		"/configz":      `"kubeproxy.config.k8s.io"`,
 	} {
 		if code, body := get(mux, path); code != http.StatusOK || !strings.Contains(body, want) {
 			t.Errorf("%s: %d %q, want 200 with %q", path, code, body, want)
 		}
 	}
-	for _, path := range []string{"/nope", "/debug/pprof/"} {
+	for _, path := range []string{"/nope", "/debug/pprof/", "/debug/flags/v"} {
 		if code, _ := get(mux, path); code != http.StatusNotFound {
 			t.Errorf("%s: %d, want 404", path, code)
 		}
@@ -124,8 +131,37 @@ func TestMetricsServerPaths(t *testing.T) {
 		t.Errorf("/debug/services on the healthz port: %d, want 404", code)
 	}
 	cfg.EnableProfiling = true
-	if code, _ := get(metricsMux(cfg, &explain.Handler{}), "/debug/pprof/"); code != http.StatusOK {
+	mux = metricsMux(cfg, &explain.Handler{}, newZPages(map[string]string{"v": "2"}))
+	if code, _ := get(mux, "/debug/pprof/"); code != http.StatusOK {
 		t.Errorf("/debug/pprof/ with profiling: %d", code)
+	}
+	// As upstream's: GET refused, PUT sets the verbosity.
+	if code, _ := get(mux, "/debug/flags/v"); code != http.StatusNotAcceptable {
+		t.Errorf("GET /debug/flags/v with profiling: %d, want 406", code)
+	}
+	defer func() { _, _ = logs.GlogSetter("0") }()
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodPut, "/debug/flags/v", strings.NewReader("4")))
+	if rec.Code != http.StatusOK || !klog.V(4).Enabled() {
+		t.Errorf("PUT /debug/flags/v 4: %d %q; verbosity 4 enabled: %v", rec.Code, rec.Body.String(), klog.V(4).Enabled())
+	}
+}
+
+// /configz shows the kubeconfig's path, as upstream's, never what the
+// file holds.
+func TestConfigzShowsTheKubeconfigPathOnly(t *testing.T) {
+	cfg := defaulted(t)
+	const secret = "c2VjcmV0LXRva2VuLXZhbHVl"
+	path := t.TempDir() + "/kubeconfig"
+	if err := os.WriteFile(path, []byte("users:\n- name: x\n  user:\n    token: "+secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.ClientConnection.Kubeconfig = path
+	rec := httptest.NewRecorder()
+	metricsMux(cfg, &explain.Handler{}, newZPages(map[string]string{"v": "2"})).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/configz", nil))
+	body := rec.Body.String()
+	if !strings.Contains(body, `"kubeconfig":"`+path+`"`) || strings.Contains(body, secret) {
+		t.Errorf("/configz: %s; want the kubeconfig's path %s and nothing of its content", body, path)
 	}
 }
 
@@ -141,11 +177,11 @@ func TestPortInUse(t *testing.T) {
 	health := healthcheck.NewProxyHealth(time.Minute)
 
 	cfg.BindAddressHardFail = true
-	if _, err := startServers(context.Background(), cfg, health, &explain.Handler{}); err == nil || !strings.Contains(err.Error(), "healthz server on "+taken.Addr().String()) {
+	if _, err := startServers(context.Background(), cfg, health, &explain.Handler{}, zPages{}); err == nil || !strings.Contains(err.Error(), "healthz server on "+taken.Addr().String()) {
 		t.Errorf("hard fail: got %v, want an error naming the healthz address", err)
 	}
 	cfg.BindAddressHardFail = false
-	srv, err := startServers(context.Background(), cfg, health, &explain.Handler{})
+	srv, err := startServers(context.Background(), cfg, health, &explain.Handler{}, zPages{})
 	if err != nil {
 		t.Errorf("soft fail: got %v", err)
 	}

@@ -46,6 +46,11 @@ type options struct {
 	// synLossGrace is how long a pod the packet-loss run removes serves
 	// after its endpoint turns terminating.
 	synLossGrace time.Duration
+	// soak, when set, runs the churn soak for that long instead of the
+	// benchmark (soak.go).
+	soak       time.Duration
+	soakRate   int
+	soakSample time.Duration
 }
 
 const (
@@ -76,6 +81,9 @@ func main() {
 	flag.IntVar(&opts.workers, "workers", 32, "parallel API writers when creating the objects")
 	flag.DurationVar(&opts.synLossGrace, "synloss-grace", 3*time.Second, "with -synloss: a removed pod's termination grace period, which it serves through; 0 removes it at once, before any proxy can know")
 	flag.IntVar(&opts.synLoss, "synloss", 0, "instead of the benchmark, probe a service with a fresh TCP connection every 5 ms while its endpoints change this many times, and count the connections lost or reset (modes iptables and nftables; -n and -e unused)")
+	flag.DurationVar(&opts.soak, "soak", 0, "instead of the benchmark, run the churn soak this long: our kube-proxy (iptables mode, nft) over the first -n x -e while Services and EndpointSlices change at -soak-rate, then the kernel checked against the API (docs/reliability.md)")
+	flag.IntVar(&opts.soakRate, "soak-rate", 50, "API writes per second during the soak")
+	flag.DurationVar(&opts.soakSample, "soak-sample", 10*time.Second, "how often the soak reads the proxy's RSS and goroutines")
 	flag.Parse()
 	err := func() error {
 		var err error
@@ -134,8 +142,12 @@ func ints(list string) ([]int, error) {
 }
 
 // run benchmarks every shape, each in a cluster of its own, and prints a
-// table per shape to out; progress goes to log.
+// table per shape to out; progress goes to log. With -soak it runs the
+// soak instead.
 func run(ctx context.Context, opts options, out, log io.Writer) error {
+	if opts.soak > 0 {
+		return soak(ctx, opts, out, log)
+	}
 	for _, n := range opts.services {
 		for _, e := range opts.endpoints {
 			results, err := benchShape(ctx, opts, n, e, log)

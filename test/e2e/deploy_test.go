@@ -55,7 +55,7 @@ func resourceFor(t *testing.T, client dynamic.Interface, mapper meta.RESTMapper,
 
 // The API server accepts every object of deploy/ as kustomize renders it:
 // the base and the least-privilege variant created in a dry run with
-// strict field validation (the priority class, the ClusterRole and the
+// strict field validation (the priority class and the
 // namespace exist in every cluster), and the kubeadm overlay applied
 // server-side over a DaemonSet as kubeadm makes it, changing its image
 // and nothing else, and only when forced (kubeadm owns the field).

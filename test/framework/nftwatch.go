@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"runtime"
 	"strconv"
 	"syscall"
 
@@ -51,7 +49,7 @@ type NFTablesReader struct {
 
 // NFTablesReader opens a netfilter netlink socket in the namespace.
 func (n *Netns) NFTablesReader() (*NFTablesReader, error) {
-	fd, err := netlinkSocketIn(n.Name)
+	fd, err := n.socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
 		return nil, fmt.Errorf("netlink socket in %s: %w", n.Name, err)
 	}
@@ -61,36 +59,6 @@ func (n *Netns) NFTablesReader() (*NFTablesReader, error) {
 		return nil, err
 	}
 	return &NFTablesReader{fd: fd, buf: make([]byte, 1<<20)}, nil
-}
-
-// netlinkSocketIn opens the socket from a thread that has entered the
-// namespace; the socket stays in it.
-func netlinkSocketIn(netns string) (int, error) {
-	runtime.LockOSThread()
-	self, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return -1, err
-	}
-	defer self.Close()
-	target, err := os.Open("/run/netns/" + netns)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return -1, err
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return -1, err
-	}
-	defer func() {
-		// A thread that cannot go back stays locked: the runtime then
-		// ends it with this goroutine instead of reusing it.
-		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	return unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 }
 
 // Close closes the socket.
