@@ -79,7 +79,7 @@ func listed(t *testing.T, family v1.IPFamily) string {
 	if family == v1.IPv6Protocol {
 		kf = knftables.IPv6Family
 	}
-	tb, err := readTable(t.Context(), listTable(kf))
+	tb, err := readTable(t.Context(), lister(kf), "table", "")
 	if err != nil {
 		t.Fatal(err)
 	}
