@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"io"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -191,6 +192,32 @@ func TestVerifyNamesWhatTheTableLacks(t *testing.T) {
 			}
 			requireLines(t, "differences", got, tc.want)
 		})
+	}
+}
+
+// verify lists a port with one chain object by object, and a port with
+// several chains by one listing of the table: nft's listing of any chain
+// costs nearly what the table's does.
+func TestVerifyListsObjectsOrTheTableOnce(t *testing.T) {
+	h := newHarness(t, v1.IPv4Protocol, v4(nil)(t))
+	h.apply(describeObjects()...)
+	h.full()
+	var listed []string
+	list := h.syncer.cfg.List
+	h.syncer.cfg.List = func(ctx context.Context, kind, name string) (io.ReadCloser, error) {
+		listed = append(listed, strings.TrimSpace(kind+" "+name))
+		return list(ctx, kind, name)
+	}
+	for svc, want := range map[string][]string{
+		"web":    {"chain service-Y6QD5CCT-ns/web/tcp/http", "set cluster-ips", "set hairpin-connections", "map service-ips"},
+		"sticky": {"table"},
+	} {
+		listed = nil
+		_, check := h.syncer.Describe(h.view(), httpPort(svc))
+		if got, err := check(); err != nil || len(got) > 0 {
+			t.Fatalf("%s: %v %q", svc, err, got)
+		}
+		requireLines(t, svc+" listed", listed, want)
 	}
 }
 
