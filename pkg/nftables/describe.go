@@ -61,9 +61,9 @@ func (s *Syncer) Describe(v state.View, name state.ServicePortName) ([]proxy.Ker
 	return objects, func() ([]string, error) { return s.verify(name, want) }
 }
 
-// verify lists how the kernel differs from one service port's objects,
-// reading just those: its chains, its sets, and each shared set or map it
-// has elements in, once. Rules and elements compare as a full sync
+// verify lists how the kernel differs from one service port's objects:
+// its chains, its sets, and each shared set or map it has elements in,
+// each read once (see reader). Rules and elements compare as a full sync
 // compares them.
 func (s *Syncer) verify(name state.ServicePortName, want ServiceObjects) ([]string, error) {
 	read := s.reader(context.TODO(), len(want.Chains) > 1)
