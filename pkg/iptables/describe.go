@@ -78,34 +78,10 @@ func (p *Syncer) verify(rules ServiceRules) ([]string, error) {
 	return differences, nil
 }
 
-// chainDifferences lists the rules one side of a chain has and the other
-// lacks, or that the order differs.
+// chainDifferences lists how the kernel's rules of a chain differ from
+// the wanted ones, compared in canonical form.
 func chainDifferences(want OwnChain, have []Rule) []string {
-	if sameRules(have, want.Rules) {
-		return nil
-	}
-	unmatched := map[string]int{}
-	for _, r := range have {
-		unmatched[canonicalRule(r)]++
-	}
-	var out []string
-	for _, r := range want.Rules {
-		if key := canonicalRule(r); unmatched[key] > 0 {
-			unmatched[key]--
-		} else {
-			out = append(out, fmt.Sprintf("nat %s lacks: %s", want.Name, r))
-		}
-	}
-	for _, r := range have {
-		if key := canonicalRule(r); unmatched[key] > 0 {
-			unmatched[key]--
-			out = append(out, fmt.Sprintf("nat %s has an unwanted rule: %s", want.Name, r))
-		}
-	}
-	if len(out) == 0 {
-		out = append(out, fmt.Sprintf("nat %s has its rules in another order", want.Name))
-	}
-	return out
+	return proxy.RuleDifferences(string(TableNAT)+" "+string(want.Name), want.Rules, have, canonicalRule)
 }
 
 func asRules(lines []string) []Rule {

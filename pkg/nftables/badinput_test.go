@@ -46,7 +46,7 @@ func TestBadObjectsNeverBreakTheTransaction(t *testing.T) {
 		}
 
 		kf := Family(family)
-		tb, err := readTable(t.Context(), listTable(kf))
+		tb, err := readTable(t.Context(), lister(kf), "table", "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -28,17 +28,38 @@ var update = flag.Bool("update", false, "rewrite the golden files of pkg/nftable
 
 const nodeName = "node-1"
 
-// listFake prints a Fake's table as `nft list table` does, for the
-// syncer's reads in tests.
-func listFake(f *knftables.Fake) func(context.Context) (io.ReadCloser, error) {
-	return func(context.Context) (io.ReadCloser, error) {
+// listFake prints a Fake's table, or one chain, set or map of it, as `nft
+// list` does, for the syncer's reads in tests.
+func listFake(f *knftables.Fake) func(context.Context, string, string) (io.ReadCloser, error) {
+	return func(_ context.Context, kind, name string) (io.ReadCloser, error) {
 		f.RLock()
 		defer f.RUnlock()
-		if f.Table == nil {
-			return nil, fmt.Errorf("no table: %w", fs.ErrNotExist)
+		t := f.Table
+		if t != nil && kind != "table" {
+			t = onlyObject(t, kind, name)
 		}
-		return io.NopCloser(strings.NewReader(renderFake(f.Table))), nil
+		if t == nil {
+			return nil, fmt.Errorf("no %s %s: %w", kind, name, fs.ErrNotExist)
+		}
+		return io.NopCloser(strings.NewReader(renderFake(t))), nil
 	}
+}
+
+// onlyObject is t with just one of its chains, sets or maps; nil when t
+// has no such object.
+func onlyObject(t *knftables.FakeTable, kind, name string) *knftables.FakeTable {
+	only := &knftables.FakeTable{Table: knftables.Table{Family: t.Family, Name: t.Name}}
+	switch c, s, m := t.Chains[name], t.Sets[name], t.Maps[name]; {
+	case kind == "chain" && c != nil:
+		only.Chains = map[string]*knftables.FakeChain{name: c}
+	case kind == "set" && s != nil:
+		only.Sets = map[string]*knftables.FakeSet{name: s}
+	case kind == "map" && m != nil:
+		only.Maps = map[string]*knftables.FakeMap{name: m}
+	default:
+		return nil
+	}
+	return only
 }
 
 func renderFake(t *knftables.FakeTable) string {

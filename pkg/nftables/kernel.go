@@ -40,12 +40,16 @@ func newTable() *table {
 	return &table{chains: map[string]*Chain{}, sets: map[string]*tableSet{}}
 }
 
-// listTable runs `nft list table <family> kube-proxy`; the returned
-// reader's Close reports nft's failure, fs.ErrNotExist when there is no
-// such table.
-func listTable(family knftables.Family) func(ctx context.Context) (io.ReadCloser, error) {
-	return func(ctx context.Context) (io.ReadCloser, error) {
-		cmd := exec.CommandContext(ctx, "nft", "list", "table", string(family), TableName)
+// lister runs `nft list` on the family's kube-proxy table (kind "table",
+// name "") or on one chain, set or map in it; the returned reader's Close
+// reports nft's failure, fs.ErrNotExist when there is no such object.
+func lister(family knftables.Family) func(ctx context.Context, kind, name string) (io.ReadCloser, error) {
+	return func(ctx context.Context, kind, name string) (io.ReadCloser, error) {
+		args := []string{"list", kind, string(family), TableName}
+		if kind != "table" {
+			args = append(args, name)
+		}
+		cmd := exec.CommandContext(ctx, "nft", args...)
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			return nil, err
@@ -72,15 +76,18 @@ func (r *cmdReader) Close() error {
 		return nil
 	}
 	msg := strings.TrimSpace(r.stderr.String())
+	command := strings.Join(r.cmd.Args, " ")
 	if strings.Contains(msg, "No such file or directory") {
-		return fmt.Errorf("nft list table: %s: %w", msg, fs.ErrNotExist)
+		return fmt.Errorf("%s: %s: %w", command, msg, fs.ErrNotExist)
 	}
-	return fmt.Errorf("nft list table: %v: %s", err, msg)
+	return fmt.Errorf("%s: %v: %s", command, err, msg)
 }
 
-// readTable reads the table as `nft list table` prints it, line by line.
-func readTable(ctx context.Context, list func(context.Context) (io.ReadCloser, error)) (*table, error) {
-	r, err := list(ctx)
+// readTable reads what `nft list` prints of the table or of one object in
+// it (see Config.List), line by line: an empty table when there is no such
+// object.
+func readTable(ctx context.Context, list func(ctx context.Context, kind, name string) (io.ReadCloser, error), kind, name string) (*table, error) {
+	r, err := list(ctx, kind, name)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || knftables.IsNotFound(err) {
 			return newTable(), nil

@@ -62,8 +62,9 @@ func scaleHarness(n int) *harness {
 // BenchmarkKernelSync measures, on the real kernel in a fresh network
 // namespace, a first full sync of N ClusterIP services x 5 endpoints
 // (the syncer's plan and nft -f of the transactions), a restart over it
-// (listing and parsing the table, writing nothing) and one endpoint
-// change. It reports seconds and the transactions' size. As root:
+// (listing and parsing the table, writing nothing), one endpoint
+// change, and an explanation's verify of one service port. It reports
+// seconds and the transactions' size. As root:
 //
 //	go test -run '^$' -bench 'KernelSync/N=10000' -benchtime 1x ./pkg/nftables
 func BenchmarkKernelSync(b *testing.B) {
@@ -127,4 +128,13 @@ func kernelSyncOnce(b *testing.B, h *harness) {
 	}
 	b.ReportMetric(float64(time.Since(start).Microseconds())/1e3, "change-ms")
 	b.ReportMetric(float64(nft.ops), "change-ops")
+
+	// An explanation's verify of that service port lists the whole
+	// service-ips map and cluster-ips set.
+	_, check := s.Describe(h.view(), httpPort("svc-7"))
+	start = time.Now()
+	if differences, err := check(); err != nil || len(differences) > 0 {
+		b.Fatalf("verify: %v %q", err, differences)
+	}
+	b.ReportMetric(float64(time.Since(start).Microseconds())/1e3, "verify-ms")
 }

@@ -75,7 +75,7 @@ func (h *harness) kernelSyncer(family v1.IPFamily, params Params, k *kernelNFT) 
 func listed(t *testing.T, family v1.IPFamily) string {
 	t.Helper()
 	kf := Family(family)
-	tb, err := readTable(t.Context(), listTable(kf))
+	tb, err := readTable(t.Context(), lister(kf), "table", "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -460,7 +460,7 @@ func freshTable(t *testing.T, h *harness) *table {
 	fresh := newHarness(t, v1.IPv4Protocol, h.syncer.cfg.Params)
 	fresh.state, fresh.node = h.state, h.node
 	fresh.full()
-	tb, err := readTable(t.Context(), listFake(fresh.nft.Fake))
+	tb, err := readTable(t.Context(), listFake(fresh.nft.Fake), "table", "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -473,7 +473,7 @@ var chainRef = regexp.MustCompile(`(?:jump|goto) ([^\s,}]+)|@([^\s,}]+)`)
 // base chain of h's table holds the rules it has in before or in final.
 func requireReachableChainsComplete(t *testing.T, h *harness, before, final *table, step int) {
 	t.Helper()
-	tb, err := readTable(t.Context(), listFake(h.nft.Fake))
+	tb, err := readTable(t.Context(), listFake(h.nft.Fake), "table", "")
 	if err != nil {
 		t.Fatal(err)
 	}

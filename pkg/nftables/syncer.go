@@ -27,10 +27,11 @@ type Config struct {
 	Family v1.IPFamily
 	// NFT runs transactions on the family's kube-proxy table.
 	NFT knftables.Interface
-	// List returns the table as `nft list table <family> kube-proxy`
-	// prints it; nil runs nft. An error wrapping fs.ErrNotExist (from
-	// the call or the reader's Close) means there is no table.
-	List func(ctx context.Context) (io.ReadCloser, error)
+	// List returns what `nft list <kind> <family> kube-proxy [name]`
+	// prints: the table (kind "table", name "") or one chain, set or map
+	// of it; nil runs nft. An error wrapping fs.ErrNotExist (from the
+	// call or the reader's Close) means there is no such object.
+	List func(ctx context.Context, kind, name string) (io.ReadCloser, error)
 	// Generation reads the kernel's nftables ruleset generation; nil
 	// reads it over netlink, less our own transactions' moves
 	// (nfgen.ForeignGeneration), which are then run through nfgen.Write.
@@ -108,7 +109,7 @@ func New(cfg Config) (*Syncer, error) {
 	}
 	cfg.Params.IPv6 = cfg.Family == v1.IPv6Protocol
 	if cfg.List == nil {
-		cfg.List = listTable(Family(cfg.Family))
+		cfg.List = lister(Family(cfg.Family))
 	}
 	writeTx := func(write func() error) error { return write() }
 	if cfg.Generation == nil {
@@ -142,7 +143,7 @@ func (s *Syncer) FullSync(v state.View) error {
 	defer func() { s.fullSyncTook = s.now().Sub(start) }()
 	// What the listing shows is the table at this generation or later.
 	gen, genErr := s.cfg.Generation()
-	t, err := readTable(context.TODO(), s.cfg.List)
+	t, err := readTable(context.TODO(), s.cfg.List, "table", "")
 	if err != nil {
 		s.kernel = nil
 		return fmt.Errorf("reading the %s table: %w", TableName, err)

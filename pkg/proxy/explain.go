@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -44,6 +45,39 @@ type KernelObject struct {
 	// Content is what it holds: a chain's rules, a virtual server's real
 	// servers.
 	Content []string `json:"content,omitempty"`
+}
+
+// RuleDifferences lists how a chain's rules as the kernel prints them
+// (have) differ from those wanted, compared by key, since the kernel
+// prints a rule other than it was written: each wanted rule it lacks,
+// each rule it has but no one wants, or else that the order differs; nil
+// when they are the same. chain names the chain in the differences.
+func RuleDifferences[R ~string](chain string, want, have []R, key func(R) string) []string {
+	if slices.EqualFunc(want, have, func(w, h R) bool { return w == h || key(w) == key(h) }) {
+		return nil
+	}
+	unmatched := map[string]int{}
+	for _, r := range have {
+		unmatched[key(r)]++
+	}
+	var out []string
+	for _, r := range want {
+		if k := key(r); unmatched[k] > 0 {
+			unmatched[k]--
+		} else {
+			out = append(out, fmt.Sprintf("%s lacks: %s", chain, r))
+		}
+	}
+	for _, r := range have {
+		if k := key(r); unmatched[k] > 0 {
+			unmatched[k]--
+			out = append(out, fmt.Sprintf("%s has an unwanted rule: %s", chain, r))
+		}
+	}
+	if len(out) == 0 {
+		out = append(out, chain+" has its rules in another order")
+	}
+	return out
 }
 
 // Explanation is what this node does with one service.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -42,7 +43,10 @@ func explanation(name, query string) (proxy.Explanation, error) {
 // reason; a rule deleted by hand from one of the service's chains shows
 // up under verify, in the JSON and through kube-proxy-explain on the node.
 func TestExplainAServiceOnTheNode(t *testing.T) {
-	useOurProxy(t, iptablesMode)
+	inEachMode(t, explainAServiceOnTheNode)
+}
+
+func explainAServiceOnTheNode(t *testing.T, mode string) {
 	ctx := context.Background()
 	svc := framework.SelectorlessService("explain", 80, 8080)
 	svc.Spec.Type = v1.ServiceTypeNodePort
@@ -97,25 +101,17 @@ func TestExplainAServiceOnTheNode(t *testing.T) {
 		return nil
 	})
 	sp := e.ServicePorts[0]
-	if e.Node != framework.NodeName || e.Zone != framework.Zone || sp.ExternalTrafficPolicy != "Local" || sp.LastSynced == nil || sp.Kernel.Mode != "iptables" {
+	if e.Node != framework.NodeName || e.Zone != framework.Zone || sp.ExternalTrafficPolicy != "Local" || sp.LastSynced == nil || sp.Kernel.Mode != mode {
 		t.Errorf("explanation: %+v", e)
 	}
 
-	chain := ""
-	for _, o := range sp.Kernel.Objects {
-		if o.Kind == "chain" && strings.HasSuffix(o.Summary, "to 10.244.0.200:8080") {
-			chain = strings.TrimPrefix(o.Name, "nat ")
-		}
-	}
-	if out, err := cluster.Node.Command("iptables-nft", "-t", "nat", "-D", chain, "1").CombinedOutput(); err != nil {
-		t.Fatalf("deleting the first rule of %q: %v: %s", chain, err, out)
-	}
+	lacks := deleteRuleToLocalEndpoint(t, mode, sp.Kernel.Objects)
 	e, err := explanation("explain", "?verify=1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := e.ServicePorts[0].Kernel.Verify; v == nil || len(v.Differences) != 1 || !strings.HasPrefix(v.Differences[0], "nat "+chain+" lacks: ") {
-		t.Errorf("verify after deleting a rule of %s: %+v", chain, v)
+	if v := e.ServicePorts[0].Kernel.Verify; v == nil || len(v.Differences) != 1 || !strings.HasPrefix(v.Differences[0], lacks+" ") {
+		t.Errorf("verify after deleting a rule: %+v, want %q", v, lacks)
 	}
 
 	out, err := cluster.Node.Command(cluster.KubeProxyExplain(), "default/explain", "--verify").CombinedOutput()
@@ -127,13 +123,50 @@ func TestExplainAServiceOnTheNode(t *testing.T) {
 		"hinted for zone zone-b; this node is in zone zone-a",
 		"terminating; used only while no endpoint is ready",
 		"verify: 1 difference from what this node wants",
-		"- nat " + chain + " lacks: ",
+		"- " + lacks,
 	} {
 		if !strings.Contains(string(out), line) {
 			t.Errorf("kube-proxy-explain's table lacks %q:\n%s", line, out)
 		}
 	}
 	t.Logf("kube-proxy-explain default/explain --verify:\n%s", out)
+}
+
+// deleteRuleToLocalEndpoint deletes by hand, as an administrator would,
+// the first rule of the chain that leads to the local ready endpoint
+// 10.244.0.200:8080 (iptables: its endpoint chain; nftables: the service's
+// local chain, the only one sending to it alone), and returns how verify
+// begins to name the rule it lacks.
+func deleteRuleToLocalEndpoint(t *testing.T, mode string, objects []proxy.KernelObject) string {
+	t.Helper()
+	chain := ""
+	for _, o := range objects {
+		switch {
+		case mode == iptablesMode && o.Kind == "chain" && strings.HasSuffix(o.Summary, "to 10.244.0.200:8080"):
+			chain = strings.TrimPrefix(o.Name, "nat ")
+		case mode == nftablesMode && o.Kind == "chain" && strings.HasPrefix(o.Name, "ip kube-proxy local-"):
+			chain = strings.TrimPrefix(o.Name, "ip kube-proxy ")
+		}
+	}
+	if chain == "" {
+		t.Fatalf("no chain leads to 10.244.0.200:8080 among %+v", objects)
+	}
+	if mode == iptablesMode {
+		if out, err := cluster.Node.Command("iptables-nft", "-t", "nat", "-D", chain, "1").CombinedOutput(); err != nil {
+			t.Fatalf("deleting the first rule of %q: %v: %s", chain, err, out)
+		}
+		return "nat " + chain + " lacks:"
+	}
+	// nft deletes a rule by its handle, which `nft -a` lists after it.
+	out, err := cluster.Node.Command("nft", "-a", "list", "chain", "ip", "kube-proxy", chain).CombinedOutput()
+	m := regexp.MustCompile(`dnat .* # handle (\d+)`).FindSubmatch(out)
+	if err != nil || m == nil {
+		t.Fatalf("listing %q with handles: %v: %s", chain, err, out)
+	}
+	if out, err := cluster.Node.Command("nft", "delete", "rule", "ip", "kube-proxy", chain, "handle", string(m[1])).CombinedOutput(); err != nil {
+		t.Fatalf("deleting rule %s of %q: %v: %s", m[1], chain, err, out)
+	}
+	return "chain ip kube-proxy " + chain + " lacks:"
 }
 
 // verdict is "used" or the reason a path leaves the endpoint out.
