@@ -193,25 +193,43 @@ func columnMode(column string) string {
 	return modeIPTables // an iptables backend
 }
 
-func benchShape(ctx context.Context, opts options, n, e int, log io.Writer) (map[string]map[string]results, error) {
-	logf := func(format string, args ...any) {
-		fmt.Fprintf(log, "%s bench: "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+// progress returns a logger writing timestamped lines, each marked with
+// what is running, to log.
+func progress(log io.Writer, what string) func(format string, args ...any) {
+	return func(format string, args ...any) {
+		fmt.Fprintf(log, "%s %s: "+format+"\n", append([]any{time.Now().Format("15:04:05"), what}, args...)...)
 	}
+}
+
+// startWithObjects starts the local cluster and creates the N x E
+// services and slices in it; the caller stops the cluster.
+func startWithObjects(ctx context.Context, opts options, n, e int, logf func(string, ...any)) (*bench, *framework.Cluster, error) {
 	logf("N=%d E=%d: starting the local cluster", n, e)
 	cluster, err := framework.Start(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	b, err := newBench(cluster, opts, n, e, logf)
+	if err == nil {
+		start := time.Now()
+		if err = b.createObjects(ctx); err == nil {
+			logf("created %d services and %d EndpointSlices in %s", n, n, time.Since(start).Round(time.Millisecond))
+		}
+	}
+	if err != nil {
+		cluster.Stop()
+		return nil, nil, err
+	}
+	return b, cluster, nil
+}
+
+func benchShape(ctx context.Context, opts options, n, e int, log io.Writer) (map[string]map[string]results, error) {
+	logf := progress(log, "bench")
+	b, cluster, err := startWithObjects(ctx, opts, n, e, logf)
 	if err != nil {
 		return nil, err
 	}
 	defer cluster.Stop()
-	b, err := newBench(cluster, opts, n, e, logf)
-	if err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	if err := b.createObjects(ctx); err != nil {
-		return nil, err
-	}
-	logf("created %d services and %d EndpointSlices in %s", n, n, time.Since(start).Round(time.Millisecond))
 	all := map[string]map[string]results{}
 	var failed error
 	for _, column := range opts.columns() {

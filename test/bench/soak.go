@@ -86,24 +86,12 @@ func soak(ctx context.Context, opts options, out, log io.Writer) error {
 }
 
 func runSoak(ctx context.Context, opts options, n, e int, log io.Writer) (*soakResult, error) {
-	logf := func(format string, args ...any) {
-		fmt.Fprintf(log, "%s soak: "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-	}
-	logf("N=%d E=%d: starting the local cluster", n, e)
-	cluster, err := framework.Start(ctx)
+	logf := progress(log, "soak")
+	b, cluster, err := startWithObjects(ctx, opts, n, e, logf)
 	if err != nil {
 		return nil, err
 	}
 	defer cluster.Stop()
-	b, err := newBench(cluster, opts, n, e, logf)
-	if err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	if err := b.createObjects(ctx); err != nil {
-		return nil, err
-	}
-	logf("created %d services and %d EndpointSlices in %s", n, n, time.Since(start).Round(time.Millisecond))
 	s := &soaker{bench: b, mu: make([]sync.Mutex, n), services: make([]*v1.Service, n)}
 	for i := range n {
 		svc, err := b.client.CoreV1().Services(framework.DefaultNamespace).Get(ctx, serviceName(i), metav1.GetOptions{})

@@ -38,9 +38,7 @@ type synLossResult struct {
 // table to out; progress and each failed connection, lined up with the
 // change before it, go to log.
 func runSynLoss(ctx context.Context, opts options, out, log io.Writer) error {
-	logf := func(format string, args ...any) {
-		fmt.Fprintf(log, "%s synloss: "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-	}
+	logf := progress(log, "synloss")
 	cluster, err := framework.Start(ctx)
 	if err != nil {
 		return err
