@@ -97,26 +97,36 @@ func (s *Syncer) verify(name state.ServicePortName, want ServiceObjects) ([]stri
 		}
 	}
 	byContainer := map[string][]knftables.Element{}
+	for _, m := range serviceMaps {
+		byContainer[m] = nil // read even when the port wants nothing there now
+	}
 	for _, e := range want.Elements {
 		byContainer[e.Set+e.Map] = append(byContainer[e.Set+e.Map], e)
 	}
 	owned := ownedValues(name)
 	for _, container := range slices.Sorted(maps.Keys(byContainer)) {
 		elements := byContainer[container]
-		isMap := elements[0].Map != ""
+		isMap := slices.Contains(serviceMaps, container) || elements[0].Map != ""
 		t, err := read(kindOf(isMap), container)
 		if err != nil {
 			return differences, err
 		}
 		have, ok := t.sets[container]
 		if !ok {
-			differences = append(differences, kindOf(isMap)+" "+table+container+" is missing")
+			if len(elements) > 0 {
+				differences = append(differences, kindOf(isMap)+" "+table+container+" is missing")
+			}
 			continue
 		}
 		differences = append(differences, elementDifferences(have, elements, owned, name.String())...)
 	}
 	return differences, nil
 }
+
+// serviceMaps hold elements of every service port, each under the port's
+// name as comment; verify reads each of them, so an element a port left
+// in a map it no longer uses (a stale no-endpoint verdict, say) is found.
+var serviceMaps = []string{mapServiceIPs, mapServiceNodePorts, mapNoEndpointServices, mapNoEndpointNodePorts, mapFirewallIPs}
 
 // reader reads one chain, set or map for verify: alone, or from one
 // listing of the whole table when the port has several chains. To list

@@ -176,6 +176,10 @@ func TestVerifyNamesWhatTheTableLacks(t *testing.T) {
 		{"a stray element leading to its chain", "web", func(tx *knftables.Transaction) {
 			tx.Add(&knftables.Element{Map: mapServiceIPs, Key: []string{"10.96.0.99", "tcp", "80"}, Value: []string{"goto service-Y6QD5CCT-ns/web/tcp/http"}})
 		}, []string{"map service-ips: element 10.96.0.99 . tcp . 80 : goto service-Y6QD5CCT-ns/web/tcp/http is unexpected"}},
+		{"a stray element in a map the port does not use", "web", func(tx *knftables.Transaction) {
+			tx.Add(&knftables.Element{Map: mapNoEndpointServices, Key: []string{"10.96.0.10", "tcp", "80"}, Value: []string{"goto reject-chain"},
+				Comment: knftables.PtrTo("ns/web:http")})
+		}, []string{"map no-endpoint-services: element 10.96.0.10 . tcp . 80 : goto reject-chain is unexpected"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -213,7 +217,8 @@ func TestVerifyListsObjectsOrTheTableOnce(t *testing.T) {
 		return list(ctx, kind, name)
 	}
 	for svc, want := range map[string][]string{
-		"web":    {"chain service-Y6QD5CCT-ns/web/tcp/http", "set cluster-ips", "set hairpin-connections", "map service-ips"},
+		"web": {"chain service-Y6QD5CCT-ns/web/tcp/http", "set cluster-ips", "map firewall-ips", "set hairpin-connections",
+			"map no-endpoint-nodeports", "map no-endpoint-services", "map service-ips", "map service-nodeports"},
 		"sticky": {"table"},
 	} {
 		listed = nil

@@ -54,6 +54,7 @@ func TestIPVSModeWithTraffic(t *testing.T) {
 	files := vm.NodeFiles(cluster, cluster.KubeProxy(), config)
 	files["/usr/local/bin/kube-proxy-upstream"] = cluster.UpstreamKubeProxy()
 	files["/usr/local/bin/podserver"] = cluster.Podserver()
+	files["/usr/local/bin/kube-proxy-explain"] = cluster.KubeProxyExplain()
 	files["/usr/local/bin/probe"] = vm.BuildStatic(t, "./probe")
 	header := fmt.Sprintf("CONFIG=%s HOST_STEPS=%s A=%s B=%s R=%s\n", config, steps.Addr(), podA, podB, podR)
 	for _, run := range []struct{ name, script string }{
@@ -193,6 +194,18 @@ check "ClientIP affinity: 6 connections, one endpoint" sticky client tcp://10.96
 check "iTP=Local from a pod: only the local endpoint" serves pod-a client tcp://10.96.101.50:80 4
 check "iTP=Local from the node: only the local endpoint" serves pod-a node tcp://10.96.101.50:80 4
 check "no endpoints: connection refused" refused client tcp://10.96.101.60:80
+
+# explains ARGS TEXT: kube-proxy-explain ARGS prints TEXT, read with its
+# lines joined (the table wraps at 80 columns).
+explains() {
+	DETAIL=$(kube-proxy-explain $1 2>&1 | tr -s ' \n' '  ')
+	case $DETAIL in *"$2"*) DETAIL="says: $2" ;; *) false ;; esac
+}
+check "explain: the ClusterIP's virtual server" explains default/web "10.96.101.10:80/TCP: rr"
+check "explain --verify: the kernel agrees" explains "default/web --verify" "verify: the kernel holds what this node wants"
+ipvsadm -d -t 10.96.101.10:80 -r $A:8080
+check "explain --verify: a real server deleted by hand" explains "default/web --verify" "lacks real server $A:8080"
+ipvsadm -a -t 10.96.101.10:80 -r $A:8080 -m -w 1
 
 bound() { ip -4 addr show kube-ipvs0 | grep -q " $1/32 "; }
 not_bound() { ! bound "$1"; }
