@@ -265,7 +265,7 @@ func chainFingerprint(rules []Rule) uint64 {
 // and a newline: byte by byte, so that hashing allocates nothing.
 const fnvOffset uint64 = 14695981039346656037
 
-func fnvLine[T string | []byte](h uint64, line T) uint64 {
+func fnvLine[T ~string | []byte](h uint64, line T) uint64 {
 	const prime = 1099511628211
 	for i := 0; i < len(line); i++ {
 		h = (h ^ uint64(line[i])) * prime

@@ -95,7 +95,16 @@ func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jum
 				}
 			}
 		}
-		for _, c := range slices.Sorted(maps.Keys(kernel[t].fingerprints)) {
+		for _, c := range chains[t] {
+			if IsServiceChain(c.Name) {
+				kernel[t].claim(c.Name)
+			}
+		}
+		services, err := kernel[t].serviceChainNames(s.kernel, t)
+		if err != nil {
+			return err
+		}
+		for _, c := range slices.Concat(slices.Sorted(maps.Keys(kernel[t].fingerprints)), services) {
 			if unwanted(t, c) {
 				in.deleteChain(t, c)
 			}

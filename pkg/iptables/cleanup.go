@@ -1,6 +1,10 @@
 package iptables
 
-import "strings"
+import (
+	"maps"
+	"slices"
+	"strings"
+)
 
 // cleanupChains are the fixed chains either mode (ours or upstream's) creates.
 var cleanupChains = map[Chain]bool{
@@ -31,7 +35,11 @@ func Cleanup(k Kernel) (int, error) {
 				}
 			}
 		}
-		for c := range tables[t].fingerprints {
+		services, err := tables[t].serviceChainNames(k, t)
+		if err != nil {
+			return 0, err
+		}
+		for _, c := range slices.Concat(slices.Collect(maps.Keys(tables[t].fingerprints)), services) {
 			if isKubeProxyChain(c) {
 				in.deleteChain(t, c)
 				removed++

@@ -267,6 +267,11 @@ func FuzzIPTablesSave(f *testing.F) {
 					t.Errorf("%s %s reads differently with its rules in canonical form", table, chain)
 				}
 			}
+			for key, fp := range kt.services {
+				if again[table].services[key] != fp {
+					t.Errorf("%s: the service chain of name hash %x reads differently with its rules in canonical form", table, key)
+				}
+			}
 		}
 	})
 }

@@ -44,6 +44,12 @@ type countingKernel struct {
 	Kernel
 	restores      int
 	chainsWritten int
+	saves         int
+}
+
+func (k *countingKernel) Save(read func(io.Reader) error) error {
+	k.saves++
+	return k.Kernel.Save(read)
 }
 
 func (k *countingKernel) Restore(input io.Reader) error {

@@ -10,15 +10,25 @@ import (
 // kernelTable is what a full sync needs to know of one table as the kernel
 // holds it: a fingerprint of every chain, so unchanged chains are not
 // rewritten, and the rules of the chains others add to (the shared and
-// built-in chains), so only their differences are.
+// built-in chains), so only their differences are. Service chains are known
+// by a hash of their name (nameKey): a restart at 10k services reads some
+// 70k of them, whose names would raise its peak memory above a cold
+// start's; the names of those a sync must delete are read again
+// (serviceChainNames).
 type kernelTable struct {
-	fingerprints map[Chain]uint64
+	fingerprints map[Chain]uint64  // chains other than service chains
+	services     map[uint64]uint64 // service chains, by nameKey
 	rules        map[Chain][]Rule
 }
 
 func newKernelTable() kernelTable {
-	return kernelTable{fingerprints: map[Chain]uint64{}, rules: map[Chain][]Rule{}}
+	return kernelTable{fingerprints: map[Chain]uint64{}, services: map[uint64]uint64{}, rules: map[Chain][]Rule{}}
 }
+
+// nameKey identifies a service chain by its name: 64 bits of FNV-1a over
+// some 10^5 names of a table make a collision unlikely (about 1 in 10^9),
+// and one would only keep a chain that should have gone.
+func nameKey[T Chain | []byte](name T) uint64 { return fnvLine(fnvOffset, name) }
 
 // saveTables reads every table from the kernel with readTables, as
 // iptables-save prints them.
@@ -32,7 +42,8 @@ func saveTables(k Kernel, keepRules func(Table, Chain) bool) (map[Table]kernelTa
 }
 
 // readTables parses iptables-save output of every table; keepRules says
-// which chains' rules to keep. A table missing from the output is empty.
+// which chains' rules to keep (never a service chain's). A table missing
+// from the output is empty.
 func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]kernelTable, error) {
 	tables := map[Table]kernelTable{}
 	var table Table
@@ -40,14 +51,19 @@ func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]ke
 	// The fingerprint of the chain whose rules are being read is stored
 	// when another chain's rules start: iptables-save prints each chain's
 	// rules together (a chain met again would resume where it was).
-	var chain Chain
+	var chain []byte
+	var kept Chain // chain, when its rules are kept
 	var fingerprint uint64
-	declared := false
+	declared, service, keep := false, false, false
 	store := func() {
-		if declared {
-			kt.fingerprints[chain] = fingerprint
+		switch {
+		case !declared:
+		case service:
+			kt.services[nameKey(chain)] = fingerprint
+		default:
+			kt.fingerprints[Chain(chain)] = fingerprint
 		}
-		chain, declared = "", false
+		chain, declared = chain[:0], false
 	}
 	sc := bufio.NewScanner(save)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -63,25 +79,34 @@ func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]ke
 			// Before any table: not iptables-save's output, nothing to read.
 		case len(line) > 1 && line[0] == ':':
 			if i := bytes.IndexByte(line, ' '); i > 1 {
-				kt.fingerprints[Chain(line[1:i])] = fnvOffset
+				if name := line[1:i]; isServiceChainName(name) {
+					kt.services[nameKey(name)] = fnvOffset
+				} else {
+					kt.fingerprints[Chain(name)] = fnvOffset
+				}
 			}
 		case bytes.HasPrefix(line, []byte("-A ")):
 			name, rest, ok := bytes.Cut(line[3:], []byte(" "))
 			if !ok {
 				continue
 			}
-			if string(name) != string(chain) {
+			if !bytes.Equal(name, chain) {
 				store()
-				chain = Chain(name)
-				fingerprint, declared = kt.fingerprints[chain]
+				chain = append(chain, name...)
+				service, keep = isServiceChainName(name), false
+				if service {
+					fingerprint, declared = kt.services[nameKey(name)]
+				} else if fingerprint, declared = kt.fingerprints[Chain(name)]; declared && keepRules(table, Chain(name)) {
+					kept, keep = Chain(name), true
+				}
 			}
 			if !declared {
 				continue
 			}
 			r := Rule(rest)
 			fingerprint = ruleFingerprint(fingerprint, r)
-			if keepRules(table, chain) {
-				kt.rules[chain] = append(kt.rules[chain], r)
+			if keep {
+				kt.rules[kept] = append(kt.rules[kept], r)
 			}
 		}
 	}
@@ -97,37 +122,65 @@ func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]ke
 	return tables, nil
 }
 
+// fingerprint is the chain's fingerprint, if the table holds it.
+func (kt kernelTable) fingerprint(c Chain) (uint64, bool) {
+	if IsServiceChain(c) {
+		fp, ok := kt.services[nameKey(c)]
+		return fp, ok
+	}
+	fp, ok := kt.fingerprints[c]
+	return fp, ok
+}
+
 // has tells whether the table holds the chain.
 func (kt kernelTable) has(c Chain) bool {
-	_, ok := kt.fingerprints[c]
+	_, ok := kt.fingerprint(c)
 	return ok
 }
 
-// claim records that the chain is one of the desired service chains; the
-// service chains nobody claims are stale. Claimed chains are forgotten,
-// rather than listed apart, so that a restart at 10k services holds one
-// set of some 60k chain names, not two.
+// claim records that the service chain is a desired one; the service
+// chains nobody claims are stale. A claimed chain is forgotten, rather than
+// listed apart, so that a restart holds one index of the chains, not two.
 func (kt kernelTable) claim(c Chain) {
-	delete(kt.fingerprints, c)
+	delete(kt.services, nameKey(c))
 }
 
-// unclaimedServiceChains are the service chains the table holds that no
-// claim took, in order.
-func (kt kernelTable) unclaimedServiceChains() []Chain {
-	var stale []Chain
-	for c := range kt.fingerprints {
-		if IsServiceChain(c) {
-			stale = append(stale, c)
-		}
+// serviceChainNames are the names of table t's service chains that no
+// claim took, in order. The first read kept their hashes only, so this
+// reads the table again, but only when there are such chains: a restart
+// over rules in place has none.
+func (kt kernelTable) serviceChainNames(k Kernel, t Table) ([]Chain, error) {
+	if len(kt.services) == 0 {
+		return nil, nil
 	}
-	slices.Sort(stale)
-	return stale
+	var names []Chain
+	err := k.Save(func(save io.Reader) error {
+		sc := bufio.NewScanner(save)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		inTable := false
+		for sc.Scan() {
+			line := sc.Bytes()
+			switch {
+			case len(line) > 1 && line[0] == '*':
+				inTable = string(line[1:]) == string(t)
+			case inTable && len(line) > 1 && line[0] == ':':
+				if i := bytes.IndexByte(line, ' '); i > 1 && isServiceChainName(line[1:i]) {
+					if _, ok := kt.services[nameKey(line[1:i])]; ok {
+						names = append(names, Chain(line[1:i]))
+					}
+				}
+			}
+		}
+		return sc.Err()
+	})
+	slices.Sort(names)
+	return names, err
 }
 
 // holds tells whether the table holds the chain with exactly these rules;
 // the rules are put in canonical form only when the chain exists at all.
 func (kt kernelTable) holds(c OwnChain) bool {
-	fp, ok := kt.fingerprints[c.Name]
+	fp, ok := kt.fingerprint(c.Name)
 	return ok && fp == chainFingerprint(c.Rules)
 }
 

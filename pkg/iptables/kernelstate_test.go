@@ -86,6 +86,50 @@ COMMIT
 	}
 }
 
+// Service chains are indexed by a hash of their name: they read as held,
+// and the names of those no sync claimed are read again, in a second
+// dump that is taken only when there are any.
+func TestServiceChainsAreReadByHashAndNamedAgainWhenStale(t *testing.T) {
+	k := &countingKernel{Kernel: &savedKernel{save: `*nat
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-AAAA - [0:0]
+:KUBE-SEP-BBBB - [0:0]
+:KUBE-SEP-CCCC - [0:0]
+-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-AAAA
+-A KUBE-SVC-AAAA -j KUBE-SEP-BBBB
+-A KUBE-SEP-BBBB -p tcp -m tcp -j DNAT --to-destination 10.244.0.5:8080
+COMMIT
+*filter
+:KUBE-SEP-CCCC - [0:0]
+COMMIT
+`}}
+	tables, err := saveTables(k, func(Table, Chain) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	nat := tables[TableNAT]
+	if len(nat.fingerprints) != 1 || len(nat.services) != 3 || len(nat.rules) != 1 {
+		t.Errorf("nat: %d chains by name, %d by hash, rules of %d, want 1, 3 and 1 (KUBE-SERVICES)", len(nat.fingerprints), len(nat.services), len(nat.rules))
+	}
+	if !nat.holds(OwnChain{Name: "KUBE-SVC-AAAA", Rules: []Rule{"-j KUBE-SEP-BBBB"}}) || nat.holds(OwnChain{Name: "KUBE-SVC-AAAA"}) {
+		t.Error("KUBE-SVC-AAAA does not read as holding its one rule")
+	}
+	if !nat.has("KUBE-SEP-CCCC") || nat.has("KUBE-SEP-DDDD") {
+		t.Error("has is wrong for a service chain")
+	}
+	nat.claim("KUBE-SVC-AAAA")
+	nat.claim("KUBE-SEP-BBBB")
+	k.saves = 0
+	stale, err := nat.serviceChainNames(k, TableNAT)
+	if err != nil || !slices.Equal(stale, []Chain{"KUBE-SEP-CCCC"}) || k.saves != 1 {
+		t.Errorf("stale chains %q (%v) in %d dumps, want KUBE-SEP-CCCC of nat alone, in 1", stale, err, k.saves)
+	}
+	nat.claim("KUBE-SEP-CCCC")
+	if stale, err := nat.serviceChainNames(k, TableNAT); err != nil || len(stale) != 0 || k.saves != 1 {
+		t.Errorf("with every chain claimed: %q (%v), %d dumps in all, want none and no second dump", stale, err, k.saves)
+	}
+}
+
 // An error reading the dump is the parse's error: half a dump must not
 // read as a kernel without the rest.
 func TestReadTablesFailsWithItsReader(t *testing.T) {

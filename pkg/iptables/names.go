@@ -7,7 +7,6 @@ package iptables
 import (
 	"crypto/sha256"
 	"encoding/base32"
-	"strings"
 
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -53,9 +52,11 @@ const (
 
 // IsServiceChain tells whether a chain is one of the per-service chains
 // this mode (or upstream) creates, which may be deleted when unused.
-func IsServiceChain(c Chain) bool {
+func IsServiceChain(c Chain) bool { return isServiceChainName(c) }
+
+func isServiceChainName[T Chain | []byte](c T) bool {
 	for _, p := range []string{prefixClusterPolicy, prefixLocalPolicy, prefixExternal, prefixFirewall, prefixEndpoint} {
-		if strings.HasPrefix(string(c), p) {
+		if len(c) >= len(p) && string(c[:len(p)]) == p {
 			return true
 		}
 	}

@@ -279,7 +279,11 @@ func (p *Syncer) fullSync(verifying bool) error {
 			}
 		}
 	}
-	for _, c := range kernel[TableNAT].unclaimedServiceChains() {
+	stale, err := kernel[TableNAT].serviceChainNames(p.cfg.Kernel, TableNAT)
+	if err != nil {
+		return err
+	}
+	for _, c := range stale {
 		final.deleteChain(TableNAT, c)
 	}
 	for _, j := range static.Jumps {
