@@ -324,3 +324,21 @@ func BenchmarkOneEndpointChangeAt10kServices(b *testing.B) {
 		}
 	}
 }
+
+// Endpoints are ordered as their text compares, as upstream orders them
+// (10.0.0.10 before 10.0.0.9), without the text being built.
+func TestEndpointsCompareAsText(t *testing.T) {
+	addrs := []string{"10.0.0.9:80", "10.0.0.10:80", "10.0.0.10:8080", "10.0.0.1:9", "[fd00::a]:80", "[fd00::10]:80", "[fd00::a]:443"}
+	var eps []*Endpoint
+	for _, a := range addrs {
+		ap := netip.MustParseAddrPort(a)
+		eps = append(eps, &Endpoint{IP: ap.Addr(), Port: int32(ap.Port())})
+	}
+	for _, a := range eps {
+		for _, b := range eps {
+			if got, want := compareAsText(a, b), strings.Compare(a.String(), b.String()); got != want {
+				t.Errorf("compareAsText(%s, %s) = %d, want %d", a, b, got, want)
+			}
+		}
+	}
+}
