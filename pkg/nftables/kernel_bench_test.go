@@ -3,6 +3,8 @@ package nftables
 import (
 	"context"
 	"fmt"
+	"io"
+	"iter"
 	"net/netip"
 	"os/exec"
 	"testing"
@@ -15,25 +17,62 @@ import (
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 )
 
-// timedNFT is the real nft, timing its transactions and counting what
-// they hold.
+// timedNFT is the real nft, streamed to as the syncer's is, timing its
+// transactions and counting what they hold.
 type timedNFT struct {
-	knftables.Interface
+	*Streamer
 	took       time.Duration
 	txs, ops   int
 	bytes, max int
+	// size is what the running transaction wrote so far.
+	size int
 }
 
-func (n *timedNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
+func newTimedNFT(b *testing.B) *timedNFT {
+	real, err := knftables.New(knftables.IPv4Family, TableName)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := NewStreamer(real)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := &timedNFT{Streamer: st}
+	start := st.start
+	st.start = func(ctx context.Context) (io.WriteCloser, func() error, error) {
+		in, wait, err := start(ctx)
+		return countingWriter{in, &n.size}, wait, err
+	}
+	return n
+}
+
+type countingWriter struct {
+	io.WriteCloser
+	n *int
+}
+
+func (w countingWriter) Write(p []byte) (int, error) {
+	*w.n += len(p)
+	return w.WriteCloser.Write(p)
+}
+
+func (n *timedNFT) runParts(ctx context.Context, parts iter.Seq[*knftables.Transaction]) error {
 	start := time.Now()
-	err := n.Interface.Run(ctx, tx)
+	n.size = 0
+	err := n.Streamer.runParts(ctx, func(yield func(*knftables.Transaction) bool) {
+		for tx := range parts {
+			n.ops += tx.NumOperations()
+			if !yield(tx) {
+				return
+			}
+		}
+	})
 	n.took += time.Since(start)
-	size := len(tx.String())
-	n.txs, n.ops, n.bytes, n.max = n.txs+1, n.ops+tx.NumOperations(), n.bytes+size, max(n.max, size)
+	n.txs, n.bytes, n.max = n.txs+1, n.bytes+n.size, max(n.max, n.size)
 	return err
 }
 
-func (n *timedNFT) reset() { *n = timedNFT{Interface: n.Interface} }
+func (n *timedNFT) reset() { *n = timedNFT{Streamer: n.Streamer} }
 
 // nthAddr is the nth address after base.
 func nthAddr(base string, n int) string {
@@ -86,11 +125,7 @@ func BenchmarkKernelSync(b *testing.B) {
 }
 
 func kernelSyncOnce(b *testing.B, h *harness) {
-	real, err := knftables.New(knftables.IPv4Family, TableName)
-	if err != nil {
-		b.Fatal(err)
-	}
-	nft := &timedNFT{Interface: real}
+	nft := newTimedNFT(b)
 	newSyncer := func() *Syncer {
 		s, err := New(Config{Family: v1.IPv4Protocol, NFT: nft, Params: h.syncer.cfg.Params})
 		if err != nil {
