@@ -1,10 +1,10 @@
 package nftables
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
-	"iter"
 	"net/netip"
 	"os/exec"
 	"testing"
@@ -18,14 +18,12 @@ import (
 )
 
 // timedNFT is the real nft, streamed to as the syncer's is, timing its
-// transactions and counting what they hold.
+// transactions and counting what they hold (an operation a line).
 type timedNFT struct {
 	*Streamer
 	took       time.Duration
 	txs, ops   int
 	bytes, max int
-	// size is what the running transaction wrote so far.
-	size int
 }
 
 func newTimedNFT(b *testing.B) *timedNFT {
@@ -40,36 +38,29 @@ func newTimedNFT(b *testing.B) *timedNFT {
 	n := &timedNFT{Streamer: st}
 	start := st.start
 	st.start = func(ctx context.Context) (io.WriteCloser, func() error, error) {
+		began := time.Now()
 		in, wait, err := start(ctx)
-		return countingWriter{in, &n.size}, wait, err
+		counted := &countingWriter{WriteCloser: in}
+		return counted, func() error {
+			err := wait()
+			n.took += time.Since(began)
+			n.txs, n.ops = n.txs+1, n.ops+counted.lines
+			n.bytes, n.max = n.bytes+counted.bytes, max(n.max, counted.bytes)
+			return err
+		}, err
 	}
 	return n
 }
 
 type countingWriter struct {
 	io.WriteCloser
-	n *int
+	bytes, lines int
 }
 
-func (w countingWriter) Write(p []byte) (int, error) {
-	*w.n += len(p)
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.bytes += len(p)
+	w.lines += bytes.Count(p, []byte("\n"))
 	return w.WriteCloser.Write(p)
-}
-
-func (n *timedNFT) runParts(ctx context.Context, parts iter.Seq[*knftables.Transaction]) error {
-	start := time.Now()
-	n.size = 0
-	err := n.Streamer.runParts(ctx, func(yield func(*knftables.Transaction) bool) {
-		for tx := range parts {
-			n.ops += tx.NumOperations()
-			if !yield(tx) {
-				return
-			}
-		}
-	})
-	n.took += time.Since(start)
-	n.txs, n.bytes, n.max = n.txs+1, n.bytes+n.size, max(n.max, n.size)
-	return err
 }
 
 func (n *timedNFT) reset() { *n = timedNFT{Streamer: n.Streamer} }

@@ -2,7 +2,7 @@ package nftables
 
 import (
 	"context"
-	"iter"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,20 +46,6 @@ func (k *kernelNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
 	return k.Streamer.Run(ctx, tx)
 }
 
-func (k *kernelNFT) runParts(ctx context.Context, parts iter.Seq[*knftables.Transaction]) error {
-	var text strings.Builder
-	err := k.Streamer.runParts(ctx, func(yield func(*knftables.Transaction) bool) {
-		for tx := range parts {
-			text.WriteString(tx.String())
-			if !yield(tx) {
-				return
-			}
-		}
-	})
-	k.txs = append(k.txs, text.String())
-	return err
-}
-
 // kernelHarness is a harness whose syncer writes the real table.
 func kernelHarness(t *testing.T, family v1.IPFamily, params Params) (*harness, *kernelNFT) {
 	t.Helper()
@@ -76,9 +62,29 @@ func kernelHarness(t *testing.T, family v1.IPFamily, params Params) (*harness, *
 		t.Fatal(err)
 	}
 	k := &kernelNFT{Streamer: st}
+	start := st.start
+	st.start = func(ctx context.Context) (io.WriteCloser, func() error, error) {
+		in, wait, err := start(ctx)
+		var text strings.Builder
+		return teeCloser{in, &text}, func() error {
+			k.txs = append(k.txs, text.String())
+			return wait()
+		}, err
+	}
 	h := newHarness(t, family, params)
 	h.syncer = h.kernelSyncer(family, params, k)
 	return h, k
+}
+
+// teeCloser is an input that a copy of is kept.
+type teeCloser struct {
+	io.WriteCloser
+	copy io.Writer
+}
+
+func (t teeCloser) Write(p []byte) (int, error) {
+	_, _ = t.copy.Write(p)
+	return t.WriteCloser.Write(p)
 }
 
 func (h *harness) kernelSyncer(family v1.IPFamily, params Params, k *kernelNFT) *Syncer {

@@ -1,32 +1,29 @@
 package nftables
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"iter"
 	"os/exec"
 	"strings"
 
 	"sigs.k8s.io/knftables"
 )
 
-// partOps is how many operations of a transaction a Streamer makes and
-// writes at a time.
-const partOps = 1000
-
-// partsRunner is an nft that takes one transaction in parts (Streamer).
-type partsRunner interface {
-	runParts(ctx context.Context, parts iter.Seq[*knftables.Transaction]) error
+// streamRunner is an nft that takes a transaction as the text written to
+// it (Streamer).
+type streamRunner interface {
+	runStream(ctx context.Context, write func(w *bufio.Writer) error) error
 }
 
-// Streamer is knftables' nft that the syncer hands a transaction in parts,
-// each written to the standard input of one `nft -f -` as soon as it is
-// made: neither the whole transaction's objects nor its text are ever held
-// at once (knftables' Run writes the whole text into a buffer it then
-// keeps, 8 MB after a first sync at 10k services). nft applies the input
+// Streamer is knftables' nft to which the syncer writes each transaction's
+// text as it makes it, into the standard input of one `nft -f -`: neither
+// the whole transaction's objects nor its text are ever held at once, nor
+// kept after (knftables' Run writes the whole text into a buffer it then
+// keeps: 8 MB after a first sync at 10k services). nft applies its input
 // all or nothing, as it does a transaction from knftables.
 type Streamer struct {
 	knftables.Interface
@@ -34,7 +31,8 @@ type Streamer struct {
 	start func(ctx context.Context) (io.WriteCloser, func() error, error)
 }
 
-// NewStreamer streams nft's transactions through the nft on the PATH.
+// NewStreamer streams transactions on nft's table through the nft on the
+// PATH.
 func NewStreamer(nft knftables.Interface) (*Streamer, error) {
 	path, err := exec.LookPath("nft")
 	if err != nil {
@@ -60,37 +58,31 @@ func NewStreamer(nft knftables.Interface) (*Streamer, error) {
 	}}, nil
 }
 
-// runParts writes each part's text as knftables writes it. An invalid
-// object fails the whole transaction: nft is killed before the end of its
-// input, so it applies none of it.
-func (s *Streamer) runParts(ctx context.Context, parts iter.Seq[*knftables.Transaction]) error {
+// runStream runs one `nft -f -` on what write writes. When writing fails
+// (an invalid object), nft is killed before it reads the end of its input,
+// so it applies none of it; when nft fails, its error says why.
+func (s *Streamer) runStream(ctx context.Context, write func(w *bufio.Writer) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	in, wait, err := s.start(ctx)
 	if err != nil {
 		return err
 	}
-	for tx := range parts {
-		text := tx.String()
-		// knftables writes an object's validation error as a last
-		// comment line, and leaves out the operations from it on.
-		if i := strings.Index(text, "# ERROR: "); i >= 0 && (i == 0 || text[i-1] == '\n') {
-			cancel()
-			_ = wait()
-			return errors.New(text[i+len("# ERROR: "):])
-		}
-		if _, err := io.WriteString(in, text); err != nil {
-			// nft stopped reading: its exit tells why.
-			if waitErr := wait(); waitErr != nil {
-				return waitErr
-			}
-			return fmt.Errorf("writing to nft: %w", err)
-		}
+	w := bufio.NewWriterSize(in, 64<<10)
+	err = write(w)
+	if err == nil {
+		err = w.Flush()
 	}
-	if err := in.Close(); err != nil {
+	if err == nil {
+		err = in.Close()
+	}
+	if err != nil {
 		cancel()
-		_ = wait()
-		return fmt.Errorf("writing to nft: %w", err)
+		var exit *exec.ExitError
+		if waitErr := wait(); errors.As(waitErr, &exit) && exit.Exited() {
+			return waitErr
+		}
+		return err
 	}
 	return wait()
 }

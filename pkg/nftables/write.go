@@ -1,13 +1,14 @@
 package nftables
 
 import (
+	"bufio"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
-	"iter"
 	"maps"
-	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -354,6 +355,10 @@ type ops struct {
 	verb func(*knftables.Transaction, knftables.Object)
 	n    int
 	at   func(i int) knftables.Object
+	// line, if set, writes operation i as knftables writes it, without
+	// making its object: the bulk of a large sync (rules and elements),
+	// streamed with no garbage but the line.
+	line func(w *bufio.Writer, i int)
 }
 
 var (
@@ -363,18 +368,54 @@ var (
 )
 
 func objectOps(verb func(*knftables.Transaction, knftables.Object), objs []knftables.Object) ops {
-	return ops{verb, len(objs), func(i int) knftables.Object { return objs[i] }}
+	return ops{verb: verb, n: len(objs), at: func(i int) knftables.Object { return objs[i] }}
 }
 
-func ruleOps(refs []ruleRef) ops {
-	return ops{addOp, len(refs), func(i int) knftables.Object {
-		r := refs[i]
-		return &knftables.Rule{Chain: r.chain.Name, Rule: writable(r.chain.Rules[r.i])}
-	}}
+// ruleOps add the rules of a table of family fam.
+func ruleOps(fam string, refs []ruleRef) ops {
+	rule := func(i int) (string, string) { return refs[i].chain.Name, writable(refs[i].chain.Rules[refs[i].i]) }
+	return ops{verb: addOp, n: len(refs),
+		at: func(i int) knftables.Object {
+			chain, r := rule(i)
+			return &knftables.Rule{Chain: chain, Rule: r}
+		},
+		line: func(w *bufio.Writer, i int) {
+			chain, r := rule(i)
+			for _, s := range []string{"add rule ", fam, " ", TableName, " ", chain, " ", r, "\n"} {
+				w.WriteString(s)
+			}
+		}}
 }
 
-func elementOps(elems []*knftables.Element) ops {
-	return ops{addOp, len(elems), func(i int) knftables.Object { return elems[i] }}
+// elementOps add the elements of a table of family fam.
+func elementOps(fam string, elems []*knftables.Element) ops {
+	return ops{verb: addOp, n: len(elems),
+		at: func(i int) knftables.Object { return elems[i] },
+		line: func(w *bufio.Writer, i int) {
+			e := elems[i]
+			for _, s := range []string{"add element ", fam, " ", TableName, " ", e.Set, e.Map, " { "} {
+				w.WriteString(s)
+			}
+			joined(w, e.Key)
+			if e.Comment != nil {
+				w.WriteString(" comment " + strconv.Quote(*e.Comment))
+			}
+			if len(e.Value) > 0 {
+				w.WriteString(" : ")
+				joined(w, e.Value)
+			}
+			w.WriteString(" }\n")
+		}}
+}
+
+// joined writes parts joined with " . ", as nft lists them.
+func joined(w *bufio.Writer, parts []string) {
+	for i, p := range parts {
+		if i > 0 {
+			w.WriteString(" . ")
+		}
+		w.WriteString(p)
+	}
 }
 
 // opsRange is operations from to to of some ops.
@@ -394,40 +435,71 @@ func (p txPlan) len() int {
 	return n
 }
 
-// parts makes the transaction's objects, in transactions of up to n
-// operations each: together, the transaction.
-func (p txPlan) parts(nft knftables.Interface, n int) iter.Seq[*knftables.Transaction] {
-	return func(yield func(*knftables.Transaction) bool) {
-		// Counted here: an invalid object is not counted by tx, but
-		// makes its Run fail.
-		tx, count := nft.NewTransaction(), 0
-		for _, r := range p {
-			for i := r.from; i < r.to; i++ {
-				r.verb(tx, r.at(i))
-				if count++; count == n {
-					if !yield(tx) {
-						return
-					}
-					tx, count = nft.NewTransaction(), 0
+// transaction makes the whole transaction's objects.
+func (p txPlan) transaction(nft knftables.Interface) *knftables.Transaction {
+	tx := nft.NewTransaction()
+	for _, r := range p {
+		for i := r.from; i < r.to; i++ {
+			r.verb(tx, r.at(i))
+		}
+	}
+	return tx
+}
+
+// partOps is how many operations without a line of their own are made and
+// written at a time, by knftables.
+const partOps = 1000
+
+// write writes the transaction's text, as knftables writes it: each
+// operation's line, or its object's made and written by knftables with up
+// to partOps others. An invalid object fails it.
+func (p txPlan) write(w *bufio.Writer, nft knftables.Interface) error {
+	var part *knftables.Transaction
+	count := 0
+	flush := func() error {
+		if count == 0 {
+			return nil
+		}
+		text := part.String()
+		part, count = nil, 0
+		// knftables writes an object's validation error as a last
+		// comment line, and leaves out the operations from it on.
+		if i := strings.Index(text, "# ERROR: "); i >= 0 && (i == 0 || text[i-1] == '\n') {
+			return errors.New(text[i+len("# ERROR: "):])
+		}
+		_, err := w.WriteString(text)
+		return err
+	}
+	for _, r := range p {
+		for i := r.from; i < r.to; i++ {
+			if r.line != nil {
+				if err := flush(); err != nil {
+					return err
+				}
+				r.line(w, i)
+				continue
+			}
+			if part == nil {
+				part = nft.NewTransaction()
+			}
+			r.verb(part, r.at(i))
+			if count++; count == partOps {
+				if err := flush(); err != nil {
+					return err
 				}
 			}
 		}
-		if count > 0 {
-			yield(tx)
-		}
 	}
+	return flush()
 }
 
 // send runs one transaction: written to nft as it is made when NFT takes
-// it in parts (a Streamer), else made whole and run.
+// it so (a Streamer), else made whole and run.
 func (s *Syncer) send(p txPlan) error {
-	if st, ok := s.cfg.NFT.(partsRunner); ok {
-		return st.runParts(context.TODO(), p.parts(s.cfg.NFT, partOps))
+	if st, ok := s.cfg.NFT.(streamRunner); ok {
+		return st.runStream(context.TODO(), func(w *bufio.Writer) error { return p.write(w, s.cfg.NFT) })
 	}
-	for whole := range p.parts(s.cfg.NFT, math.MaxInt) {
-		return s.cfg.NFT.Run(context.TODO(), whole)
-	}
-	return nil
+	return s.cfg.NFT.Run(context.TODO(), p.transaction(s.cfg.NFT))
 }
 
 // transactions are the sync's operations in an order that keeps every
@@ -441,10 +513,11 @@ func (s *Syncer) send(p txPlan) error {
 // and last the elements under new keys in batches, each pointing at a
 // chain already complete.
 func (w *write) transactions() []txPlan {
+	fam := string(Family(w.s.cfg.Family))
 	creates := objectOps(addOp, slices.Concat(w.table, w.addSets, w.addChains))
 	changes := []ops{objectOps(addOp, w.addBase), objectOps(flushOp, w.flushes), objectOps(deleteOp, w.deleteChains),
-		objectOps(deleteOp, w.deleteSets), objectOps(addOp, w.readd), objectOps(deleteOp, w.elemDeletes), ruleOps(w.rules), elementOps(w.elemAdds)}
-	newRules, newElems := ruleOps(w.newRules), elementOps(w.newElems)
+		objectOps(deleteOp, w.deleteSets), objectOps(addOp, w.readd), objectOps(deleteOp, w.elemDeletes), ruleOps(fam, w.rules), elementOps(fam, w.elemAdds)}
+	newRules, newElems := ruleOps(fam, w.newRules), elementOps(fam, w.newElems)
 	whole := func(all ...ops) txPlan {
 		var p txPlan
 		for _, o := range all {
