@@ -328,7 +328,9 @@ func (w *write) elementIDs() []elemID {
 		ids = slices.AppendSeq(make([]elemID, 0, len(w.s.wanted)), maps.Keys(w.s.wanted))
 		for name, ts := range w.t.sets {
 			for key := range ts.elements {
-				ids = append(ids, elemID{name, key})
+				if id := (elemID{name, key}); w.s.wanted[id] == nil {
+					ids = append(ids, id)
+				}
 			}
 		}
 	} else {
@@ -337,7 +339,7 @@ func (w *write) elementIDs() []elemID {
 	slices.SortFunc(ids, func(a, b elemID) int {
 		return cmp.Or(strings.Compare(a.container, b.container), strings.Compare(a.key, b.key))
 	})
-	return slices.Compact(ids)
+	return ids
 }
 
 // maxTxOps bounds the operations of one transaction of a large sync (a
