@@ -1,8 +1,10 @@
 package nftables
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/netip"
 	"os/exec"
 	"testing"
@@ -15,25 +17,53 @@ import (
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 )
 
-// timedNFT is the real nft, timing its transactions and counting what
-// they hold.
+// timedNFT is the real nft, streamed to as the syncer's is, timing its
+// transactions and counting what they hold (an operation a line).
 type timedNFT struct {
-	knftables.Interface
+	*Streamer
 	took       time.Duration
 	txs, ops   int
 	bytes, max int
 }
 
-func (n *timedNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
-	start := time.Now()
-	err := n.Interface.Run(ctx, tx)
-	n.took += time.Since(start)
-	size := len(tx.String())
-	n.txs, n.ops, n.bytes, n.max = n.txs+1, n.ops+tx.NumOperations(), n.bytes+size, max(n.max, size)
-	return err
+func newTimedNFT(b *testing.B) *timedNFT {
+	real, err := knftables.New(knftables.IPv4Family, TableName)
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := NewStreamer(real)
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := &timedNFT{Streamer: st}
+	start := st.start
+	st.start = func(ctx context.Context) (io.WriteCloser, func() error, error) {
+		began := time.Now()
+		in, wait, err := start(ctx)
+		counted := &countingWriter{WriteCloser: in}
+		return counted, func() error {
+			err := wait()
+			n.took += time.Since(began)
+			n.txs, n.ops = n.txs+1, n.ops+counted.lines
+			n.bytes, n.max = n.bytes+counted.bytes, max(n.max, counted.bytes)
+			return err
+		}, err
+	}
+	return n
 }
 
-func (n *timedNFT) reset() { *n = timedNFT{Interface: n.Interface} }
+type countingWriter struct {
+	io.WriteCloser
+	bytes, lines int
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.bytes += len(p)
+	w.lines += bytes.Count(p, []byte("\n"))
+	return w.WriteCloser.Write(p)
+}
+
+func (n *timedNFT) reset() { *n = timedNFT{Streamer: n.Streamer} }
 
 // nthAddr is the nth address after base.
 func nthAddr(base string, n int) string {
@@ -86,11 +116,7 @@ func BenchmarkKernelSync(b *testing.B) {
 }
 
 func kernelSyncOnce(b *testing.B, h *harness) {
-	real, err := knftables.New(knftables.IPv4Family, TableName)
-	if err != nil {
-		b.Fatal(err)
-	}
-	nft := &timedNFT{Interface: real}
+	nft := newTimedNFT(b)
 	newSyncer := func() *Syncer {
 		s, err := New(Config{Family: v1.IPv4Protocol, NFT: nft, Params: h.syncer.cfg.Params})
 		if err != nil {

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,22 +28,22 @@ func inNetns(t *testing.T) bool {
 	return testutil.RerunInNetns(t, [][2]string{{"fresh namespace", ""}})
 }
 
-// kernelNFT is the real nft, keeping each transaction it ran and
-// counting chain listings.
+// kernelNFT is the real nft, streamed to as the syncer's is, keeping
+// each transaction it ran and counting chain listings.
 type kernelNFT struct {
-	knftables.Interface
+	*Streamer
 	txs   []string
 	lists atomic.Int32
 }
 
 func (k *kernelNFT) ListRules(ctx context.Context, chain string) ([]*knftables.Rule, error) {
 	k.lists.Add(1)
-	return k.Interface.ListRules(ctx, chain)
+	return k.Streamer.ListRules(ctx, chain)
 }
 
 func (k *kernelNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
 	k.txs = append(k.txs, tx.String())
-	return k.Interface.Run(ctx, tx)
+	return k.Streamer.Run(ctx, tx)
 }
 
 // kernelHarness is a harness whose syncer writes the real table.
@@ -56,10 +57,34 @@ func kernelHarness(t *testing.T, family v1.IPFamily, params Params) (*harness, *
 	if err := Cleanup(t.Context(), real); err != nil {
 		t.Fatal(err)
 	}
-	k := &kernelNFT{Interface: real}
+	st, err := NewStreamer(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &kernelNFT{Streamer: st}
+	start := st.start
+	st.start = func(ctx context.Context) (io.WriteCloser, func() error, error) {
+		in, wait, err := start(ctx)
+		var text strings.Builder
+		return teeCloser{in, &text}, func() error {
+			k.txs = append(k.txs, text.String())
+			return wait()
+		}, err
+	}
 	h := newHarness(t, family, params)
 	h.syncer = h.kernelSyncer(family, params, k)
 	return h, k
+}
+
+// teeCloser is an input that a copy of is kept.
+type teeCloser struct {
+	io.WriteCloser
+	copy io.Writer
+}
+
+func (t teeCloser) Write(p []byte) (int, error) {
+	_, _ = t.copy.Write(p)
+	return t.WriteCloser.Write(p)
 }
 
 func (h *harness) kernelSyncer(family v1.IPFamily, params Params, k *kernelNFT) *Syncer {

@@ -214,6 +214,18 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, sel state.Selection) Ser
 	proto := strings.ToLower(string(svc.Protocol))
 	port := itoa(svc.Port)
 	affinity := svc.AffinityTimeoutSeconds > 0
+	// Sized for the most it may hold: applied keeps it until the next sync.
+	local := 0
+	for _, ep := range sel.All {
+		if ep.IsLocal {
+			local++
+		}
+	}
+	most := 2 + 2*len(svc.ExternalIPs) + 3*len(svc.LoadBalancerIPs) + local
+	if svc.NodePort != 0 {
+		most += 2
+	}
+	out.Elements = make([]knftables.Element, 0, most)
 	element := func(container string, isMap bool, key []string, value string, cmt string) {
 		e := knftables.Element{Key: key}
 		if isMap {
@@ -394,11 +406,12 @@ func spread(prefix string, actions []string, mapRule string, mapped []string) (r
 	if len(actions) > cascadeLimit {
 		return viaMap, nil
 	}
+	rules = make([]string, len(actions))
 	for i, a := range actions {
 		if left := len(actions) - i; left > 1 {
 			a = "numgen random mod " + itoa(int32(left)) + " 0 " + a
 		}
-		rules = append(rules, prefix+a)
+		rules[i] = prefix + a
 	}
 	return rules, viaMap
 }

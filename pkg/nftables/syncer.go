@@ -25,7 +25,8 @@ import (
 // Config are the nftables mode's inputs for one IP family.
 type Config struct {
 	Family v1.IPFamily
-	// NFT runs transactions on the family's kube-proxy table.
+	// NFT runs transactions on the family's kube-proxy table; a Streamer
+	// (as kube-proxy's is) takes each as it is made, never whole.
 	NFT knftables.Interface
 	// List returns what `nft list <kind> <family> kube-proxy [name]`
 	// prints: the table (kind "table", name "") or one chain, set or map
@@ -308,12 +309,12 @@ func (s *Syncer) tableGone(ctx context.Context) string {
 	return ""
 }
 
-// run runs one transaction of ours; when it alone moved the generation
-// from one the table was known in place at, the table is known in place
-// at the new one.
-func (s *Syncer) run(tx *knftables.Transaction) error {
+// run runs one transaction of ours (send); when it alone moved the
+// generation from one the table was known in place at, the table is
+// known in place at the new one.
+func (s *Syncer) run(send func() error) error {
 	before, err := s.cfg.Generation()
-	if err := s.writeTx(func() error { return s.cfg.NFT.Run(context.TODO(), tx) }); err != nil {
+	if err := s.writeTx(send); err != nil {
 		return err
 	}
 	after, errAfter := s.cfg.Generation()

@@ -1,10 +1,14 @@
 package nftables
 
 import (
+	"bufio"
 	"cmp"
+	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,8 +31,9 @@ type wantedElem []wantedValue
 type wantedValue struct {
 	value  string
 	owners int
-	// elem is the element to write for this value (its comment).
-	elem knftables.Element
+	// elem is the element to write for this value (its comment): one of
+	// the owners', not a copy.
+	elem *knftables.Element
 }
 
 // has tells whether someone wants value.
@@ -51,13 +56,21 @@ type write struct {
 	// they use is being re-created.
 	force bool
 
-	table, addSets, addChains, flushes, deleteChains, deleteSets, readd, rules, elemDeletes, elemAdds []knftables.Object
+	table, addSets, addChains, flushes, deleteChains, deleteSets, readd, elemDeletes []knftables.Object
+	// rules are the rules of the chains the table held, rewritten, and
+	// elemAdds the elements whose value changes.
+	rules    []ruleRef
+	elemAdds []*knftables.Element
 	// newRules are the rules of the regular chains added in this sync,
 	// and newElems the elements added under keys the table did not hold:
 	// a large sync may write them in transactions of their own. New base
 	// chains, live at once, are written with their rules, in addBase.
-	newRules, newElems, addBase []knftables.Object
+	newRules []ruleRef
+	newElems []*knftables.Element
+	addBase  []knftables.Object
 
+	// touched are the elements a partial sync changed (a full sync looks
+	// at every wanted one and every one the table holds instead).
 	touched map[elemID]bool
 	// applied are the rules of each chain as the syncs before wrote
 	// them, when the watch asked this full sync to tell what it
@@ -66,6 +79,13 @@ type write struct {
 	restored []string
 	// seen are the chains and sets this sync wants (full sync only).
 	seenChains, seenSets map[string]bool
+}
+
+// ruleRef is rule i of a chain a sync writes, made into a knftables rule
+// only when its transaction is written.
+type ruleRef struct {
+	chain *Chain
+	i     int
 }
 
 func (s *Syncer) newWrite(full bool) *write {
@@ -97,6 +117,8 @@ func (w *write) replace(name state.ServicePortName, updated ServiceObjects) {
 
 // objects changes one owner's sets, chains and elements from old to new.
 // Sets go first: re-creating one forces its users' chains to be rewritten.
+// The new chains and elements are referred to, not copied, until the
+// transaction is written: the caller keeps them unchanged.
 func (w *write) objects(oldSets, newSets []Set, oldChains, newChains []Chain, oldElems, newElems []knftables.Element) {
 	w.force = false
 	for _, st := range newSets {
@@ -107,8 +129,8 @@ func (w *write) objects(oldSets, newSets []Set, oldChains, newChains []Chain, ol
 			w.dropSet(st.Name)
 		}
 	}
-	for _, c := range newChains {
-		w.chain(c)
+	for i := range newChains {
+		w.chain(&newChains[i])
 	}
 	for _, c := range oldChains {
 		if !slices.ContainsFunc(newChains, func(n Chain) bool { return n.Name == c.Name }) {
@@ -116,32 +138,36 @@ func (w *write) objects(oldSets, newSets []Set, oldChains, newChains []Chain, ol
 		}
 	}
 	w.force = false
-	for _, e := range newElems {
-		w.want(e, 1)
+	for i := range newElems {
+		w.want(&newElems[i], 1)
 	}
-	for _, e := range oldElems {
-		w.want(e, -1)
+	for i := range oldElems {
+		w.want(&oldElems[i], -1)
 	}
 }
 
 // chain makes the table hold c with exactly its rules.
-func (w *write) chain(c Chain) {
+func (w *write) chain(c *Chain) {
 	w.seenChains[c.Name] = true
 	delete(w.s.stale, c.Name)
 	have, ok := w.t.chains[c.Name]
-	add := c.Chain
 	rules := &w.rules
 	switch {
 	case !ok && c.Hook != nil:
-		w.addBase = append(w.addBase, &add)
+		w.addBase = append(w.addBase, &c.Chain)
 	case !ok:
-		w.addChains = append(w.addChains, &add)
+		w.addChains = append(w.addChains, &c.Chain)
 		rules = &w.newRules
 	case !sameHook(have.Chain, c.Chain):
 		// A base chain's hook or priority cannot be changed in place.
 		w.deleteChains = append(w.deleteChains, &knftables.Chain{Name: c.Name})
-		w.readd = append(w.readd, &add)
-	case !w.force && (sameRules(have.Rules, c.Rules) || c.Upstream != nil && sameRules(have.Rules, c.Upstream)):
+		w.readd = append(w.readd, &c.Chain)
+	case !w.force && sameRules(have.Rules, c.Rules):
+		// The table's copy of the text gives way to applied's: after a
+		// restart, one copy of every rule is kept, not two.
+		have.Rules = c.Rules
+		return
+	case !w.force && c.Upstream != nil && sameRules(have.Rules, c.Upstream):
 		return
 	default:
 		w.flushes = append(w.flushes, &knftables.Chain{Name: c.Name})
@@ -149,8 +175,8 @@ func (w *write) chain(c Chain) {
 	if rules, ok := w.applied[c.Name]; ok && slices.Equal(rules, c.Rules) {
 		w.restored = append(w.restored, c.Name)
 	}
-	for _, r := range c.Rules {
-		*rules = append(*rules, &knftables.Rule{Chain: c.Name, Rule: writable(r)})
+	for i := range c.Rules {
+		*rules = append(*rules, ruleRef{c, i})
 	}
 	w.t.chains[c.Name] = &Chain{Chain: c.Chain, Rules: c.Rules}
 }
@@ -198,8 +224,8 @@ func (w *write) dropSet(name string) {
 }
 
 // want counts one owner more (delta 1) or less (-1) for e's value.
-func (w *write) want(e knftables.Element, delta int) {
-	id := idOf(e)
+func (w *write) want(e *knftables.Element, delta int) {
+	id := idOf(*e)
 	we := w.s.wanted[id]
 	v := strings.Join(e.Value, " . ")
 	i := slices.IndexFunc(we, func(wv wantedValue) bool { return wv.value == v })
@@ -218,7 +244,9 @@ func (w *write) want(e knftables.Element, delta int) {
 	} else {
 		w.s.wanted[id] = we
 	}
-	w.touched[id] = true
+	if !w.full {
+		w.touched[id] = true
+	}
 }
 
 // element makes the table hold what is wanted of one element: the value
@@ -248,14 +276,13 @@ func (w *write) element(id elemID) {
 		adds = &w.elemAdds
 	}
 	first := slices.MinFunc(we, func(a, b wantedValue) int { return strings.Compare(a.value, b.value) })
-	e := first.elem
-	*adds = append(*adds, &e)
+	*adds = append(*adds, first.elem)
 	ts.elements[id.key] = first.value
 }
 
-// removeUnwanted flushes every service port's chain, deletes every set
-// and element a full sync did not ask for: other services', or an older
-// layout's.
+// removeUnwanted flushes every service port's chain, deletes every set a
+// full sync did not ask for: other services', or an older layout's (run
+// deletes the elements).
 func (w *write) removeUnwanted() {
 	for _, name := range slices.Sorted(maps.Keys(w.t.chains)) {
 		// As upstream: only a service port's chains, named with a "/",
@@ -266,46 +293,216 @@ func (w *write) removeUnwanted() {
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(w.t.sets)) {
-		ts := w.t.sets[name]
 		if !w.seenSets[name] {
 			w.dropSet(name)
-			continue
-		}
-		for key := range ts.elements {
-			w.touched[elemID{name, key}] = true
 		}
 	}
 }
 
 // run sends the transaction: one, or none when nothing differs.
 func (w *write) run() error {
-	for _, id := range slices.SortedFunc(maps.Keys(w.touched), func(a, b elemID) int {
-		return cmp.Or(strings.Compare(a.container, b.container), strings.Compare(a.key, b.key))
-	}) {
+	for _, id := range w.elementIDs() {
 		w.element(id)
 	}
-	for _, tx := range w.transactions() {
-		if err := w.s.run(tx); err != nil {
+	// Held no longer than needed: a first sync's run is its peak.
+	w.touched, w.seenChains, w.seenSets = nil, nil, nil
+	for _, plan := range w.transactions() {
+		if err := w.s.run(func() error { return w.s.send(plan) }); err != nil {
 			// nft -f applies all or nothing, but earlier transactions of
 			// a split sync went through: what we think the table holds
 			// is wrong now, and the next sync reads it again.
 			w.s.kernel = nil
-			return fmt.Errorf("nftables transaction of %d operations: %w", tx.NumOperations(), err)
+			return fmt.Errorf("nftables transaction of %d operations: %w", plan.len(), err)
 		}
 	}
 	w.s.deleteStaleChains()
 	return nil
 }
 
+// elementIDs are the elements this sync looks at, sorted: those a partial
+// sync touched; in a full sync every wanted one and every one the table
+// holds.
+func (w *write) elementIDs() []elemID {
+	var ids []elemID
+	if w.full {
+		ids = slices.AppendSeq(make([]elemID, 0, len(w.s.wanted)), maps.Keys(w.s.wanted))
+		for name, ts := range w.t.sets {
+			for key := range ts.elements {
+				if id := (elemID{name, key}); w.s.wanted[id] == nil {
+					ids = append(ids, id)
+				}
+			}
+		}
+	} else {
+		ids = slices.AppendSeq(make([]elemID, 0, len(w.touched)), maps.Keys(w.touched))
+	}
+	slices.SortFunc(ids, func(a, b elemID) int {
+		return cmp.Or(strings.Compare(a.container, b.container), strings.Compare(a.key, b.key))
+	})
+	return ids
+}
+
 // maxTxOps bounds the operations of one transaction of a large sync (a
 // first sync, mostly): a long one holds the kernel's nftables mutex all
-// along, and its text and objects are held at once (at 10k services, the
-// heap's goal peaks at 136 MB with 10k operations, 142 with 50k, 151 with
-// 100k). Each transaction costs a process that first reads the table, so
+// along. Each transaction costs a process that first reads the table, so
 // fewer, larger ones keep the first sync near linear: at 100k services,
 // 94 transactions of 10k operations took 44 s, 22 of 50k 32 s, 13 of 100k
 // 24 s (see docs/performance.md). Syncer.maxTxOps is this but in tests.
 const maxTxOps = 50000
+
+// ops are the objects one verb writes, each made only when its
+// transaction is: a large sync holds one transaction's objects at a time,
+// and only what the table and applied hold until then.
+type ops struct {
+	verb func(*knftables.Transaction, knftables.Object)
+	n    int
+	at   func(i int) knftables.Object
+	// line, if set, writes operation i as knftables writes it, without
+	// making its object: the bulk of a large sync (rules and elements),
+	// streamed with no garbage but the line.
+	line func(w *bufio.Writer, i int)
+}
+
+var (
+	addOp    = (*knftables.Transaction).Add
+	flushOp  = (*knftables.Transaction).Flush
+	deleteOp = (*knftables.Transaction).Delete
+)
+
+func objectOps(verb func(*knftables.Transaction, knftables.Object), objs []knftables.Object) ops {
+	return ops{verb: verb, n: len(objs), at: func(i int) knftables.Object { return objs[i] }}
+}
+
+// ruleOps add the rules of a table of family fam.
+func ruleOps(fam string, refs []ruleRef) ops {
+	rule := func(i int) (string, string) { return refs[i].chain.Name, writable(refs[i].chain.Rules[refs[i].i]) }
+	return ops{verb: addOp, n: len(refs),
+		at: func(i int) knftables.Object {
+			chain, r := rule(i)
+			return &knftables.Rule{Chain: chain, Rule: r}
+		},
+		line: func(w *bufio.Writer, i int) {
+			chain, r := rule(i)
+			for _, s := range []string{"add rule ", fam, " ", TableName, " ", chain, " ", r, "\n"} {
+				w.WriteString(s)
+			}
+		}}
+}
+
+// elementOps add the elements of a table of family fam.
+func elementOps(fam string, elems []*knftables.Element) ops {
+	return ops{verb: addOp, n: len(elems),
+		at: func(i int) knftables.Object { return elems[i] },
+		line: func(w *bufio.Writer, i int) {
+			e := elems[i]
+			for _, s := range []string{"add element ", fam, " ", TableName, " ", e.Set, e.Map, " { "} {
+				w.WriteString(s)
+			}
+			joined(w, e.Key)
+			if e.Comment != nil {
+				w.WriteString(" comment " + strconv.Quote(*e.Comment))
+			}
+			if len(e.Value) > 0 {
+				w.WriteString(" : ")
+				joined(w, e.Value)
+			}
+			w.WriteString(" }\n")
+		}}
+}
+
+// joined writes parts joined with " . ", as nft lists them.
+func joined(w *bufio.Writer, parts []string) {
+	for i, p := range parts {
+		if i > 0 {
+			w.WriteString(" . ")
+		}
+		w.WriteString(p)
+	}
+}
+
+// opsRange is operations from to to of some ops.
+type opsRange struct {
+	ops
+	from, to int
+}
+
+// txPlan is one transaction's operations, in order.
+type txPlan []opsRange
+
+func (p txPlan) len() int {
+	n := 0
+	for _, r := range p {
+		n += r.to - r.from
+	}
+	return n
+}
+
+// transaction makes the whole transaction's objects.
+func (p txPlan) transaction(nft knftables.Interface) *knftables.Transaction {
+	tx := nft.NewTransaction()
+	for _, r := range p {
+		for i := r.from; i < r.to; i++ {
+			r.verb(tx, r.at(i))
+		}
+	}
+	return tx
+}
+
+// partOps is how many operations without a line of their own are made and
+// written at a time, by knftables.
+const partOps = 1000
+
+// write writes the transaction's text, as knftables writes it: each
+// operation's line, or its object's made and written by knftables with up
+// to partOps others. An invalid object fails it.
+func (p txPlan) write(w *bufio.Writer, nft knftables.Interface) error {
+	var part *knftables.Transaction
+	count := 0
+	flush := func() error {
+		if count == 0 {
+			return nil
+		}
+		text := part.String()
+		part, count = nil, 0
+		// knftables writes an object's validation error as a last
+		// comment line, and leaves out the operations from it on.
+		if i := strings.Index(text, "# ERROR: "); i >= 0 && (i == 0 || text[i-1] == '\n') {
+			return errors.New(text[i+len("# ERROR: "):])
+		}
+		_, err := w.WriteString(text)
+		return err
+	}
+	for _, r := range p {
+		for i := r.from; i < r.to; i++ {
+			if r.line != nil {
+				if err := flush(); err != nil {
+					return err
+				}
+				r.line(w, i)
+				continue
+			}
+			if part == nil {
+				part = nft.NewTransaction()
+			}
+			r.verb(part, r.at(i))
+			if count++; count == partOps {
+				if err := flush(); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return flush()
+}
+
+// send runs one transaction: written to nft as it is made when NFT takes
+// it so (a Streamer), else made whole and run.
+func (s *Syncer) send(p txPlan) error {
+	if st, ok := s.cfg.NFT.(streamRunner); ok {
+		return st.runStream(context.TODO(), func(w *bufio.Writer) error { return p.write(w, s.cfg.NFT) })
+	}
+	return s.cfg.NFT.Run(context.TODO(), p.transaction(s.cfg.NFT))
+}
 
 // transactions are the sync's operations in an order that keeps every
 // reference valid: new sets and chains, flushes, deletions, rules, then
@@ -317,56 +514,44 @@ const maxTxOps = 50000
 // their rules and everything that changes what the table already holds,
 // and last the elements under new keys in batches, each pointing at a
 // chain already complete.
-func (w *write) transactions() []*knftables.Transaction {
-	type phase struct {
-		verb func(*knftables.Transaction, knftables.Object)
-		objs []knftables.Object
+func (w *write) transactions() []txPlan {
+	fam := string(Family(w.s.cfg.Family))
+	creates := objectOps(addOp, slices.Concat(w.table, w.addSets, w.addChains))
+	changes := []ops{objectOps(addOp, w.addBase), objectOps(flushOp, w.flushes), objectOps(deleteOp, w.deleteChains),
+		objectOps(deleteOp, w.deleteSets), objectOps(addOp, w.readd), objectOps(deleteOp, w.elemDeletes), ruleOps(fam, w.rules), elementOps(fam, w.elemAdds)}
+	newRules, newElems := ruleOps(fam, w.newRules), elementOps(fam, w.newElems)
+	whole := func(all ...ops) txPlan {
+		var p txPlan
+		for _, o := range all {
+			if o.n > 0 {
+				p = append(p, opsRange{o, 0, o.n})
+			}
+		}
+		return p
 	}
-	add := (*knftables.Transaction).Add
-	flush := (*knftables.Transaction).Flush
-	del := (*knftables.Transaction).Delete
-	creates := slices.Concat(w.table, w.addSets, w.addChains)
-	changes := []phase{{add, w.addBase}, {flush, w.flushes}, {del, w.deleteChains}, {del, w.deleteSets}, {add, w.readd},
-		{del, w.elemDeletes}, {add, w.rules}, {add, w.elemAdds}}
-	total := len(creates) + len(w.newRules) + len(w.newElems)
-	for _, p := range changes {
-		total += len(p.objs)
+	total := 0
+	for _, o := range slices.Concat([]ops{creates, newRules, newElems}, changes) {
+		total += o.n
 	}
-	var txs []*knftables.Transaction
 	if total <= w.s.maxTxOps || len(w.readd) > 0 {
-		tx := w.s.cfg.NFT.NewTransaction()
-		for _, p := range slices.Concat([]phase{{add, creates}}, changes, []phase{{add, w.newRules}, {add, w.newElems}}) {
-			for _, o := range p.objs {
-				p.verb(tx, o)
-			}
+		if total == 0 {
+			return nil
 		}
-		if tx.NumOperations() > 0 {
-			txs = append(txs, tx)
-		}
-		return txs
+		return []txPlan{whole(slices.Concat([]ops{creates}, changes, []ops{newRules, newElems})...)}
 	}
-	batches := func(objs []knftables.Object) {
-		for chunk := range slices.Chunk(objs, w.s.maxTxOps) {
-			tx := w.s.cfg.NFT.NewTransaction()
-			for _, o := range chunk {
-				tx.Add(o)
-			}
-			txs = append(txs, tx)
+	var plans []txPlan
+	batches := func(o ops) {
+		for from := 0; from < o.n; from += w.s.maxTxOps {
+			plans = append(plans, txPlan{{o, from, min(from+w.s.maxTxOps, o.n)}})
 		}
 	}
 	batches(creates)
-	batches(w.newRules)
-	tx := w.s.cfg.NFT.NewTransaction()
-	for _, p := range changes {
-		for _, o := range p.objs {
-			p.verb(tx, o)
-		}
+	batches(newRules)
+	if p := whole(changes...); len(p) > 0 {
+		plans = append(plans, p)
 	}
-	if tx.NumOperations() > 0 {
-		txs = append(txs, tx)
-	}
-	batches(w.newElems)
-	return txs
+	batches(newElems)
+	return plans
 }
 
 // deleteStaleChains deletes the chains flushed at least staleChainDelay
@@ -398,7 +583,7 @@ func (s *Syncer) deleteStaleChains() {
 			tx.Add(&knftables.Chain{Name: name})
 			tx.Delete(&knftables.Chain{Name: name})
 		}
-		if err := s.run(tx); err != nil {
+		if err := s.run(func() error { return s.cfg.NFT.Run(context.TODO(), tx) }); err != nil {
 			klog.ErrorS(err, "Deleting stale nftables chains failed; retrying at a later sync", "ipFamily", s.cfg.Family, "chains", names)
 			metrics.NFTablesCleanupFailuresTotal.WithLabelValues(string(s.cfg.Family)).Inc()
 			for _, name := range names {

@@ -31,9 +31,14 @@ const skipKernelCheckEnv = "KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK"
 var nftablesMinKernel = kernel.Version{Major: 5, Minor: 13}
 
 // newNFT opens a family's kube-proxy table; knftables.New checks that the
-// nft tool is there, is v1.0.1 or later, and works. Tests replace it.
+// nft tool is there, is v1.0.1 or later, and works. The syncer streams its
+// transactions to nft (nftables.Streamer). Tests replace it.
 var newNFT = func(family knftables.Family, table string) (knftables.Interface, error) {
-	return knftables.New(family, table)
+	nft, err := knftables.New(family, table)
+	if err != nil {
+		return nil, err
+	}
+	return nftables.NewStreamer(nft)
 }
 
 // newNFTablesMode checks, as upstream does, that the node can run the
