@@ -217,12 +217,15 @@ func diffSharedChain(in *restoreInput, t Table, current []Rule, want OwnChain, t
 		return
 	}
 	head := want.Rules[:len(want.Rules)-tail]
-	unmatched := map[string]int{}
+	// Rules are matched by the fingerprint of their canonical form, not
+	// the form itself: at 10k services KUBE-SERVICES alone would hold
+	// some 2 MB of canonical text through a restart's sync.
+	unmatched := map[uint64]int{}
 	for _, r := range head {
-		unmatched[canonicalRule(r)]++
+		unmatched[ruleFingerprint(fnvOffset, r)]++
 	}
 	for _, r := range current[:len(current)-tail] {
-		key := canonicalRule(r)
+		key := ruleFingerprint(fnvOffset, r)
 		if unmatched[key] > 0 {
 			unmatched[key]--
 			continue
@@ -232,7 +235,7 @@ func diffSharedChain(in *restoreInput, t Table, current []Rule, want OwnChain, t
 	added := make([]bool, len(head))
 	lastKept := -1
 	for i, r := range head {
-		key := canonicalRule(r)
+		key := ruleFingerprint(fnvOffset, r)
 		if unmatched[key] > 0 {
 			unmatched[key]--
 			added[i] = true
