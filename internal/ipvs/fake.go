@@ -199,6 +199,7 @@ func (f *Fake) AllRealServers() (map[ipvsmode.VirtualServerKey][]ipvsmode.RealSe
 	}
 	all := map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer{}
 	for key, s := range f.services {
+		all[key] = nil
 		for _, d := range s.sortedDests() {
 			all[key] = append(all[key], *d)
 		}

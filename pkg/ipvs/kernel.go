@@ -116,9 +116,9 @@ type Kernel interface {
 	// RealServers lists a virtual server's destinations with their
 	// connection counts.
 	RealServers(key VirtualServerKey) ([]RealServer, error)
-	// AllRealServers lists the destinations of every virtual server of
-	// the family at once (a restart at 10k services would otherwise send
-	// 10k requests); a virtual server without any may be absent.
+	// AllRealServers lists every virtual server of the family with its
+	// destinations at once (a restart at 10k services would otherwise send
+	// 10k requests); one without any has an empty list.
 	AllRealServers() (map[VirtualServerKey][]RealServer, error)
 	AddRealServer(key VirtualServerKey, rs RealServer) error
 	UpdateRealServer(key VirtualServerKey, rs RealServer) error

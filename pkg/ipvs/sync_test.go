@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +25,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -97,7 +99,7 @@ func (n *node) proxier(t *testing.T, exclude ...netip.Prefix) (*proxy.Core, *ipv
 		NodePortAddresses:  func(node []netip.Addr) []netip.Addr { return node },
 		ExcludeCIDRs:       exclude,
 		DrainCheckInterval: 5 * time.Millisecond,
-		CheckPeriod:        5 * time.Millisecond,
+		CheckInterval:      5 * time.Millisecond,
 	})
 	core := proxy.NewCore(proxy.Config{Family: v1.IPv4Protocol, ModeName: "ipvs", Node: state.Node{Name: "node-1"},
 		MinSyncPeriod: time.Second, SyncPeriod: time.Minute}, mode)
@@ -426,7 +428,17 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 		{"virtual server deleted", func(n *node) error {
 			return n.kernel.DeleteVirtualServer(ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP})
 		}},
+		{"real server deleted", func(n *node) error {
+			return n.kernel.DeleteRealServer(ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP},
+				netip.MustParseAddrPort("10.244.1.5:8080"))
+		}},
 		{"address unbound", func(n *node) error { return n.kernel.Unbind(netip.MustParseAddr("10.96.0.10")) }},
+		{"set entry deleted", func(n *node) error {
+			return n.kernel.ChangeSets([]ipvs.SetChange{{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.10,tcp:80", Delete: true}})
+		}},
+		{"set entry added", func(n *node) error {
+			return n.kernel.ChangeSets([]ipvs.SetChange{{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.99,tcp:80"}})
+		}},
 		{"iptables flushed", func(n *node) error { n.iptables.flushed.Store(true); return nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -451,8 +463,35 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("no resync was asked for")
 			}
+			// The full sync it asked for puts everything back, and counts
+			// the repair.
+			repairs := ipvsRepairs(t)
+			n.iptables.flushed.Store(false)
+			core.RequestFullSync()
+			sync(t, core)
+			if got := ipvsRepairs(t); got != repairs+1 {
+				t.Errorf("%s went from %v to %v, want one more", "sync_proxy_rules_ipvs_repairs_total", repairs, got)
+			}
+			cancel()
+			n2 := newNode()
+			core2, _ := n2.proxier(t)
+			feedServices(core2)
+			sync(t, core2)
+			if got, want := n.kernel.Dump(), n2.kernel.Dump(); got != want {
+				t.Errorf("after the repair the kernel holds:\n%s\nwant:\n%s", got, want)
+			}
 		})
 	}
+}
+
+// ipvsRepairs is the IPv4 family's count of repairs.
+func ipvsRepairs(t *testing.T) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := metrics.IPVSRepairsTotal.WithLabelValues(string(v1.IPv4Protocol)).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
 
 // A family that owns no virtual server (the IPv6 one on a node whose
@@ -470,8 +509,8 @@ func TestDriftWithoutVirtualServersReadsNone(t *testing.T) {
 	if calls["BoundAddresses"] == 0 {
 		t.Fatal("no drift check ran")
 	}
-	if calls["VirtualServers"] != 0 {
-		t.Errorf("%d dumps of the virtual servers, want none", calls["VirtualServers"])
+	if calls["VirtualServers"]+calls["AllRealServers"] != 0 {
+		t.Errorf("%d dumps of the virtual servers, want none", calls["VirtualServers"]+calls["AllRealServers"])
 	}
 }
 

@@ -67,7 +67,12 @@ var (
 	NFTablesCleanupFailuresTotal = counter("sync_proxy_rules_nftables_cleanup_failures_total", "Cumulative proxy nftables cleanup failures", "ip_family")
 	// NFTablesRepairsTotal is ours, not upstream's: how often another
 	// program changed the nftables mode's table and it was restored.
-	NFTablesRepairsTotal  = counter("sync_proxy_rules_nftables_repairs_total", "Times kube-proxy's nftables table was found changed by another program and restored", "ip_family")
+	NFTablesRepairsTotal = counter("sync_proxy_rules_nftables_repairs_total", "Times kube-proxy's nftables table was found changed by another program and restored", "ip_family")
+	// IPVSRepairsTotal is ours, not upstream's: how often another program
+	// changed what the IPVS mode keeps in the kernel (virtual or real
+	// servers, kube-ipvs0's addresses, ipset entries, its iptables rules)
+	// and a full sync restored it.
+	IPVSRepairsTotal      = counter("sync_proxy_rules_ipvs_repairs_total", "Times the IPVS mode's kernel state was found changed by another program and restored", "ip_family")
 	NoLocalEndpointsTotal = gauge("sync_proxy_rules_no_local_endpoints_total", "Number of services with a Local traffic policy and no endpoints", "traffic_policy", "ip_family")
 
 	ProxyHealthzTotal = counter("proxy_healthz_total", "Cumulative proxy healthz HTTP status", "code")
@@ -132,7 +137,7 @@ var Registry = func() *prometheus.Registry {
 		SyncProxyRulesLastTimestamp, SyncProxyRulesLastQueued, NetworkProgrammingLatency,
 		EndpointChangesPending, EndpointChangesTotal, ServiceChangesPending, ServiceChangesTotal,
 		IPTablesRestoreFailuresTotal, IPTablesPartialRestoreFailuresTotal, IPTablesRulesTotal, IPTablesRulesLastSync, IPTablesFlushRecoveriesTotal,
-		NFTablesSyncFailuresTotal, NFTablesCleanupFailuresTotal, NFTablesRepairsTotal,
+		NFTablesSyncFailuresTotal, NFTablesCleanupFailuresTotal, NFTablesRepairsTotal, IPVSRepairsTotal,
 		NoLocalEndpointsTotal, ProxyHealthzTotal, ProxyLivezTotal,
 		ConntrackReconcilerSyncDuration, ConntrackReconcilerDeleted,
 		IPTablesCTStateInvalidDropped, IPTablesLocalhostNodePortsAccepted,

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
 	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
@@ -44,8 +45,11 @@ func newIPVSMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mod
 	if err := kernel.EnsureSets(params.Sets()); err != nil {
 		return nil, fmt.Errorf("ipvs mode needs ipset: %w", err)
 	}
+	// Upstream exits here; the process serves anyway, as with the
+	// conntrack settings (a read-only /proc/sys after --init-only set
+	// them finds them set and writes nothing).
 	if err := setIPVSParams(cfg); err != nil {
-		return nil, err
+		klog.ErrorS(err, "Could not apply the IPVS mode's sysctls and timeouts; serving without them (connections to removed endpoints, SNAT or forwarding may not work as upstream's)")
 	}
 	exclude, err := excludeCIDRs(cfg)
 	if err != nil {
@@ -56,7 +60,6 @@ func newIPVSMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mod
 		Params:            params,
 		NodePortAddresses: nodePortAddresses(cfg.NodePortAddresses, f.family, f.nodePortAddrs),
 		ExcludeCIDRs:      exclude,
-		CheckPeriod:       f.syncPeriod,
 	}), nil
 }
 

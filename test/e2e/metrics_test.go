@@ -14,7 +14,9 @@ import (
 // unservedMetrics are the kube-proxy metric families registered in
 // pkg/metrics that none of our kube-proxy processes served during a run
 // of every test: a metric declared and never fed is worse than none.
-// Runs limited by -run or -skip say nothing (nil).
+// Runs limited by -run or -skip say nothing (nil). The IPVS mode's own
+// metrics are left out: that mode runs only in the VM (test/vm), whose
+// fault test reads them.
 func unservedMetrics() []string {
 	for _, name := range []string{"test.run", "test.skip"} {
 		if f := flag.Lookup(name); f != nil && f.Value.String() != "" {
@@ -36,7 +38,7 @@ func unservedMetrics() []string {
 		}
 		name, _ := strconv.Unquote(quoted)
 		// The Go and process collectors' families are always served.
-		if strings.HasPrefix(name, "kubeproxy_") && !servedMetrics[name] {
+		if strings.HasPrefix(name, "kubeproxy_") && !strings.Contains(name, "_ipvs_") && !servedMetrics[name] {
 			missing = append(missing, name)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -27,7 +28,7 @@ func main() {
 	client := flag.String("client", "", "instead of serving, send one request to proto://host:port (tcp or udp) and print the reply")
 	timeout := flag.Duration("timeout", 2*time.Second, "client: how long to wait for a reply")
 	sport := flag.Int("sport", 0, "client: the local port to send from (0: any)")
-	load := flag.Duration("load", 0, "client: send a new request every -interval for this long, then print \"ok=N failed=M gap=D\" (D the longest time between two answered requests, or from the start to the first, or from the last to the end) and the first errors")
+	load := flag.Duration("load", 0, "client: send a new request every -interval for this long or until SIGTERM, then print \"ok=N failed=M gap=D\" (D the longest time between two answered requests, or from the start to the first, or from the last to the end) and the first errors")
 	interval := flag.Duration("interval", 50*time.Millisecond, "client: the time between requests of -load or connections of -probe")
 	probe := flag.Duration("probe", 0, "client: open a new TCP connection every -interval for this long or until SIGTERM, without waiting for the previous ones, and print one line per connection (see probeConnection)")
 	flag.Parse()
@@ -97,14 +98,19 @@ func serve(name, port string) error {
 }
 
 // generateLoad sends requests one after the other, each on a new
-// connection, and reports how many got no reply and the longest time
+// connection, for duration or until SIGTERM (a load that lasts as long as
+// a fault does), and reports how many got no reply and the longest time
 // without an answer.
 func generateLoad(target string, duration, interval, timeout time.Duration) {
+	var stopped atomic.Bool
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM)
+	go func() { <-stop; stopped.Store(true) }()
 	ok, failed := 0, 0
 	var errs []string
 	start := time.Now()
 	end, lastOK, gap := start.Add(duration), start, time.Duration(0)
-	for ; time.Now().Before(end); time.Sleep(interval) {
+	for ; time.Now().Before(end) && !stopped.Load(); time.Sleep(interval) {
 		if _, err := request(target, 0, timeout); err != nil {
 			failed++
 			if len(errs) < 5 {

@@ -35,8 +35,8 @@
 //     dpkg-deb (never installed), its modules indexed with depmod, and the
 //     vmlinux taken out of its bzImage for a faster boot (see kernel.boot).
 //   - initramfs/<key>.cpio: init (init.sh), busybox, dash as /bin/sh, the
-//     host's iptables (nft and legacy), ipset, ipvsadm, conntrack, ip, nft
-//     and kmod with their libraries, and the netfilter, IPVS, ipset and
+//     host's iptables (nft and legacy), ipset, ipvsadm, conntrack, ip, nft,
+//     kmod and flock with their libraries, and the netfilter, IPVS, ipset and
 //     bridge modules with their dependencies. The key hashes every input,
 //     so an upgraded host package makes a new image.
 //

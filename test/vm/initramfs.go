@@ -42,8 +42,9 @@ var moduleNames = []string{"dummy", "veth", "virtio_pci", "virtio_net", "9p", "9
 
 // hostTools are the host's programs the guest runs, with their libraries.
 // The real kmod, unlike busybox's modprobe, reads compressed modules and
-// the aliases the kernel asks for.
-var hostTools = []string{"xtables-nft-multi", "xtables-legacy-multi", "ipset", "ipvsadm", "conntrack", "ip", "nft", "kmod"}
+// the aliases the kernel asks for; flock (util-linux', which busybox
+// lacks) holds the xtables lock in the fault test.
+var hostTools = []string{"xtables-nft-multi", "xtables-legacy-multi", "ipset", "ipvsadm", "conntrack", "ip", "nft", "kmod", "flock"}
 
 // toolLinks are the names that run a multi-call tool. Plain iptables is
 // the nft backend, Debian's default; a script may relink it.

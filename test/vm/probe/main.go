@@ -97,7 +97,8 @@ func dial(addr string, wait time.Duration, chat bool) error {
 // counts it.
 func chatOver(c *net.TCPConn, r *bufio.Reader) error {
 	for in := bufio.NewScanner(os.Stdin); in.Scan(); {
-		if err := c.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		// The host's answer may wait for the API server to start.
+		if err := c.SetDeadline(time.Now().Add(3 * time.Minute)); err != nil {
 			return err
 		}
 		if _, err := fmt.Fprintln(c, in.Text()); err != nil {
