@@ -445,6 +445,21 @@ func (f *Fake) SetEntries(names []string) (map[string][]string, error) {
 	return entries, nil
 }
 
+func (f *Fake) SetSizes(names []string) (map[string]int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("SetSizes"); err != nil {
+		return nil, err
+	}
+	sizes := map[string]int{}
+	for _, n := range names {
+		if s := f.sets[n]; s != nil {
+			sizes[n] = len(s.entries)
+		}
+	}
+	return sizes, nil
+}
+
 // ChangeSets applies the changes in order, as the lines of one `ipset
 // restore -exist`: the first bad line fails, after the lines before it
 // were applied.

@@ -98,6 +98,7 @@ var badLines = []struct {
 type setKernel interface {
 	EnsureSets([]ipvsmode.SetSpec) error
 	SetEntries([]string) (map[string][]string, error)
+	SetSizes([]string) (map[string]int, error)
 	ChangeSets([]ipvsmode.SetChange) error
 }
 
@@ -147,6 +148,19 @@ func TestIPSetsKernel(t *testing.T) {
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("ipset lists\n%v\nthe fake lists\n%v", got, want)
+		}
+		wantSizes, err := fake.SetSizes(names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gotSizes, err := kernel.SetSizes(append(names, "RPXT-MISSING"))
+		if err != nil || !reflect.DeepEqual(gotSizes, wantSizes) {
+			t.Errorf("ipset counts %v (%v), the fake %v", gotSizes, err, wantSizes)
+		}
+		for _, n := range names {
+			if wantSizes[n] != len(want[n]) {
+				t.Errorf("the fake counts %d entries in %s and lists %d", wantSizes[n], n, len(want[n]))
+			}
 		}
 
 		for _, bad := range badLines {

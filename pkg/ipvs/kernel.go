@@ -140,6 +140,9 @@ type Kernel interface {
 	EnsureSets(sets []SetSpec) error
 	// SetEntries lists the entries of the named sets that exist.
 	SetEntries(names []string) (map[string][]string, error)
+	// SetSizes counts the entries of the named sets that exist, without
+	// listing them: the drift check's read, every second or so.
+	SetSizes(names []string) (map[string]int, error)
 	// ChangeSets applies the changes in one go (one `ipset restore`
 	// process, or netlink): adding an entry that is there or deleting
 	// one that is not is not an error.

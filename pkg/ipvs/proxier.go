@@ -894,17 +894,17 @@ func (p *Syncer) setsDrift() string {
 	for _, s := range p.cfg.Params.Sets() {
 		names = append(names, s.Name)
 	}
-	entries, err := p.cfg.Kernel.SetEntries(names)
+	sizes, err := p.cfg.Kernel.SetSizes(names)
 	if err != nil {
 		return "ipsets unreadable: " + err.Error()
 	}
 	for _, name := range names {
-		have, ok := entries[name]
+		have, ok := sizes[name]
 		if !ok {
 			return "ipset " + name
 		}
-		if len(have) != p.objects.setSizes[name] {
-			return fmt.Sprintf("ipset %s with %d of %d entries", name, len(have), p.objects.setSizes[name])
+		if have != p.objects.setSizes[name] {
+			return fmt.Sprintf("ipset %s with %d of %d entries", name, have, p.objects.setSizes[name])
 		}
 	}
 	return ""
