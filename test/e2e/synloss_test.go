@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,7 +42,8 @@ func TestNoConnectionIsLostWhileEndpointsChange(t *testing.T) {
 			_, err := client.Netns.Request("tcp", net.JoinHostPort(svc.Spec.ClusterIP, "80"), time.Second)
 			return err
 		})
-		probe, err := client.Netns.StartProbe(net.JoinHostPort(svc.Spec.ClusterIP, "80"), 5*time.Millisecond, 5*time.Second)
+		target := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+		probe, err := client.Netns.StartProbe(target, 5*time.Millisecond, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,6 +62,7 @@ func TestNoConnectionIsLostWhileEndpointsChange(t *testing.T) {
 			for _, line := range framework.LineUpFailures(conns, made) {
 				t.Log(line)
 			}
+			logUnanswered(t, client, target, churn, made)
 		}
 		// In a full make test run (after some 200 pods of other tests),
 		// iptables mode, one or two connections of 5,000 fail with "no
@@ -70,4 +74,32 @@ func TestNoConnectionIsLostWhileEndpointsChange(t *testing.T) {
 			t.Errorf("%d of %d connections failed or stalled", counts.Total-counts.Clean, counts.Total)
 		}
 	})
+}
+
+// logUnanswered logs where the node sent each connection to target that
+// no packet answered (a failure without a reset), which of the churn's
+// pods had that address and what the churn did to it, and the neighbour
+// entries on the way: the node's for the endpoint, the client's for its
+// gateway.
+func logUnanswered(t *testing.T, client *framework.Pod, target string, churn *framework.Churn, made []framework.EndpointChange) {
+	t.Helper()
+	unanswered, err := cluster.Node.UnansweredConnections(target)
+	if err != nil {
+		t.Logf("listing unanswered connections: %v", err)
+		return
+	}
+	gateway, err := client.Netns.Neighbour(framework.PodGatewayIPv4)
+	t.Logf("%d connections unanswered in the node's conntrack table; the client's neighbour entry for its gateway: %s %v", len(unanswered), gateway, err)
+	for _, c := range unanswered {
+		address, _, _ := net.SplitHostPort(c.Endpoint)
+		pod := churn.PodAt(address)
+		var history []string
+		for i, ch := range made {
+			if ch.Pod == pod {
+				history = append(history, fmt.Sprintf("%s at change %d", ch.Kind, i+1))
+			}
+		}
+		neighbour, err := cluster.Node.Neighbour(address)
+		t.Logf("from %s to %s (pod %q: %s); the node's neighbour entry: %s %v; %s", c.Client, c.Endpoint, pod, strings.Join(history, ", "), neighbour, err, c.Entry)
+	}
 }
