@@ -118,8 +118,11 @@ func (b *bench) synLossRun(ctx context.Context, client *framework.Netns, target,
 	if err != nil {
 		return r, err
 	}
+	// Asked from the node, not the client: a request sent before the rules
+	// exist leaves a conntrack flow that no DNAT changed, which a probed
+	// connection reusing its source port would follow (docs/reliability.md).
 	for deadline := time.Now().Add(b.opts.cap); ; {
-		if _, err := client.Request("tcp", target, time.Second); err == nil {
+		if _, err := b.cluster.Node.Request("tcp", target, time.Second); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -38,11 +38,15 @@ func TestNoConnectionIsLostWhileEndpointsChange(t *testing.T) {
 		svc := service("syn", "syn", v1.ProtocolTCP)
 		svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
 		svc = createService(t, svc)
+		target := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+		// Asked from the node, not the client: a request sent before the
+		// rules exist leaves a conntrack flow that no DNAT changed, and a
+		// probed connection that reuses its source port within 2 minutes
+		// follows that flow past the rules (docs/reliability.md).
 		eventually(t, convergence, "the service answers", func() error {
-			_, err := client.Netns.Request("tcp", net.JoinHostPort(svc.Spec.ClusterIP, "80"), time.Second)
+			_, err := cluster.Node.Request("tcp", target, time.Second)
 			return err
 		})
-		target := net.JoinHostPort(svc.Spec.ClusterIP, "80")
 		probe, err := client.Netns.StartProbe(target, 5*time.Millisecond, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -58,20 +62,12 @@ func TestNoConnectionIsLostWhileEndpointsChange(t *testing.T) {
 		}
 		counts := framework.CountConnections(conns)
 		t.Logf("%d changes: %s", len(made), counts)
-		if counts.Clean < counts.Total {
+		if counts.Clean == 0 || counts.Clean < counts.Total {
+			t.Errorf("%d of %d connections failed or stalled", counts.Total-counts.Clean, counts.Total)
 			for _, line := range framework.LineUpFailures(conns, made) {
 				t.Log(line)
 			}
 			logUnanswered(t, client, target, churn, made)
-		}
-		// In a full make test run (after some 200 pods of other tests),
-		// iptables mode, one or two connections of 5,000 fail with "no
-		// route to host" after 2-3 s, an endpoint's address not
-		// answering ARP, with no lost SYN or reset; alone the test sees
-		// none. Their cause is not known yet (issue #16): they are
-		// logged above, not failed. A lost SYN or a reset fails.
-		if counts.Clean == 0 || counts.LostSYN > 0 || counts.Reset > 0 || counts.Error > counts.Total/1000 {
-			t.Errorf("%d of %d connections failed or stalled", counts.Total-counts.Clean, counts.Total)
 		}
 	})
 }
