@@ -62,7 +62,7 @@ func TestNoConnectionIsLostWhileEndpointsChange(t *testing.T) {
 		}
 		counts := framework.CountConnections(conns)
 		t.Logf("%d changes: %s", len(made), counts)
-		if counts.Clean == 0 || counts.Clean < counts.Total {
+		if counts.Total == 0 || counts.Clean < counts.Total {
 			t.Errorf("%d of %d connections failed or stalled", counts.Total-counts.Clean, counts.Total)
 			for _, line := range framework.LineUpFailures(conns, made) {
 				t.Log(line)

@@ -12,7 +12,7 @@ type UnansweredConnection struct {
 	Client   string // address:port
 	Endpoint string // where the rules sent it, address:port
 	// Entry is conntrack's line, which tells how long the entry has left
-	// (2 minutes after the last SYN).
+	// (2 minutes after the last SYN conntrack took into account).
 	Entry string
 }
 
