@@ -15,7 +15,9 @@
 set -eu
 podserver=${RAPIDPROXY_PODSERVER:-_output/bin/podserver}
 c=rpxt-sf-c r=rpxt-sf-r b=rpxt-sf-b x=rpxt-sf-x
-trap 'kill $server 2>/dev/null; for n in $c $r $b $x; do ip netns del $n 2>/dev/null; done' EXIT
+server=
+trap '[ -n "$server" ] && kill $server; for n in $c $r $b $x; do ip netns del $n 2>/dev/null; done' EXIT
+trap 'exit 1' HUP INT PIPE TERM
 for n in $c $r $b $x; do ip netns add $n; ip -n $n link set lo up; done
 ip link add rpxt-sf0 netns $c type veth peer name rpxt-sf1 netns $r
 ip link add rpxt-sf2 netns $b type veth peer name rpxt-sf3 netns $r
