@@ -420,6 +420,11 @@ func firstSyncDuration(ctx context.Context, kp proxyProcess) (float64, bool) {
 type syncState struct {
 	lastSync, lastQueued float64 // Unix seconds, of our clock
 	count, sum           float64 // of the sync duration histogram
+	fullCount            float64 // of the full sync duration histogram
+	// Of the network programming latency histogram: from each change's
+	// trigger time (the EndpointSlice controller's annotation) to the end
+	// of the sync that applied it.
+	programmed, programmingSum float64
 }
 
 func readSyncState(kp proxyProcess) (syncState, error) {
@@ -433,6 +438,9 @@ func readSyncState(kp proxyProcess) (syncState, error) {
 	s.lastSync, s.lastQueued = kp.hostTime(s.lastSync), kp.hostTime(s.lastQueued)
 	s.count, _ = familyValue(m, "kubeproxy_sync_proxy_rules_duration_seconds_count")
 	s.sum, _ = familyValue(m, "kubeproxy_sync_proxy_rules_duration_seconds_sum")
+	s.fullCount, _ = familyValue(m, "kubeproxy_sync_full_proxy_rules_duration_seconds_count")
+	s.programmed, _ = familyValue(m, "kubeproxy_network_programming_duration_seconds_count")
+	s.programmingSum, _ = familyValue(m, "kubeproxy_network_programming_duration_seconds_sum")
 	return s, nil
 }
 

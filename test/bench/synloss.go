@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -32,11 +33,20 @@ const (
 type synLossResult struct {
 	column, proxy string
 	counts        framework.ProbeCounts
+	// syncs during the probe (full ones apart), their mean duration, and
+	// the mean time from a change to the end of the sync that applied it
+	// (the network programming latency).
+	syncs, fullSyncs      int
+	meanSync, meanProgram time.Duration
+	// windows are, for each removal, how long after it new connections
+	// still failed: until the last failed one that started before the
+	// next removal (0 if none did).
+	windows []time.Duration
 }
 
 // runSynLoss measures every column and proxy in one cluster and prints a
-// table to out; progress and each failed connection, lined up with the
-// change before it, go to log.
+// table to out; progress, every change and each failed connection, lined
+// up with the change before it, go to log.
 func runSynLoss(ctx context.Context, opts options, out, log io.Writer) error {
 	logf := progress(log, "synloss")
 	cluster, err := framework.Start(ctx)
@@ -75,11 +85,13 @@ func runSynLoss(ctx context.Context, opts options, out, log io.Writer) error {
 	}
 	fmt.Fprintf(out, "\n### Packets during rule changes: a fresh connection every %s, %d endpoint changes every %s, removed pods serving %s of grace\n\n",
 		probeInterval, opts.synLoss, changeInterval, opts.synLossGrace)
-	fmt.Fprintln(out, "| column | proxy | connections | lost a SYN | of them timed out | reset | other errors |")
-	fmt.Fprintln(out, "| --- | --- | --- | --- | --- | --- | --- |")
+	fmt.Fprintln(out, "| column | proxy | connections | lost a SYN | of them timed out | reset | other errors | syncs (full), mean duration | change to rules, mean | removals: failures for, mean (max) |")
+	fmt.Fprintln(out, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 	for _, r := range results {
 		c := r.counts
-		fmt.Fprintf(out, "| %s | %s | %d | %d | %d | %d | %d |\n", r.column, r.proxy, c.Total, c.LostSYN, c.Timeout, c.Reset, c.Error)
+		fmt.Fprintf(out, "| %s | %s | %d | %d | %d | %d | %d | %d (%d), %s | %s | %d: %s (%s) |\n", r.column, r.proxy, c.Total, c.LostSYN, c.Timeout, c.Reset, c.Error,
+			r.syncs, r.fullSyncs, r.meanSync.Round(time.Millisecond), r.meanProgram.Round(time.Millisecond),
+			len(r.windows), r.meanWindow().Round(time.Millisecond), slices.Max(append(r.windows, 0)).Round(time.Millisecond))
 	}
 	return failed
 }
@@ -106,8 +118,11 @@ func (b *bench) synLossRun(ctx context.Context, client *framework.Netns, target,
 	if err != nil {
 		return r, err
 	}
+	// Asked from the node, not the client: a request sent before the rules
+	// exist leaves a conntrack flow that no DNAT changed, which a probed
+	// connection reusing its source port would follow (docs/reliability.md).
 	for deadline := time.Now().Add(b.opts.cap); ; {
-		if _, err := client.Request("tcp", target, time.Second); err == nil {
+		if _, err := b.cluster.Node.Request("tcp", target, time.Second); err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -117,6 +132,10 @@ func (b *bench) synLossRun(ctx context.Context, client *framework.Netns, target,
 			return r, err
 		}
 	}
+	before, err := readSyncState(kp)
+	if err != nil {
+		return r, err
+	}
 	probe, err := client.StartProbe(target, probeInterval, probeTimeout)
 	if err != nil {
 		return r, err
@@ -125,12 +144,60 @@ func (b *bench) synLossRun(ctx context.Context, client *framework.Netns, target,
 	// And the syncs after the last change.
 	time.Sleep(2 * time.Second)
 	conns, err := probe.Stop()
-	if err := errors.Join(churnErr, err); err != nil {
+	after, metricsErr := readSyncState(kp)
+	if err := errors.Join(churnErr, err, metricsErr); err != nil {
 		return r, err
 	}
+	r.syncs, r.fullSyncs = int(after.count-before.count), int(after.fullCount-before.fullCount)
+	r.meanSync = meanSeconds(after.sum-before.sum, after.count-before.count)
+	r.meanProgram = meanSeconds(after.programmingSum-before.programmingSum, after.programmed-before.programmed)
 	r.counts = framework.CountConnections(conns)
+	r.windows = removalWindows(conns, changes)
+	for i, ch := range changes {
+		b.logf("  change %d at %s: %s %s", i+1, ch.At.Format("15:04:05.000"), ch.Kind, ch.Pod)
+	}
 	for _, line := range framework.LineUpFailures(conns, changes) {
 		b.logf("  %s", line)
 	}
 	return r, nil
+}
+
+func (r synLossResult) meanWindow() time.Duration {
+	var sum time.Duration
+	for _, w := range r.windows {
+		sum += w
+	}
+	return meanSeconds(sum.Seconds(), float64(len(r.windows)))
+}
+
+// meanSeconds is sum/count seconds as a duration, 0 without a count.
+func meanSeconds(sum, count float64) time.Duration {
+	if count == 0 {
+		return 0
+	}
+	return time.Duration(sum / count * float64(time.Second))
+}
+
+// removalWindows measures, for each removal, how long the rules still sent
+// new connections to the removed pod: the start of the last connection
+// that failed (lost a SYN, was reset or failed otherwise) among those that
+// started after the removal and before the next one.
+func removalWindows(conns []framework.Connection, changes []framework.EndpointChange) []time.Duration {
+	var removals []time.Time
+	for _, ch := range changes {
+		if ch.Kind == framework.ChangeRemove {
+			removals = append(removals, ch.At)
+		}
+	}
+	windows := make([]time.Duration, len(removals))
+	for _, c := range conns {
+		if c.Outcome == framework.ProbeOK && !c.LostSYN() {
+			continue
+		}
+		i, _ := slices.BinarySearchFunc(removals, c.Start, time.Time.Compare)
+		if i > 0 {
+			windows[i-1] = max(windows[i-1], c.Start.Sub(removals[i-1]))
+		}
+	}
+	return windows
 }

@@ -55,11 +55,14 @@ type Churn struct {
 	next   int
 	ready  map[string]bool // the churn's live pods and their readiness
 	ending sync.WaitGroup  // pods serving out their grace
+	// names are the churn's pods by IPv4 address, removed ones included
+	// (the latest, where the framework reused an address).
+	names map[string]string
 }
 
 // NewChurn adds the churn's starting pods, all ready.
 func (c *Cluster) NewChurn(ctx context.Context, opts ChurnOptions) (*Churn, error) {
-	ch := &Churn{c: c, opts: opts, rnd: rand.New(rand.NewPCG(opts.Seed, 0)), ready: map[string]bool{}}
+	ch := &Churn{c: c, opts: opts, rnd: rand.New(rand.NewPCG(opts.Seed, 0)), ready: map[string]bool{}, names: map[string]string{}}
 	for range opts.Pods {
 		if _, err := ch.add(ctx); err != nil {
 			return ch, err
@@ -71,12 +74,18 @@ func (c *Cluster) NewChurn(ctx context.Context, opts ChurnOptions) (*Churn, erro
 func (ch *Churn) add(ctx context.Context) (string, error) {
 	name := ch.opts.NamePrefix + strconv.Itoa(ch.next)
 	ch.next++
-	if _, err := ch.c.AddPod(ctx, name, PodOptions{Labels: ch.opts.Labels}); err != nil {
+	p, err := ch.c.AddPod(ctx, name, PodOptions{Labels: ch.opts.Labels})
+	if err != nil {
 		return name, err
 	}
 	ch.ready[name] = true
+	ch.names[p.IPv4] = name
 	return name, nil
 }
+
+// PodAt names the churn's pod that has or had the IPv4 address, or
+// returns "".
+func (ch *Churn) PodAt(address string) string { return ch.names[address] }
 
 // Run makes the changes, one every Interval, chosen at random among those
 // that leave at least one ready pod: add a pod (below MaxPods), remove one,

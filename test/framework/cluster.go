@@ -27,6 +27,7 @@ const (
 	NodeIPv4        = "10.255.0.2"
 	NodeIPv6        = "fd00:255::2"
 	NodeExternalIP  = "10.255.1.1"
+	PodGatewayIPv4  = "10.244.0.1" // the node's end of every pod's veth
 	ExternalIPv4    = "10.255.1.2"
 	ClusterCIDRs    = "10.244.0.0/16,fd00:244::/56"
 	ServiceCIDRs    = "10.96.0.0/16,fd00:10:96::/112"

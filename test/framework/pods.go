@@ -62,14 +62,14 @@ func (c *Cluster) AddPod(ctx context.Context, name string, opts PodOptions) (*Po
 		return nil, err
 	}
 	if err := runAll(
-		ipCmd(c.Node, "addr", "add", "10.244.0.1/32", "dev", nodeSide),
+		ipCmd(c.Node, "addr", "add", PodGatewayIPv4+"/32", "dev", nodeSide),
 		ipCmd(c.Node, "addr", "add", "fd00:244::1/128", "dev", nodeSide, "nodad"),
 		ipCmd(c.Node, "route", "add", p.IPv4+"/32", "dev", nodeSide),
 		ipCmd(c.Node, "route", "add", p.IPv6+"/128", "dev", nodeSide),
 		ipCmd(ns, "addr", "add", p.IPv4+"/32", "dev", "eth0"),
 		ipCmd(ns, "addr", "add", p.IPv6+"/128", "dev", "eth0", "nodad"),
-		ipCmd(ns, "route", "add", "10.244.0.1", "dev", "eth0", "scope", "link"),
-		ipCmd(ns, "route", "add", "default", "via", "10.244.0.1", "dev", "eth0"),
+		ipCmd(ns, "route", "add", PodGatewayIPv4, "dev", "eth0", "scope", "link"),
+		ipCmd(ns, "route", "add", "default", "via", PodGatewayIPv4, "dev", "eth0"),
 		ipCmd(ns, "-6", "route", "add", "fd00:244::1", "dev", "eth0"),
 		ipCmd(ns, "-6", "route", "add", "default", "via", "fd00:244::1", "dev", "eth0"),
 	); err != nil {
