@@ -45,6 +45,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
+	"github.com/rapidproxy/rapidproxy/pkg/zpages"
 )
 
 func clientcmdServer(master string) clientcmdapi.Cluster {
@@ -62,7 +63,7 @@ func (s servers) close() {
 
 // startServers opens the healthz and metrics servers where configured. A
 // port in use is fatal with bindAddressHardFail, else only logged.
-func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, health *healthcheck.ProxyHealth, services *explain.Handler, z zPages) (servers, error) {
+func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, health *healthcheck.ProxyHealth, services *explain.Handler, z *zpages.Pages) (servers, error) {
 	var out servers
 	listen := func(name, addr string, handler http.Handler) error {
 		if addr == "" {
@@ -108,7 +109,7 @@ func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, hea
 // log verbosity); and /debug/services (what the node does with each
 // service: only here, on the metrics address, which is loopback unless
 // configured otherwise, as /configz). Every other path is 404.
-func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler, z zPages) http.Handler {
+func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler, z *zpages.Pages) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(explain.Path, services)
 	mux.Handle(explain.Path+"/", services)
@@ -126,8 +127,8 @@ func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler,
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"kubeproxy.config.k8s.io": cfg})
 	})
-	mux.HandleFunc("/flagz", z.flagz)
-	mux.HandleFunc("/statusz", z.statusz)
+	mux.HandleFunc("/flagz", z.Flagz)
+	mux.HandleFunc("/statusz", z.Statusz)
 	if cfg.EnableProfiling {
 		// Upstream's set: no cmdline, which would show the command line.
 		mux.Handle("/debug/pprof", http.RedirectHandler("/debug/pprof/", http.StatusFound))
