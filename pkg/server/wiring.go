@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -195,6 +196,10 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 	if iptablesBased {
 		if backend, err = iptablesrunner.DetectBackend(); err != nil {
 			return nil, err
+		}
+		if legacyErr := iptablesrunner.LegacyPermitted(); legacyErr != nil && os.Getenv(iptablesrunner.BackendEnv) == "" {
+			klog.InfoS("Picked the iptables backend without seeing the legacy one's tables; on a node whose other programs use iptables-legacy, grant CAP_NET_RAW or set "+iptablesrunner.BackendEnv+"=legacy",
+				"backend", backend, "err", legacyErr)
 		}
 	}
 	sync, minSync := config.SyncPeriods(cfg)
