@@ -128,7 +128,8 @@ func TestServerPathsAnswerAsUpstreams(t *testing.T) {
 		if ours, upstream := zForms["ours"][key], zForms["upstream"][key]; ours != upstream {
 			t.Errorf("%s:\nours:     %s\nupstream: %s", key, strings.ReplaceAll(ours, "\n", "\n          "), strings.ReplaceAll(upstream, "\n", "\n          "))
 		} else {
-			t.Logf("%s: %s", key, strings.ReplaceAll(ours, "\n", "; "))
+			answer, _, _ := strings.Cut(ours, "\n")
+			t.Logf("%s: %s, as upstream's", key, answer)
 		}
 	}
 
@@ -176,7 +177,8 @@ var zPageAccepts = []string{
 // each of zPageAccepts and sums up each answer: its status code, content
 // type and warning, and the shape of its body: of a Status, all of it; of
 // a Flagz or Statusz, its fields, with the values of those that say what
-// it is and the flags' names (the other values are the process's own).
+// it is, the flags' names, the paths and the emulated version (the other
+// values are the process's own).
 func zPageForms(t *testing.T, run string) map[string]string {
 	t.Helper()
 	forms := map[string]string{}
@@ -198,7 +200,7 @@ func zPageForms(t *testing.T, run string) map[string]string {
 			var shape []string
 			for _, key := range slices.Sorted(maps.Keys(fields)) {
 				switch value := fields[key]; {
-				case fields["kind"] == "Status", key == "kind", key == "apiVersion", key == "metadata":
+				case fields["kind"] == "Status", key == "kind", key == "apiVersion", key == "metadata", key == "paths", key == "emulationVersion":
 					shape = append(shape, fmt.Sprintf("%s=%v", key, value))
 				case key == "flags":
 					flags, _ := value.(map[string]any)
