@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -46,6 +47,21 @@ type iptGetinfo struct {
 
 // iptSoGetInfo is IPT_SO_GET_INFO and IP6T_SO_GET_INFO.
 const iptSoGetInfo = 64
+
+// LegacyPermitted tells whether this process may use the legacy backend:
+// iptables-legacy reads and replaces tables through a raw socket, as this
+// package's table probe reads them, and opening one takes CAP_NET_RAW. The
+// nft backend talks netlink, for which CAP_NET_ADMIN is enough.
+func LegacyPermitted() error {
+	fd, err := legacyInfoSocket(false)
+	if errors.Is(err, unix.EPERM) {
+		return fmt.Errorf("the iptables legacy backend needs CAP_NET_RAW: iptables-legacy reads and writes its tables through a raw socket, which this process may not open (%w)", err)
+	}
+	if err != nil {
+		return fmt.Errorf("opening a raw socket for the iptables legacy backend: %w", err)
+	}
+	return unix.Close(fd)
+}
 
 // legacyInfoSocket opens a socket of the family to ask the legacy tables'
 // sizes through.

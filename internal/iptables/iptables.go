@@ -169,6 +169,11 @@ func (r *Runner) Available() error {
 	if _, err := exec.LookPath(r.tool("-restore")); err != nil {
 		return fmt.Errorf("%s is not installed (Debian package iptables)", r.tool("-restore"))
 	}
+	if r.backend == Legacy {
+		if err := LegacyPermitted(); err != nil {
+			return err
+		}
+	}
 	// One built-in chain of the nat table: a whole-table read takes
 	// seconds at 10k services, and starting up must not wait for it.
 	if out, err := exec.Command(r.tool(""), "-w", "-t", "nat", "-S", "POSTROUTING").CombinedOutput(); err != nil {
@@ -224,7 +229,8 @@ var markerChains = []string{"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY", "KUBE-P
 // DetectBackend picks the backend the host's other programs use, as
 // upstream's images do: the override if set, else the one whose mangle
 // table holds kubelet or kube-proxy marker chains, else the one holding
-// more rules, else nft.
+// more rules, else nft. Without CAP_NET_RAW it cannot look at the legacy
+// backend's tables (LegacyPermitted), and sees none there.
 func DetectBackend() (Backend, error) {
 	switch b := Backend(os.Getenv(BackendEnv)); b {
 	case Legacy, NFT:
@@ -251,6 +257,9 @@ func DetectBackend() (Backend, error) {
 			all.Write(out)
 		}
 		return all.String()
+	}
+	if LegacyPermitted() != nil {
+		return NFT, nil
 	}
 	legacyMarked, nftMarked := hasMarker(Legacy), hasMarker(NFT)
 	if legacyMarked != nftMarked {

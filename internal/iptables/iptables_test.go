@@ -35,7 +35,19 @@ const detectHelperEnv = "RAPIDPROXY_TEST_DETECT_BACKEND"
 // "BACKEND[6]/TABLE", inside a namespace.
 const generationHelperEnv = "RAPIDPROXY_TEST_GENERATION"
 
+// availableHelperEnv makes the test binary print what Available() says of
+// a backend's IPv4 tools ("ok" when they work).
+const availableHelperEnv = "RAPIDPROXY_TEST_AVAILABLE"
+
 func TestMain(m *testing.M) {
+	if backend := os.Getenv(availableHelperEnv); backend != "" {
+		if err := New(false, Backend(backend)).Available(); err != nil {
+			os.Stdout.WriteString(err.Error())
+		} else {
+			os.Stdout.WriteString("ok")
+		}
+		os.Exit(0)
+	}
 	if spec := os.Getenv(generationHelperEnv); spec != "" {
 		backend, table, _ := strings.Cut(spec, "/")
 		ipv6 := strings.HasSuffix(backend, "6")
@@ -96,6 +108,39 @@ func TestBackendFollowsTheHost(t *testing.T) {
 	testutil.InNetns(t, counted, "iptables-legacy", "-t", "filter", "-A", "INPUT", "-j", "ACCEPT")
 	if got := detect(counted); got != Legacy {
 		t.Errorf("rules only in legacy: got %q, want legacy", got)
+	}
+}
+
+// With CAP_NET_ADMIN alone, as a container granted only that, the legacy
+// backend is not usable and says it needs CAP_NET_RAW (iptables-legacy
+// opens a raw socket), while the nft backend works; detection then cannot
+// see the legacy tables, so the kubelet's hint there goes unseen.
+func TestLegacyBackendNeedsNetRaw(t *testing.T) {
+	testutil.RequireCommands(t, "iptables-legacy", "iptables-nft", "setpriv")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	netns := testutil.NewNetns(t)
+	testutil.InNetns(t, netns, "iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
+	withNetAdminOnly := func(env string) string {
+		t.Helper()
+		cmd := exec.Command("ip", "netns", "exec", netns, "setpriv", "--inh-caps=-all", "--bounding-set=-all,+net_admin", "--", self)
+		cmd.Env = append(os.Environ(), env, BackendEnv+"=")
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("%s with CAP_NET_ADMIN only: %v", env, err)
+		}
+		return string(out)
+	}
+	if got := withNetAdminOnly(availableHelperEnv + "=legacy"); !strings.Contains(got, "needs CAP_NET_RAW") {
+		t.Errorf("the legacy backend with CAP_NET_ADMIN only: %q, want an error naming CAP_NET_RAW", got)
+	}
+	if got := withNetAdminOnly(availableHelperEnv + "=nft"); got != "ok" {
+		t.Errorf("the nft backend with CAP_NET_ADMIN only: %s", got)
+	}
+	if got := withNetAdminOnly(detectHelperEnv + "=1"); got != string(NFT) {
+		t.Errorf("detection with CAP_NET_ADMIN only, the kubelet's hint in legacy: %q, want nft", got)
 	}
 }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
 	"github.com/rapidproxy/rapidproxy/pkg/explain"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
+	"github.com/rapidproxy/rapidproxy/pkg/zpages"
 )
 
 // Options are the inputs of a run that are not part of the configuration file.
@@ -77,7 +78,7 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 	health := healthcheck.NewProxyHealth(2 * syncPeriod(cfg))
 	health.SetNode(node)
 	services := &explain.Handler{}
-	servers, err := startServers(ctx, cfg, health, services, newZPages(opts.Flags))
+	servers, err := startServers(ctx, cfg, health, services, zpages.New(opts.Flags))
 	if err != nil {
 		return err
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/explain"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
+	"github.com/rapidproxy/rapidproxy/pkg/zpages"
 )
 
 func defaulted(t *testing.T) *kpconfig.KubeProxyConfiguration {
@@ -102,7 +103,7 @@ func TestMetricsServerPaths(t *testing.T) {
 		body, _ := io.ReadAll(rec.Result().Body)
 		return rec.Code, string(body)
 	}
-	mux := metricsMux(cfg, &explain.Handler{}, newZPages(map[string]string{"v": "2"}))
+	mux := metricsMux(cfg, &explain.Handler{}, zpages.New(map[string]string{"v": "2"}))
 	for path, want := range map[string]string{
 		"/metrics":      "# HELP",
 		"/healthz":      "ok",
@@ -131,7 +132,7 @@ func TestMetricsServerPaths(t *testing.T) {
 		t.Errorf("/debug/services on the healthz port: %d, want 404", code)
 	}
 	cfg.EnableProfiling = true
-	mux = metricsMux(cfg, &explain.Handler{}, newZPages(map[string]string{"v": "2"}))
+	mux = metricsMux(cfg, &explain.Handler{}, zpages.New(map[string]string{"v": "2"}))
 	if code, _ := get(mux, "/debug/pprof/"); code != http.StatusOK {
 		t.Errorf("/debug/pprof/ with profiling: %d", code)
 	}
@@ -158,7 +159,7 @@ func TestConfigzShowsTheKubeconfigPathOnly(t *testing.T) {
 	}
 	cfg.ClientConnection.Kubeconfig = path
 	rec := httptest.NewRecorder()
-	metricsMux(cfg, &explain.Handler{}, newZPages(map[string]string{"v": "2"})).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/configz", nil))
+	metricsMux(cfg, &explain.Handler{}, zpages.New(map[string]string{"v": "2"})).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/configz", nil))
 	body := rec.Body.String()
 	if !strings.Contains(body, `"kubeconfig":"`+path+`"`) || strings.Contains(body, secret) {
 		t.Errorf("/configz: %s; want the kubeconfig's path %s and nothing of its content", body, path)
@@ -177,11 +178,11 @@ func TestPortInUse(t *testing.T) {
 	health := healthcheck.NewProxyHealth(time.Minute)
 
 	cfg.BindAddressHardFail = true
-	if _, err := startServers(context.Background(), cfg, health, &explain.Handler{}, zPages{}); err == nil || !strings.Contains(err.Error(), "healthz server on "+taken.Addr().String()) {
+	if _, err := startServers(context.Background(), cfg, health, &explain.Handler{}, zpages.New(nil)); err == nil || !strings.Contains(err.Error(), "healthz server on "+taken.Addr().String()) {
 		t.Errorf("hard fail: got %v, want an error naming the healthz address", err)
 	}
 	cfg.BindAddressHardFail = false
-	srv, err := startServers(context.Background(), cfg, health, &explain.Handler{}, zPages{})
+	srv, err := startServers(context.Background(), cfg, health, &explain.Handler{}, zpages.New(nil))
 	if err != nil {
 		t.Errorf("soft fail: got %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -45,6 +46,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
+	"github.com/rapidproxy/rapidproxy/pkg/zpages"
 )
 
 func clientcmdServer(master string) clientcmdapi.Cluster {
@@ -62,7 +64,7 @@ func (s servers) close() {
 
 // startServers opens the healthz and metrics servers where configured. A
 // port in use is fatal with bindAddressHardFail, else only logged.
-func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, health *healthcheck.ProxyHealth, services *explain.Handler, z zPages) (servers, error) {
+func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, health *healthcheck.ProxyHealth, services *explain.Handler, z *zpages.Pages) (servers, error) {
 	var out servers
 	listen := func(name, addr string, handler http.Handler) error {
 		if addr == "" {
@@ -108,7 +110,7 @@ func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, hea
 // log verbosity); and /debug/services (what the node does with each
 // service: only here, on the metrics address, which is loopback unless
 // configured otherwise, as /configz). Every other path is 404.
-func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler, z zPages) http.Handler {
+func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler, z *zpages.Pages) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(explain.Path, services)
 	mux.Handle(explain.Path+"/", services)
@@ -126,8 +128,8 @@ func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler,
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]any{"kubeproxy.config.k8s.io": cfg})
 	})
-	mux.HandleFunc("/flagz", z.flagz)
-	mux.HandleFunc("/statusz", z.statusz)
+	mux.HandleFunc("/flagz", z.Flagz)
+	mux.HandleFunc("/statusz", z.Statusz)
 	if cfg.EnableProfiling {
 		// Upstream's set: no cmdline, which would show the command line.
 		mux.Handle("/debug/pprof", http.RedirectHandler("/debug/pprof/", http.StatusFound))
@@ -194,6 +196,10 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 	if iptablesBased {
 		if backend, err = iptablesrunner.DetectBackend(); err != nil {
 			return nil, err
+		}
+		if legacyErr := iptablesrunner.LegacyPermitted(); legacyErr != nil && os.Getenv(iptablesrunner.BackendEnv) == "" {
+			klog.InfoS("Picked the iptables backend without seeing the legacy one's tables; on a node whose other programs use iptables-legacy, grant CAP_NET_RAW or set "+iptablesrunner.BackendEnv+"=legacy",
+				"backend", backend, "err", legacyErr)
 		}
 	}
 	sync, minSync := config.SyncPeriods(cfg)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
 	"os"
@@ -18,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
 	"github.com/rapidproxy/rapidproxy/deploy"
 	"github.com/rapidproxy/rapidproxy/test/framework"
@@ -40,11 +42,13 @@ var ourOwnPaths = []string{"/debug/services"}
 // Run with the defaults, our kube-proxy and upstream's serve metrics on
 // 127.0.0.1:10249 only, and both servers answer the same paths with the
 // same status codes, with profiling off and on; /configz shows the same
-// configuration, whose kubeconfig is a path, never its credentials.
+// configuration, whose kubeconfig is a path, never its credentials; /flagz
+// and /statusz answer each Accept header in the same form (zPageForms).
 func TestServerPathsAnswerAsUpstreams(t *testing.T) {
 	stopProxy() // the next test that needs the shared one starts it again
 	answers := map[string]map[string]int{}
 	configz := map[string]string{}
+	zForms := map[string]map[string]string{}
 	for _, profiling := range []bool{false, true} {
 		for _, ours := range []bool{true, false} {
 			name := map[bool]string{true: "ours", false: "upstream"}[ours]
@@ -92,6 +96,7 @@ func TestServerPathsAnswerAsUpstreams(t *testing.T) {
 					t.Fatalf("%s: /configz: %v", run, err)
 				}
 				configz[name] = out
+				zForms[name] = zPageForms(t, run)
 			}
 			proxy.Stop()
 		}
@@ -119,6 +124,15 @@ func TestServerPathsAnswerAsUpstreams(t *testing.T) {
 		t.Logf("enableProfiling %v:\n%s", profiling, table.String())
 	}
 
+	for _, key := range slices.Sorted(maps.Keys(zForms["upstream"])) {
+		if ours, upstream := zForms["ours"][key], zForms["upstream"][key]; ours != upstream {
+			t.Errorf("%s:\nours:     %s\nupstream: %s", key, strings.ReplaceAll(ours, "\n", "\n          "), strings.ReplaceAll(upstream, "\n", "\n          "))
+		} else {
+			answer, _, _ := strings.Cut(ours, "\n")
+			t.Logf("%s: %s, as upstream's", key, answer)
+		}
+	}
+
 	var ours, upstream any
 	if err := json.Unmarshal([]byte(configz["ours"]), &ours); err != nil {
 		t.Fatalf("our /configz: %v\n%s", err, configz["ours"])
@@ -141,6 +155,64 @@ func TestServerPathsAnswerAsUpstreams(t *testing.T) {
 			t.Errorf("our /configz shows the kubeconfig's %q", line)
 		}
 	}
+}
+
+// zPageAccepts are the Accept headers /flagz and /statusz are asked with
+// (%s is the page's kind): each structured form upstream's z-pages serve,
+// and what they refuse.
+var zPageAccepts = []string{
+	"application/json;v=v1beta1;g=config.k8s.io;as=%s",
+	"application/json;v=v1alpha1;g=config.k8s.io;as=%s",
+	"application/yaml;v=v1beta1;g=config.k8s.io;as=%s",
+	"*/*;v=v1beta1;g=config.k8s.io;as=%s",
+	"application/json",
+	"application/yaml",
+	"text/html",
+	"application/cbor;v=v1beta1;g=config.k8s.io;as=%s",
+	"text/plain;v=v1beta1;g=config.k8s.io;as=%s",
+	"application/json;v=v1;g=config.k8s.io;as=%s",
+}
+
+// zPageForms asks the node's metrics server for /flagz and /statusz with
+// each of zPageAccepts and sums up each answer: its status code, content
+// type and warning, and the shape of its body: of a Status, all of it; of
+// a Flagz or Statusz, its fields, with the values of those that say what
+// it is, the flags' names, the paths and the emulated version (the other
+// values are the process's own).
+func zPageForms(t *testing.T, run string) map[string]string {
+	t.Helper()
+	forms := map[string]string{}
+	for path, kind := range map[string]string{"/flagz": "Flagz", "/statusz": "Statusz"} {
+		for _, accept := range zPageAccepts {
+			if strings.Contains(accept, "%s") {
+				accept = fmt.Sprintf(accept, kind)
+			}
+			out, err := cluster.Node.Exec("curl", "-sS", "--max-time", "2", "-H", "Accept: "+accept,
+				"-w", "\n%{http_code} %{content_type} %header{warning}", "http://127.0.0.1:10249"+path)
+			if err != nil {
+				t.Fatalf("%s: %s with Accept %s: %v", run, path, accept, err)
+			}
+			body, answer := out[:strings.LastIndex(out, "\n")], out[strings.LastIndex(out, "\n")+1:]
+			var fields map[string]any
+			if err := yaml.Unmarshal([]byte(body), &fields); err != nil { // YAML or JSON
+				t.Fatalf("%s: %s with Accept %s: %v\n%s", run, path, accept, err, body)
+			}
+			var shape []string
+			for _, key := range slices.Sorted(maps.Keys(fields)) {
+				switch value := fields[key]; {
+				case fields["kind"] == "Status", key == "kind", key == "apiVersion", key == "metadata", key == "paths", key == "emulationVersion":
+					shape = append(shape, fmt.Sprintf("%s=%v", key, value))
+				case key == "flags":
+					flags, _ := value.(map[string]any)
+					shape = append(shape, fmt.Sprintf("flags=%v", slices.Sorted(maps.Keys(flags))))
+				default:
+					shape = append(shape, key)
+				}
+			}
+			forms[path+" "+accept] = strings.TrimSpace(answer) + "\n" + strings.Join(shape, " ")
+		}
+	}
+	return forms
 }
 
 // nodeGet fetches url from the node namespace (its loopback) and returns
