@@ -42,11 +42,25 @@ func servedService(t *testing.T, name string) (*v1.Service, *framework.Pod) {
 	svc := service(name, name, v1.ProtocolTCP)
 	svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
 	svc = createService(t, svc)
+	answersTheNode(t, net.JoinHostPort(svc.Spec.ClusterIP, "80"))
 	eventually(t, convergence, "the service answers", func() error {
 		_, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, name+"-a", name+"-b")
 		return err
 	})
 	return svc, client
+}
+
+// answersTheNode waits until the service at target answers the node. Wait
+// there, not from a client pod that goes on to load the service: a request
+// it sent before the rules existed leaves a conntrack flow that no DNAT
+// changed, and a later connection that reuses its source port within 2
+// minutes follows that flow past the rules (docs/reliability.md).
+func answersTheNode(t *testing.T, target string) {
+	t.Helper()
+	eventually(t, convergence, "the service answers the node", func() error {
+		_, err := cluster.Node.Request("tcp", target, time.Second)
+		return err
+	})
 }
 
 // startLoad starts a client loop from the pod to the service's port 80.

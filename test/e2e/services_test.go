@@ -458,6 +458,7 @@ func TestRestartAndTakeoverWithLiveTraffic(t *testing.T) {
 		svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
 		svc = createService(t, svc)
 		target := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+		answersTheNode(t, target)
 		eventually(t, convergence, "the service answers", func() error {
 			_, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "live-a", "live-b")
 			return err
@@ -480,10 +481,13 @@ func TestRestartAndTakeoverWithLiveTraffic(t *testing.T) {
 			t.Logf("%s: %s", step.name, seen)
 			// Rarely (about one request in 300 over many runs, either
 			// proxy starting, ours over rules it then leaves unchanged) a
-			// new connection's first SYN goes unanswered for 1 s around
-			// a start, the request's timeout: issue #16 tracks its
-			// cause, which a 5 ms probe over 32 switches did not show
-			// (docs/reliability.md). More than one is a dropped flow.
+			// new connection's first SYN went unanswered for 1 s around
+			// a start, the request's timeout, which a 5 ms probe over 32
+			// switches did not show. The likely cause was the wait above
+			// made from the client before the rules existed (see
+			// answersTheNode), now made from the node first; the
+			// tolerance stays until runs show it gone (issue #16). More
+			// than one is a dropped flow.
 			if seen.OK == 0 || seen.Failed > 1 {
 				t.Errorf("%s: %d of %d requests failed:\n%s", step.name, seen.Failed, seen.OK+seen.Failed, seen.Errors)
 			}

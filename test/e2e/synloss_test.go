@@ -39,14 +39,7 @@ func TestNoConnectionIsLostWhileEndpointsChange(t *testing.T) {
 		svc.Spec.IPFamilyPolicy = ptrTo(v1.IPFamilyPolicySingleStack)
 		svc = createService(t, svc)
 		target := net.JoinHostPort(svc.Spec.ClusterIP, "80")
-		// Asked from the node, not the client: a request sent before the
-		// rules exist leaves a conntrack flow that no DNAT changed, and a
-		// probed connection that reuses its source port within 2 minutes
-		// follows that flow past the rules (docs/reliability.md).
-		eventually(t, convergence, "the service answers", func() error {
-			_, err := cluster.Node.Request("tcp", target, time.Second)
-			return err
-		})
+		answersTheNode(t, target)
 		probe, err := client.Netns.StartProbe(target, 5*time.Millisecond, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
