@@ -384,12 +384,19 @@ func TestOneFailingServiceDoesNotStopTheOthers(t *testing.T) {
 		t.Errorf("only %d virtual servers after one was refused:\n%s", servers, n.kernel.Dump())
 	}
 	sync(t, core)
-	after := newNode()
-	reference, _ := after.proxier(t)
-	feedServices(reference)
-	sync(t, reference)
-	if got, want := n.kernel.Dump(), after.kernel.Dump(); got != want {
-		t.Errorf("after the repairing sync the kernel holds:\n%s\nwant:\n%s", got, want)
+	requireAsFirstSyncLeavesIt(t, n, "after the repairing sync")
+}
+
+// requireAsFirstSyncLeavesIt fails unless n's kernel holds what a first
+// sync of feedServices leaves in a fresh one.
+func requireAsFirstSyncLeavesIt(t *testing.T, n *node, when string) {
+	t.Helper()
+	fresh := newNode()
+	core, _ := fresh.proxier(t)
+	feedServices(core)
+	sync(t, core)
+	if got, want := n.kernel.Dump(), fresh.kernel.Dump(); got != want {
+		t.Errorf("%s the kernel holds:\n%s\nwant:\n%s", when, got, want)
 	}
 }
 
@@ -473,13 +480,7 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 				t.Errorf("%s went from %v to %v, want one more", "sync_proxy_rules_ipvs_repairs_total", repairs, got)
 			}
 			cancel()
-			n2 := newNode()
-			core2, _ := n2.proxier(t)
-			feedServices(core2)
-			sync(t, core2)
-			if got, want := n.kernel.Dump(), n2.kernel.Dump(); got != want {
-				t.Errorf("after the repair the kernel holds:\n%s\nwant:\n%s", got, want)
-			}
+			requireAsFirstSyncLeavesIt(t, n, "after the repair")
 		})
 	}
 }

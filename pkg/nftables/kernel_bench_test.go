@@ -27,14 +27,7 @@ type timedNFT struct {
 }
 
 func newTimedNFT(b *testing.B) *timedNFT {
-	real, err := knftables.New(knftables.IPv4Family, TableName)
-	if err != nil {
-		b.Fatal(err)
-	}
-	st, err := NewStreamer(real)
-	if err != nil {
-		b.Fatal(err)
-	}
+	st := realStreamer(b, knftables.IPv4Family)
 	n := &timedNFT{Streamer: st}
 	start := st.start
 	st.start = func(ctx context.Context) (io.WriteCloser, func() error, error) {

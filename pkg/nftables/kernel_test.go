@@ -46,19 +46,26 @@ func (k *kernelNFT) Run(ctx context.Context, tx *knftables.Transaction) error {
 	return k.Streamer.Run(ctx, tx)
 }
 
-// kernelHarness is a harness whose syncer writes the real table.
-func kernelHarness(t *testing.T, family v1.IPFamily, params Params) (*harness, *kernelNFT) {
+// realStreamer is the real nft on the family's kube-proxy table, streamed
+// to as kube-proxy's is.
+func realStreamer(t testing.TB, family knftables.Family) *Streamer {
 	t.Helper()
-	kf := Family(family)
-	real, err := knftables.New(kf, TableName)
+	real, err := knftables.New(family, TableName)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Cleanup(t.Context(), real); err != nil {
 		t.Fatal(err)
 	}
 	st, err := NewStreamer(real)
 	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// kernelHarness is a harness whose syncer writes the real table.
+func kernelHarness(t *testing.T, family v1.IPFamily, params Params) (*harness, *kernelNFT) {
+	t.Helper()
+	st := realStreamer(t, Family(family))
+	if err := Cleanup(t.Context(), st); err != nil {
 		t.Fatal(err)
 	}
 	k := &kernelNFT{Streamer: st}

@@ -127,14 +127,7 @@ func TestKernelRefusedStreamedTransactionAppliesNothing(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
-	real, err := knftables.New(knftables.IPv4Family, TableName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := NewStreamer(real)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := realStreamer(t, knftables.IPv4Family)
 	first := &Chain{Chain: knftables.Chain{Name: "first"}}
 	var refs []ruleRef
 	for i := range 3 * partOps {
@@ -143,7 +136,7 @@ func TestKernelRefusedStreamedTransactionAppliesNothing(t *testing.T) {
 	}
 	plan := txPlan{{objectOps(addOp, []knftables.Object{&knftables.Table{}, &first.Chain}), 0, 2}, {ruleOps("ip", refs), 0, len(refs)},
 		{objectOps(addOp, []knftables.Object{&knftables.Rule{Chain: "absent", Rule: "drop"}}), 0, 1}}
-	err = s.runStream(t.Context(), func(w *bufio.Writer) error { return plan.write(w, s) })
+	err := s.runStream(t.Context(), func(w *bufio.Writer) error { return plan.write(w, s) })
 	if err == nil || !strings.Contains(err.Error(), "No such file or directory") {
 		t.Errorf("got %v, want nft's error for the absent chain", err)
 	}
