@@ -83,6 +83,10 @@ type Syncer struct {
 	// drifted is what the last drift check found changed by another
 	// program, until a full sync has put it back.
 	drifted string
+	// jumpSeenAt is the nat table's generation when the drift check last
+	// saw the jump into KUBE-SERVICES (if jumpSeen).
+	jumpSeenAt uint64
+	jumpSeen   bool
 }
 
 type drainKey struct {
@@ -847,11 +851,26 @@ func (p *Syncer) drift() string {
 	if drift := p.setsDrift(); drift != "" {
 		return drift
 	}
+	return p.jumpDrift()
+}
+
+// jumpDrift tells whether the jump from nat PREROUTING into KUBE-SERVICES
+// is gone (an iptables flush). The chain is listed, which starts a process,
+// only when another program may have changed the table since the jump was
+// last seen: its generation (iptables.Kernel.Generation, read without a
+// process) moved.
+func (p *Syncer) jumpDrift() string {
 	jump := Jumps()[1]
+	generation, genErr := p.cfg.IPTables.Generation(string(jump.Table))
+	if genErr == nil && p.jumpSeen && generation == p.jumpSeenAt {
+		return ""
+	}
 	rules, err := p.cfg.IPTables.ListRules(string(jump.Table), string(jump.From))
 	if err != nil || !slices.ContainsFunc(rules, func(r string) bool { return strings.HasSuffix(r, "-j "+string(chainServices)) }) {
+		p.jumpSeen = false
 		return "the jump from nat PREROUTING to " + string(chainServices)
 	}
+	p.jumpSeen, p.jumpSeenAt = genErr == nil, generation
 	return ""
 }
 

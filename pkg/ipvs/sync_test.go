@@ -35,8 +35,17 @@ import (
 // kernel (chains_kernel_test.go).
 type fakeIPTables struct {
 	restores int
-	// flushed is set by a test while the drift check reads it.
-	flushed atomic.Bool
+	// flushed is set by a test while the drift check reads it, with
+	// generation moved, as a flush moves the table's.
+	flushed    atomic.Bool
+	generation atomic.Uint64
+	lists      atomic.Int32
+}
+
+// flush empties the nat table, as another program's iptables -F would.
+func (k *fakeIPTables) flush() {
+	k.flushed.Store(true)
+	k.generation.Add(1)
 }
 
 func (k *fakeIPTables) Restore(in io.Reader) error {
@@ -46,12 +55,13 @@ func (k *fakeIPTables) Restore(in io.Reader) error {
 }
 func (k *fakeIPTables) Save(read func(io.Reader) error) error { return read(strings.NewReader("")) }
 func (k *fakeIPTables) ListRules(string, string) ([]string, error) {
+	k.lists.Add(1)
 	if k.flushed.Load() {
 		return nil, nil
 	}
 	return []string{`-m comment --comment "kubernetes service portals" -j KUBE-SERVICES`}, nil
 }
-func (k *fakeIPTables) Generation(string) (uint64, error) { return 0, nil }
+func (k *fakeIPTables) Generation(string) (uint64, error) { return k.generation.Load(), nil }
 
 // node is this test node: its addresses, and the kernel behind it.
 type node struct {
@@ -446,7 +456,7 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 		{"set entry added", func(n *node) error {
 			return n.kernel.ChangeSets([]ipvs.SetChange{{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.99,tcp:80"}})
 		}},
-		{"iptables flushed", func(n *node) error { n.iptables.flushed.Store(true); return nil }},
+		{"iptables flushed", func(n *node) error { n.iptables.flush(); return nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := newNode()
@@ -659,4 +669,31 @@ func TestRestartOverAFullSet(t *testing.T) {
 	_, mode = fullSetNode(t, n, 4, 5, 6, 7)
 	leftOut(t, mode, "")
 	holdsAllOf(t, n, 4, 5, 6, 7)
+}
+
+// The drift check lists the nat PREROUTING chain, which starts a process,
+// only when the table's generation moved since it last saw the jump there:
+// once at first, and again after another program's change.
+func TestDriftListsTheNatChainOnlyWhenItsGenerationMoved(t *testing.T) {
+	n := newNode()
+	core, mode := n.proxier(t)
+	feedServices(core)
+	sync(t, core)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		mode.Watch(ctx, func() {})
+	}()
+	time.Sleep(100 * time.Millisecond) // some 20 checks
+	if got := n.iptables.lists.Load(); got != 1 {
+		t.Errorf("%d listings over unchanged checks, want 1", got)
+	}
+	n.iptables.generation.Add(1) // another program's change elsewhere in the table
+	time.Sleep(100 * time.Millisecond)
+	cancel()
+	<-done
+	if got := n.iptables.lists.Load(); got != 2 {
+		t.Errorf("%d listings after the generation moved once, want 2", got)
+	}
 }
