@@ -47,18 +47,11 @@ test-ipvs: deps build tools
 unit:
 	$(GO) test -short ./...
 
-# Every fuzz target (each func FuzzX in a _test.go file) for FUZZTIME, one at a time: go test
-# fuzzes one target per package per run. A new interesting input is minimized for at most 2 s
-# (the default 60 s would take a short run's whole time). A crasher lands in the package's
+# Every fuzz target for FUZZTIME, one at a time (hack/fuzz.sh). A crasher lands in the package's
 # testdata/fuzz/FuzzX, where it stays as a seed once fixed.
 FUZZTIME ?= 10s
 fuzz:
-	@set -e; for file in $$(grep -rlE '^func Fuzz' --include='*_test.go' pkg internal cmd); do \
-		for target in $$(sed -nE 's/^func (Fuzz[A-Za-z0-9_]*)\(.*/\1/p' $$file); do \
-			echo "$$target in ./$$(dirname $$file) for $(FUZZTIME)"; \
-			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s ./$$(dirname $$file); \
-		done; \
-	done
+	GO=$(GO) hack/fuzz.sh $(FUZZTIME)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
