@@ -288,16 +288,8 @@ func TestKernelVerifyNamesARuleDeletedByHand(t *testing.T) {
 	}
 	for _, tc := range goldenCases {
 		t.Run(tc.name, func(t *testing.T) {
-			family := tc.family
-			if family == "" {
-				family = v1.IPv4Protocol
-			}
-			h, _ := kernelHarness(t, family, tc.params(t))
-			if tc.name == "topology" {
-				h.node.Zone = "zone-a"
-			}
-			h.apply(tc.objs...)
-			h.full()
+			h, _ := kernelHarness(t, tc.ipFamily(), tc.params(t))
+			tc.firstSync(h)
 			verifyAll(t, h)
 		})
 	}

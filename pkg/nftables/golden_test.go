@@ -61,6 +61,24 @@ type goldenCase struct {
 	objs   []any
 }
 
+// ipFamily is the case's family: IPv4 unless it names one.
+func (tc goldenCase) ipFamily() v1.IPFamily {
+	if tc.family == "" {
+		return v1.IPv4Protocol
+	}
+	return tc.family
+}
+
+// firstSync puts the case's node and objects into the harness and runs
+// its first full sync.
+func (tc goldenCase) firstSync(h *harness) {
+	if tc.name == "topology" {
+		h.node.Zone = "zone-a"
+	}
+	h.apply(tc.objs...)
+	h.full()
+}
+
 func v4(mutate func(*Params)) func(t *testing.T) Params {
 	return func(t *testing.T) Params {
 		p := sampleV4
@@ -157,16 +175,8 @@ func nodePortObjects() []any {
 func TestGoldenTables(t *testing.T) {
 	for _, tc := range goldenCases {
 		t.Run(tc.name, func(t *testing.T) {
-			family := tc.family
-			if family == "" {
-				family = v1.IPv4Protocol
-			}
-			h := newHarness(t, family, tc.params(t))
-			if tc.name == "topology" {
-				h.node.Zone = "zone-a"
-			}
-			h.apply(tc.objs...)
-			h.full()
+			h := newHarness(t, tc.ipFamily(), tc.params(t))
+			tc.firstSync(h)
 			testutil.Golden(t, filepath.Join("testdata", tc.name+".golden"), dump(h.nft.Fake), *update)
 		})
 	}

@@ -123,16 +123,9 @@ func TestKernelGoldenTables(t *testing.T) {
 	}
 	for _, tc := range goldenCases {
 		t.Run(tc.name, func(t *testing.T) {
-			family := tc.family
-			if family == "" {
-				family = v1.IPv4Protocol
-			}
+			family := tc.ipFamily()
 			h, k := kernelHarness(t, family, tc.params(t))
-			if tc.name == "topology" {
-				h.node.Zone = "zone-a"
-			}
-			h.apply(tc.objs...)
-			h.full()
+			tc.firstSync(h)
 			want, err := os.ReadFile(filepath.Join("testdata", tc.name+".golden"))
 			if err != nil {
 				t.Fatal(err)

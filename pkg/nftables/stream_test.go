@@ -73,13 +73,9 @@ func TestStreamedTransactionsAreWhatKnftablesWrites(t *testing.T) {
 	}
 	for _, tc := range goldenCases {
 		t.Run(tc.name, func(t *testing.T) {
-			family := v1.IPv4Protocol
-			if tc.family != "" {
-				family = tc.family
-			}
-			h := newHarness(t, family, tc.params(t))
+			h := newHarness(t, tc.ipFamily(), tc.params(t))
 			h.apply(tc.objs...)
-			check(t, h, family, maxTxOps)
+			check(t, h, tc.ipFamily(), maxTxOps)
 		})
 	}
 	t.Run("split", func(t *testing.T) {
