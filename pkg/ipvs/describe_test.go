@@ -17,11 +17,7 @@ import (
 func objectLines(objects []proxy.KernelObject) []string {
 	var out []string
 	for _, o := range objects {
-		line := o.Kind + " " + o.Name
-		if o.Summary != "" {
-			line += ": " + o.Summary
-		}
-		out = append(out, line)
+		out = append(out, o.String())
 	}
 	return out
 }

@@ -45,11 +45,7 @@ func httpPort(svc string) state.ServicePortName {
 func objectLines(objects []proxy.KernelObject) []string {
 	var out []string
 	for _, o := range objects {
-		line := o.Kind + " " + o.Name
-		if o.Summary != "" {
-			line += ": " + o.Summary
-		}
-		out = append(out, line)
+		out = append(out, o.String())
 		for _, c := range o.Content {
 			out = append(out, "  "+c)
 		}

@@ -47,6 +47,15 @@ type KernelObject struct {
 	Content []string `json:"content,omitempty"`
 }
 
+// String is the object on one line: "kind name", then ": summary" if it
+// has one.
+func (o KernelObject) String() string {
+	if o.Summary == "" {
+		return o.Kind + " " + o.Name
+	}
+	return o.Kind + " " + o.Name + ": " + o.Summary
+}
+
 // RuleDifferences lists how a chain's rules as the kernel prints them
 // (have) differ from those wanted, compared by key, since the kernel
 // prints a rule other than it was written: each wanted rule it lacks,
