@@ -3,6 +3,7 @@ package ipvs
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"os/exec"
 	"regexp"
@@ -10,11 +11,14 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
+
 	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
-// ipsets is the ipset part of Kernel: one ipset process per call, in the
-// network namespace of the calling thread.
+// ipsets is the ipset part of Kernel, in the network namespace of the
+// calling thread: one ipset process per call, but for SetSizes (netlink).
 type ipsets struct{}
 
 // createArgs are the arguments upstream's createSet passes to
@@ -105,41 +109,70 @@ func (ipsets) SetEntries(names []string) (map[string][]string, error) {
 	return entries, sc.Err()
 }
 
-// SetSizes counts the named sets' entries from `ipset list -t`, which
-// prints each set's header alone: its cost does not grow with the entries
-// (some 10k in KUBE-CLUSTER-IP at 10k services), as `ipset save`'s does.
-func (ipsets) SetSizes(names []string) (map[string]int, error) {
-	out, err := run(exec.Command("ipset", "list", "-t"))
-	if err != nil {
-		return nil, fmt.Errorf("ipset list -t: %w", err)
-	}
-	return parseSetSizes(out, names)
-}
+// listHeader is ipset's IPSET_FLAG_LIST_HEADER: list each set's header
+// (with its number of entries), not its entries.
+const listHeader = 1 << 2
 
-// parseSetSizes reads the "Name:" and "Number of entries:" lines of `ipset
-// list -t` output.
-func parseSetSizes(out []byte, names []string) (map[string]int, error) {
+// SetSizes counts the named sets' entries from the kernel's headers of
+// every set, one netlink dump (IPSET_CMD_LIST with the header-only flag,
+// as `ipset list -t`) in the network namespace of the calling thread: no
+// process, and a cost that does not grow with the entries (some 10k in
+// KUBE-CLUSTER-IP at 10k services). A named set that does not exist has
+// no key.
+func (ipsets) SetSizes(names []string) (map[string]int, error) {
+	req := nl.NewNetlinkRequest(nl.IPSET_CMD_LIST|unix.NFNL_SUBSYS_IPSET<<8, unix.NLM_F_DUMP)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_NETLINK, Version: nl.NFNETLINK_V0})
+	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
+	req.AddData(nl.NewRtAttr(int(nl.IPSET_ATTR_FLAGS|nl.NLA_F_NET_BYTEORDER), nl.BEUint32Attr(listHeader)))
+	msgs, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+	if err != nil {
+		return nil, fmt.Errorf("listing the ipsets' headers: %w", err)
+	}
 	sizes := make(map[string]int, len(names))
-	name := ""
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		key, value, ok := strings.Cut(sc.Text(), ": ")
-		switch {
-		case !ok:
-		case key == "Name":
-			name = ""
-			if slices.Contains(names, value) {
-				name = value
-			}
-		case key == "Number of entries" && name != "":
-			n, err := strconv.Atoi(value)
-			if err != nil {
-				return nil, fmt.Errorf("ipset list -t: set %s: %q entries", name, value)
-			}
+	for _, msg := range msgs {
+		name, n, err := parseSetHeader(msg)
+		if err != nil {
+			return nil, fmt.Errorf("listing the ipsets' headers: %w", err)
+		}
+		if slices.Contains(names, name) {
 			sizes[name] = n
 		}
 	}
-	return sizes, sc.Err()
+	return sizes, nil
+}
+
+// parseSetHeader reads a set's name and number of entries from its
+// header: a nfgenmsg, then IPSET_ATTR_SETNAME and, nested in
+// IPSET_ATTR_DATA, IPSET_ATTR_ELEMENTS (network order).
+func parseSetHeader(msg []byte) (string, int, error) {
+	if len(msg) < nl.SizeofNfgenmsg {
+		return "", 0, fmt.Errorf("a message of %d bytes", len(msg))
+	}
+	attrs, err := nl.ParseRouteAttr(msg[nl.SizeofNfgenmsg:])
+	if err != nil {
+		return "", 0, err
+	}
+	name, n := "", -1
+	for _, a := range attrs {
+		switch a.Attr.Type &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER) {
+		case nl.IPSET_ATTR_SETNAME:
+			name = strings.TrimRight(string(a.Value), "\x00")
+		case nl.IPSET_ATTR_DATA:
+			data, err := nl.ParseRouteAttr(a.Value)
+			if err != nil {
+				return "", 0, err
+			}
+			for _, d := range data {
+				if d.Attr.Type&^unix.NLA_F_NET_BYTEORDER == nl.IPSET_ATTR_ELEMENTS && len(d.Value) == 4 {
+					n = int(binary.BigEndian.Uint32(d.Value))
+				}
+			}
+		}
+	}
+	if name == "" || n < 0 {
+		return "", 0, fmt.Errorf("a set header without a name or a number of entries (set %q)", name)
+	}
+	return name, n, nil
 }
 
 // checkWord refuses what would break the one-command-per-line restore

@@ -221,6 +221,10 @@ func TestIPSetsKernelFull(t *testing.T) {
 		if err := kernel.ChangeSets(changes[:1]); err != nil {
 			t.Errorf("re-adding an entry to a full set: %v", err)
 		}
+		// The header counts them all, without listing them.
+		if sizes, err := kernel.SetSizes([]string{set.Name}); err != nil || sizes[set.Name] != ipvsmode.MaxSetEntries {
+			t.Errorf("a full set counts %v (%v), want %d", sizes, err, ipvsmode.MaxSetEntries)
+		}
 		err := kernel.ChangeSets(changes[ipvsmode.MaxSetEntries:])
 		if err == nil || !strings.Contains(err.Error(), `"add `+set.Name+` 10.1.0.`) || !strings.Contains(err.Error(), "Hash is full") {
 			t.Errorf("adding 8 entries to a full set: %v", err)
