@@ -97,10 +97,14 @@ func openIPVS() (*libipvs.Handle, error) {
 type table struct {
 	// mu serializes the requests: replies on the one socket would
 	// otherwise interleave.
-	mu   sync.Mutex
-	h    *libipvs.Handle
-	proc *os.File // the kernel's listing of virtual and real servers
-	ipv6 bool
+	mu sync.Mutex
+	h  *libipvs.Handle
+	// proc is the kernel's listing of virtual and real servers; procMu
+	// serializes its reads, which take seconds at 10k services under
+	// emulation, without holding up the netlink requests.
+	procMu sync.Mutex
+	proc   *os.File
+	ipv6   bool
 }
 
 // The protocol numbers IPVS keys virtual servers by.

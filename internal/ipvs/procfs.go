@@ -32,8 +32,8 @@ func openProcIPVS() (*os.File, error) {
 }
 
 func (t *table) AllRealServers() (map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.procMu.Lock()
+	defer t.procMu.Unlock()
 	// A seq file lists afresh when read again from the start.
 	if _, err := t.proc.Seek(0, io.SeekStart); err != nil {
 		return nil, fmt.Errorf("reading %s: %w", procIPVS, err)

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
@@ -83,8 +85,12 @@ type Syncer struct {
 	// drifted is what the last drift check found changed by another
 	// program, until a full sync has put it back.
 	drifted string
+	// syncs counts the syncs: a drift check that read the kernel while
+	// one ran drops what it read.
+	syncs uint64
 	// jumpSeenAt is the nat table's generation when the drift check last
-	// saw the jump into KUBE-SERVICES (if jumpSeen).
+	// saw the jump into KUBE-SERVICES (if jumpSeen); only the drift check
+	// uses them.
 	jumpSeenAt uint64
 	jumpSeen   bool
 }
@@ -191,6 +197,7 @@ func (p *Syncer) objectsFor(v state.View, name state.ServicePortName) ServiceObj
 func (p *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.syncs++
 	addrs, err := p.readAddresses()
 	if err != nil {
 		return err
@@ -212,6 +219,7 @@ func (p *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]boo
 func (p *Syncer) FullSync(v state.View) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.syncs++
 	err := p.fullSync(v)
 	p.written = err == nil
 	if err == nil && p.drifted != "" {
@@ -773,13 +781,19 @@ func (p *Syncer) excluded(a netip.Addr) bool {
 
 // Watch deletes draining real servers once their connections have ended
 // or their time is up, and every CheckInterval (or ten times the last
-// check's duration, if longer) asks for a full sync when another program
-// changed what the mode keeps in the kernel.
+// check's duration without its listings, if longer) asks for a full sync
+// when another program changed what the mode keeps in the kernel. The
+// listings whose cost grows with the services (every real server, every
+// bound address) are read again only once a hundred times their CPU time
+// has passed, so that they cost at most 1% of a CPU; the rest of the check
+// (each set's number of entries, the nat table's generation) costs the
+// same at any size.
 func (p *Syncer) Watch(ctx context.Context, resync func()) {
 	drains := time.NewTicker(p.cfg.DrainCheckInterval)
 	defer drains.Stop()
 	checks := time.NewTimer(p.cfg.CheckInterval)
 	defer checks.Stop()
+	var listingsDue time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -787,100 +801,188 @@ func (p *Syncer) Watch(ctx context.Context, resync func()) {
 		case <-drains.C:
 			p.finishDrains()
 		case <-checks.C:
-			drift, took := p.checkDrift()
+			start := time.Now()
+			listings := !start.Before(listingsDue)
+			drift, cost := p.checkDrift(listings)
+			took := time.Since(start)
 			if drift != "" {
 				klog.InfoS("Another program changed the IPVS mode's kernel state; resyncing", "ipFamily", p.cfg.Family, "found", drift, "checkTook", took)
 				resync()
 			}
-			checks.Reset(max(p.cfg.CheckInterval, 10*took))
+			if listings {
+				listingsDue = start.Add(max(p.cfg.CheckInterval, listingsCPUShare*cost.cpu))
+				klog.V(4).InfoS("Checked the IPVS mode's kernel state with its listings", "ipFamily", p.cfg.Family, "took", took, "listingsCPU", cost.cpu, "nextListings", listingsDue.Sub(start))
+			}
+			checks.Reset(max(p.cfg.CheckInterval, 10*(took-cost.took)))
 		}
 	}
 }
 
-// checkDrift runs the drift check, and remembers what it found for the
-// full sync that repairs it. It tells how long the check took, without
-// the wait for a sync to end.
-func (p *Syncer) checkDrift() (string, time.Duration) {
+// listingsCPUShare is how many times the drift check's listings' CPU time
+// passes before they are read again: they cost at most 1% of a CPU.
+const listingsCPUShare = 100
+
+// kernelView is what a drift check read, without the syncer's lock.
+type kernelView struct {
+	// reals are every virtual server with its real servers (if
+	// listedServers), and bound the addresses on kube-ipvs0 (if
+	// listedAddresses).
+	reals                          map[VirtualServerKey][]RealServer
+	bound                          []netip.Addr
+	listedServers, listedAddresses bool
+	sizes                          map[string]int
+	// jumpFound is whether the jump into KUBE-SERVICES was seen (true if
+	// the chain was not listed: its generation had not moved).
+	jumpFound bool
+	errs      []string
+}
+
+// listingsCost is what a drift check's listings took: CPU (in the kernel
+// too, where most of it goes) and wall time.
+type listingsCost struct {
+	cpu, took time.Duration
+}
+
+// checkDrift reads the kernel without the syncer's lock, so that a sync
+// never waits for a check, and compares what it read with what the syncs
+// wrote under it; it drops what it read when a sync ran meanwhile (the
+// next check reads again). It remembers what it found for the full sync
+// that repairs it, and tells what the listings cost.
+func (p *Syncer) checkDrift(listings bool) (string, listingsCost) {
+	p.mu.Lock()
+	written, syncs := p.written, p.syncs
+	// A family that owns no virtual server (the IPv6 one on a node whose
+	// services are all IPv4) has none to miss: the listing holds every
+	// family's, and is not read.
+	listServers := listings && len(p.objects.servers) > 0
+	p.mu.Unlock()
+	if !written {
+		return "", listingsCost{}
+	}
+	view, cost := p.readView(listServers, listings)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	start := time.Now()
-	drift := p.drift()
+	if p.syncs != syncs {
+		return "", cost
+	}
+	drift := p.drift(view)
 	if drift != "" {
 		p.drifted = drift
 	}
-	return drift, time.Since(start)
+	return drift, cost
+}
+
+// readView reads what the drift check compares: the virtual and real
+// servers (one read of the kernel's listing) and the addresses on
+// kube-ipvs0 (one netlink dump) when asked, whose cost it tells; the
+// number of entries in each set (one netlink dump of the sets' headers);
+// and the jump into KUBE-SERVICES (gone with an iptables flush).
+func (p *Syncer) readView(servers, addresses bool) (kernelView, listingsCost) {
+	var v kernelView
+	var cost listingsCost
+	if servers || addresses {
+		runtime.LockOSThread()
+		start, startCPU := time.Now(), threadCPU()
+		var err error
+		v.listedServers, v.listedAddresses = servers, addresses
+		if servers {
+			if v.reals, err = p.cfg.Kernel.AllRealServers(); err != nil {
+				v.errs = append(v.errs, "virtual servers unreadable: "+err.Error())
+			}
+		}
+		if addresses {
+			if v.bound, err = p.cfg.Kernel.BoundAddresses(); err != nil {
+				v.errs = append(v.errs, "addresses unreadable: "+err.Error())
+			}
+		}
+		cost = listingsCost{cpu: threadCPU() - startCPU, took: time.Since(start)}
+		runtime.UnlockOSThread()
+	}
+	var names []string
+	for _, s := range p.cfg.Params.Sets() {
+		names = append(names, s.Name)
+	}
+	sizes, err := p.cfg.Kernel.SetSizes(names)
+	if err != nil {
+		v.errs = append(v.errs, "ipsets unreadable: "+err.Error())
+	}
+	v.sizes = sizes
+	v.jumpFound = p.jumpPresent()
+	return v, cost
+}
+
+// threadCPU is the CPU time the calling thread has used, in the kernel
+// too (where most of a listing's time goes).
+func threadCPU() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_THREAD, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // drift tells what of the mode's kernel state is not as the last sync
-// left it: the virtual servers with their real servers (one read of the
-// kernel's listing), the addresses on kube-ipvs0 (one netlink dump), the
-// number of entries in each set (one ipset save) and the jump into
-// KUBE-SERVICES (gone with an iptables flush). "" when all is in place,
-// or nothing was written yet. The caller holds mu.
+// left it, from what a check read: our virtual servers with their real
+// servers and our addresses on kube-ipvs0 (when listed), the number of
+// entries in each set, the jump into KUBE-SERVICES. "" when all is in
+// place. The caller holds mu.
 //
 // Another program's change that keeps a set's size (an entry deleted and
 // another added) or a real server's presence (its weight changed) is not
 // seen; the next full sync (a restart, a failure) undoes it.
-func (p *Syncer) drift() string {
-	if !p.written {
-		return ""
+func (p *Syncer) drift(v kernelView) string {
+	if len(v.errs) > 0 {
+		return strings.Join(v.errs, "; ")
 	}
-	// The listing holds every family's virtual servers (the kernel has no
-	// listing by family): at 10,000 services the netlink dump of the
-	// virtual servers alone took 0.3 s of CPU and some 20 MB of heap in
-	// the benchmark's VM, and Watch spaces the checks by ten times their
-	// duration. A family that owns none has none to miss.
-	if len(p.objects.servers) > 0 {
-		if drift := p.serversDrift(); drift != "" {
+	if v.listedServers && len(p.objects.servers) > 0 {
+		if drift := p.serversDrift(v.reals); drift != "" {
 			return drift
 		}
 	}
-	bound, err := p.cfg.Kernel.BoundAddresses()
-	if err != nil {
-		return "addresses unreadable: " + err.Error()
-	}
-	ours := 0
-	for _, a := range bound {
-		if p.objects.bound[a] > 0 {
-			ours++
+	if v.listedAddresses {
+		ours := 0
+		for _, a := range v.bound {
+			if p.objects.bound[a] > 0 {
+				ours++
+			}
+		}
+		if ours != len(p.objects.bound) {
+			return fmt.Sprintf("%d of %d addresses on %s", ours, len(p.objects.bound), DummyLink)
 		}
 	}
-	if ours != len(p.objects.bound) {
-		return fmt.Sprintf("%d of %d addresses on %s", ours, len(p.objects.bound), DummyLink)
-	}
-	if drift := p.setsDrift(); drift != "" {
+	if drift := p.setsDrift(v.sizes); drift != "" {
 		return drift
 	}
-	return p.jumpDrift()
+	if !v.jumpFound {
+		return "the jump from nat PREROUTING to " + string(chainServices)
+	}
+	return ""
 }
 
-// jumpDrift tells whether the jump from nat PREROUTING into KUBE-SERVICES
-// is gone (an iptables flush). The chain is listed, which starts a process,
-// only when another program may have changed the table since the jump was
-// last seen: its generation (iptables.Kernel.Generation, read without a
-// process) moved.
-func (p *Syncer) jumpDrift() string {
+// jumpPresent tells whether the jump from nat PREROUTING into
+// KUBE-SERVICES is there (an iptables flush removes it). The chain is
+// listed, which starts a process, only when another program may have
+// changed the table since the jump was last seen: its generation
+// (iptables.Kernel.Generation, read without a process) moved. Only the
+// drift check calls it.
+func (p *Syncer) jumpPresent() bool {
 	jump := Jumps()[1]
 	generation, genErr := p.cfg.IPTables.Generation(string(jump.Table))
 	if genErr == nil && p.jumpSeen && generation == p.jumpSeenAt {
-		return ""
+		return true
 	}
 	rules, err := p.cfg.IPTables.ListRules(string(jump.Table), string(jump.From))
 	if err != nil || !slices.ContainsFunc(rules, func(r string) bool { return strings.HasSuffix(r, "-j "+string(chainServices)) }) {
 		p.jumpSeen = false
-		return "the jump from nat PREROUTING to " + string(chainServices)
+		return false
 	}
 	p.jumpSeen, p.jumpSeenAt = genErr == nil, generation
-	return ""
+	return true
 }
 
 // serversDrift tells which of our virtual servers, or of their wanted
 // real servers, the kernel lacks.
-func (p *Syncer) serversDrift() string {
-	all, err := p.cfg.Kernel.AllRealServers()
-	if err != nil {
-		return "virtual servers unreadable: " + err.Error()
-	}
+func (p *Syncer) serversDrift(all map[VirtualServerKey][]RealServer) string {
 	missing := 0
 	for key := range p.objects.servers {
 		if _, ok := all[key]; !ok {
@@ -908,22 +1010,14 @@ func (p *Syncer) serversDrift() string {
 
 // setsDrift tells which set holds another number of entries than the
 // syncs put there (or is gone).
-func (p *Syncer) setsDrift() string {
-	var names []string
+func (p *Syncer) setsDrift(sizes map[string]int) string {
 	for _, s := range p.cfg.Params.Sets() {
-		names = append(names, s.Name)
-	}
-	sizes, err := p.cfg.Kernel.SetSizes(names)
-	if err != nil {
-		return "ipsets unreadable: " + err.Error()
-	}
-	for _, name := range names {
-		have, ok := sizes[name]
+		have, ok := sizes[s.Name]
 		if !ok {
-			return "ipset " + name
+			return "ipset " + s.Name
 		}
-		if have != p.objects.setSizes[name] {
-			return fmt.Sprintf("ipset %s with %d of %d entries", name, have, p.objects.setSizes[name])
+		if have != p.objects.setSizes[s.Name] {
+			return fmt.Sprintf("ipset %s with %d of %d entries", s.Name, have, p.objects.setSizes[s.Name])
 		}
 	}
 	return ""

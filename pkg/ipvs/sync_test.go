@@ -16,6 +16,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -71,6 +72,12 @@ type node struct {
 	// restoreErrors every error of an ipset restore the mode sent.
 	maxSetEntries int
 	restoreErrors []error
+	// afterListing, if set, runs once right after the next listing of
+	// every real server has been read.
+	afterListing atomic.Pointer[func()]
+	// listingCPU is the CPU time each listing of every real server
+	// spends (as at 10k services), set before the mode runs.
+	listingCPU time.Duration
 }
 
 // watchedKernel is the node's kernel as the mode sees it: it keeps the
@@ -86,6 +93,26 @@ func (k watchedKernel) ChangeSets(changes []ipvs.SetChange) error {
 		k.n.restoreErrors = append(k.n.restoreErrors, err)
 	}
 	return err
+}
+
+func (k watchedKernel) AllRealServers() (map[ipvs.VirtualServerKey][]ipvs.RealServer, error) {
+	all, err := k.Fake.AllRealServers()
+	for start := threadCPU(); k.n.listingCPU > 0 && threadCPU()-start < k.n.listingCPU; {
+	}
+	if f := k.n.afterListing.Swap(nil); f != nil {
+		(*f)()
+	}
+	return all, err
+}
+
+// threadCPU is the CPU time the calling thread has used (the drift check
+// locks its goroutine to its thread while it lists).
+func threadCPU() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
+		panic(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func newNode() *node {
@@ -695,5 +722,74 @@ func TestDriftListsTheNatChainOnlyWhenItsGenerationMoved(t *testing.T) {
 	<-done
 	if got := n.iptables.lists.Load(); got != 2 {
 		t.Errorf("%d listings after the generation moved once, want 2", got)
+	}
+}
+
+// The drift check reads the kernel without the syncer's lock: a sync that
+// starts while the check reads runs at once, and the check drops what it
+// read, from before the sync, instead of taking the real server the sync
+// added for one another program deleted.
+func TestDriftCheckNeitherHoldsUpNorMisreadsASync(t *testing.T) {
+	n := newNode()
+	core, mode := n.proxier(t)
+	feedServices(core)
+	sync(t, core)
+	synced := make(chan error, 1)
+	duringCheck := func() {
+		endpoints(core, "web", v1.ProtocolTCP, "10.244.0.5@local", "10.244.1.5", "10.244.1.9")
+		done := make(chan error, 1)
+		go func() { done <- core.SyncOnce() }()
+		select {
+		case err := <-done:
+			synced <- err
+		case <-time.After(5 * time.Second):
+			synced <- errors.New("the sync waited for the drift check")
+		}
+	}
+	n.afterListing.Store(&duringCheck)
+	var resyncs atomic.Int32
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		mode.Watch(ctx, func() { resyncs.Add(1) })
+	}()
+	defer func() { cancel(); <-done }()
+	select {
+	case err := <-synced:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no drift check listed the real servers")
+	}
+	time.Sleep(50 * time.Millisecond) // more checks, of the state after the sync
+	if got := resyncs.Load(); got != 0 {
+		t.Errorf("%d resyncs asked for, want none: the check compared what it read before a sync with what the sync wrote", got)
+	}
+	if !realServer(n.kernel.Dump(), "10.244.1.9:8080", 1, 0) {
+		t.Errorf("the sync during the check did not add its real server:\n%s", n.kernel.Dump())
+	}
+}
+
+// The drift check's listings, whose cost grows with the services, are read
+// again only once a hundred times their CPU time has passed (here 5 ms,
+// so 0.5 s), while the rest of the check runs every CheckInterval (5 ms).
+func TestCostlyDriftListingsAreSpacedByTheirCPUTime(t *testing.T) {
+	n := newNode()
+	n.listingCPU = 5 * time.Millisecond
+	core, mode := n.proxier(t)
+	feedServices(core)
+	sync(t, core)
+	n.kernel.ResetCalls()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	mode.Watch(ctx, func() { t.Error("a resync was asked for while nothing changed") })
+	calls := n.kernel.Calls()
+	if calls["AllRealServers"] != 1 || calls["BoundAddresses"] != 1 {
+		t.Errorf("%d listings of the real servers and %d of the addresses in 0.3 s, want 1 each", calls["AllRealServers"], calls["BoundAddresses"])
+	}
+	if calls["SetSizes"] < 5 {
+		t.Errorf("%d checks of the sets in 0.3 s, want them every 5 ms (some 20 after the first check's 10 x 5 ms pause)", calls["SetSizes"])
 	}
 }
