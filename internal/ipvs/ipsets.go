@@ -18,7 +18,8 @@ import (
 )
 
 // ipsets is the ipset part of Kernel, in the network namespace of the
-// calling thread: one ipset process per call, but for SetSizes (netlink).
+// calling thread: one ipset process per call, but for SetSizes and an
+// EnsureSets with nothing to create (netlink).
 type ipsets struct{}
 
 // createArgs are the arguments upstream's createSet passes to
@@ -38,8 +39,16 @@ func createArgs(s ipvsmode.SetSpec) (string, error) {
 }
 
 // EnsureSets creates the missing sets in one `ipset restore`. A set that
-// exists with another type or family makes it fail.
+// exists with another type, family or size makes it fail. When every set
+// exists as it would be created (their headers say so: the restart over
+// sets in place), it starts no process, once ipset is found installed (the
+// syncs need it).
 func (ipsets) EnsureSets(sets []ipvsmode.SetSpec) error {
+	if _, err := exec.LookPath("ipset"); err == nil {
+		if headers, err := setHeaders(); err == nil && allExist(headers, sets) {
+			return nil
+		}
+	}
 	lines := make([]string, 0, len(sets))
 	for _, s := range sets {
 		if err := checkWord("set name", s.Name); err != nil {
@@ -113,13 +122,47 @@ func (ipsets) SetEntries(names []string) (map[string][]string, error) {
 // (with its number of entries), not its entries.
 const listHeader = 1 << 2
 
-// SetSizes counts the named sets' entries from the kernel's headers of
-// every set, one netlink dump (IPSET_CMD_LIST with the header-only flag,
-// as `ipset list -t`) in the network namespace of the calling thread: no
-// process, and a cost that does not grow with the entries (some 10k in
-// KUBE-CLUSTER-IP at 10k services). A named set that does not exist has
-// no key.
-func (ipsets) SetSizes(names []string) (map[string]int, error) {
+// setHeader is what the kernel tells of a set without its entries.
+type setHeader struct {
+	typ     ipvsmode.SetType
+	family  uint8 // NFPROTO_IPV4 or _IPV6; 0 for bitmap:port
+	entries int
+	// maxElem is a hash set's maxelem, ports a bitmap:port set's range.
+	maxElem int
+	ports   [2]uint16
+}
+
+// matches tells whether ipset's create of spec with -exist would take the
+// set as it is: the same type, family and size.
+func (h setHeader) matches(spec ipvsmode.SetSpec) bool {
+	if h.typ != spec.Type {
+		return false
+	}
+	if spec.Type == ipvsmode.BitmapPort {
+		return h.ports == [2]uint16{0, 65535}
+	}
+	family := uint8(unix.NFPROTO_IPV4)
+	if spec.IPv6 {
+		family = unix.NFPROTO_IPV6
+	}
+	return h.family == family && h.maxElem == spec.Limit()
+}
+
+// allExist tells whether each of the sets exists as ipset would create it.
+func allExist(headers map[string]setHeader, sets []ipvsmode.SetSpec) bool {
+	for _, s := range sets {
+		if h, ok := headers[s.Name]; !ok || !h.matches(s) {
+			return false
+		}
+	}
+	return true
+}
+
+// setHeaders reads every set's header with one netlink dump (IPSET_CMD_LIST
+// with the header-only flag, as `ipset list -t`) in the network namespace
+// of the calling thread: no process, and a cost that does not grow with
+// the entries (some 10k in KUBE-CLUSTER-IP at 10k services).
+func setHeaders() (map[string]setHeader, error) {
 	req := nl.NewNetlinkRequest(nl.IPSET_CMD_LIST|unix.NFNL_SUBSYS_IPSET<<8, unix.NLM_F_DUMP)
 	req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_NETLINK, Version: nl.NFNETLINK_V0})
 	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
@@ -128,51 +171,79 @@ func (ipsets) SetSizes(names []string) (map[string]int, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing the ipsets' headers: %w", err)
 	}
-	sizes := make(map[string]int, len(names))
+	headers := make(map[string]setHeader, len(msgs))
 	for _, msg := range msgs {
-		name, n, err := parseSetHeader(msg)
+		name, h, err := parseSetHeader(msg)
 		if err != nil {
 			return nil, fmt.Errorf("listing the ipsets' headers: %w", err)
 		}
-		if slices.Contains(names, name) {
-			sizes[name] = n
-		}
+		headers[name] = h
 	}
-	return sizes, nil
+	return headers, nil
 }
 
-// parseSetHeader reads a set's name and number of entries from its
-// header: a nfgenmsg, then IPSET_ATTR_SETNAME and, nested in
-// IPSET_ATTR_DATA, IPSET_ATTR_ELEMENTS (network order).
-func parseSetHeader(msg []byte) (string, int, error) {
+// parseSetHeader reads a set's header: a nfgenmsg, then attributes, its
+// numbers nested in IPSET_ATTR_DATA (in network order).
+func parseSetHeader(msg []byte) (string, setHeader, error) {
+	var h setHeader
 	if len(msg) < nl.SizeofNfgenmsg {
-		return "", 0, fmt.Errorf("a message of %d bytes", len(msg))
+		return "", h, fmt.Errorf("a message of %d bytes", len(msg))
 	}
 	attrs, err := nl.ParseRouteAttr(msg[nl.SizeofNfgenmsg:])
 	if err != nil {
-		return "", 0, err
+		return "", h, err
 	}
-	name, n := "", -1
+	name := ""
+	h.entries = -1
 	for _, a := range attrs {
 		switch a.Attr.Type &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER) {
 		case nl.IPSET_ATTR_SETNAME:
 			name = strings.TrimRight(string(a.Value), "\x00")
+		case nl.IPSET_ATTR_TYPENAME:
+			h.typ = ipvsmode.SetType(strings.TrimRight(string(a.Value), "\x00"))
+		case nl.IPSET_ATTR_FAMILY:
+			if len(a.Value) == 1 {
+				h.family = a.Value[0]
+			}
 		case nl.IPSET_ATTR_DATA:
 			data, err := nl.ParseRouteAttr(a.Value)
 			if err != nil {
-				return "", 0, err
+				return "", h, err
 			}
 			for _, d := range data {
-				if d.Attr.Type&^unix.NLA_F_NET_BYTEORDER == nl.IPSET_ATTR_ELEMENTS && len(d.Value) == 4 {
-					n = int(binary.BigEndian.Uint32(d.Value))
+				switch v := d.Value; {
+				case len(v) == 4 && d.Attr.Type&^unix.NLA_F_NET_BYTEORDER == nl.IPSET_ATTR_ELEMENTS:
+					h.entries = int(binary.BigEndian.Uint32(v))
+				case len(v) == 4 && d.Attr.Type&^unix.NLA_F_NET_BYTEORDER == nl.IPSET_ATTR_MAXELEM:
+					h.maxElem = int(binary.BigEndian.Uint32(v))
+				case len(v) == 2 && d.Attr.Type&^unix.NLA_F_NET_BYTEORDER == nl.IPSET_ATTR_PORT_FROM:
+					h.ports[0] = binary.BigEndian.Uint16(v)
+				case len(v) == 2 && d.Attr.Type&^unix.NLA_F_NET_BYTEORDER == nl.IPSET_ATTR_PORT_TO:
+					h.ports[1] = binary.BigEndian.Uint16(v)
 				}
 			}
 		}
 	}
-	if name == "" || n < 0 {
-		return "", 0, fmt.Errorf("a set header without a name or a number of entries (set %q)", name)
+	if name == "" || h.entries < 0 {
+		return "", h, fmt.Errorf("a set header without a name or a number of entries (set %q)", name)
 	}
-	return name, n, nil
+	return name, h, nil
+}
+
+// SetSizes counts the named sets' entries from their headers (setHeaders:
+// no process). A named set that does not exist has no key.
+func (ipsets) SetSizes(names []string) (map[string]int, error) {
+	headers, err := setHeaders()
+	if err != nil {
+		return nil, err
+	}
+	sizes := make(map[string]int, len(names))
+	for _, name := range names {
+		if h, ok := headers[name]; ok {
+			sizes[name] = h.entries
+		}
+	}
+	return sizes, nil
 }
 
 // checkWord refuses what would break the one-command-per-line restore

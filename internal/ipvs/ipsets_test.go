@@ -4,8 +4,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -267,6 +270,71 @@ func TestIPSetsKernelMaxElem(t *testing.T) {
 		entries, err := kernel.SetEntries([]string{set.Name})
 		if err != nil || !reflect.DeepEqual(entries, fakeEntries) {
 			t.Errorf("ipset holds %v (%v), the fake %v", entries, err, fakeEntries)
+		}
+	})
+}
+
+// TestEnsuringSetsInPlaceStartsNoProcess: EnsureSets over sets that exist
+// as it would create them reads their headers and starts no ipset process
+// (a restart's case); a missing set, or one of another size, still goes to
+// ipset, which creates the one and refuses the other.
+func TestEnsuringSetsInPlaceStartsNoProcess(t *testing.T) {
+	ns := testutil.NewNetns(t)
+	testutil.RequireCommands(t, "ipset")
+	sets := testSets(t)
+	t.Cleanup(func() {
+		for _, s := range sets {
+			_ = exec.Command("ip", "netns", "exec", ns, "ipset", "destroy", s.Name).Run()
+		}
+	})
+	real, err := exec.LookPath("ipset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An ipset that logs each start, first in PATH.
+	dir := t.TempDir()
+	log := filepath.Join(dir, "starts")
+	script := fmt.Sprintf("#!/bin/sh\necho \"$*\" >>%s\nexec %s \"$@\"\n", log, real)
+	if err := os.WriteFile(filepath.Join(dir, "ipset"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
+	starts := func() int {
+		out, _ := os.ReadFile(log)
+		_ = os.Remove(log)
+		return strings.Count(string(out), "\n")
+	}
+	var kernel ipsets
+	testutil.DoInNetns(t, ns, func() {
+		if err := kernel.EnsureSets(sets); err != nil {
+			t.Fatal(err)
+		}
+		if n := starts(); n != 1 {
+			t.Errorf("creating the sets started %d ipset processes, want 1", n)
+		}
+		if err := kernel.EnsureSets(sets); err != nil {
+			t.Fatal(err)
+		}
+		if n := starts(); n != 0 {
+			t.Errorf("ensuring sets in place started %d ipset processes, want none", n)
+		}
+		testutil.InNetns(t, ns, real, "destroy", sets[2].Name)
+		if err := kernel.EnsureSets(sets); err != nil {
+			t.Fatal(err)
+		}
+		if n := starts(); n != 1 {
+			t.Errorf("re-creating a missing set started %d ipset processes, want 1", n)
+		}
+		if sizes, err := kernel.SetSizes([]string{sets[2].Name}); err != nil || len(sizes) != 1 {
+			t.Errorf("the missing set was not created: %v (%v)", sizes, err)
+		}
+		smaller := slices.Clone(sets)
+		smaller[0].MaxElem = 2
+		if err := kernel.EnsureSets(smaller); err == nil {
+			t.Errorf("a set of maxelem %d passed for one of maxelem 2", ipvsmode.MaxSetEntries)
+		}
+		if n := starts(); n != 1 {
+			t.Errorf("a set of another size started %d ipset processes, want 1", n)
 		}
 	})
 }
