@@ -69,10 +69,16 @@ func (k *Kernel) Close() {
 // without doing anything, so every list is empty and every change
 // "succeeds". It also looks the family up only once per process.
 func openIPVS() (*libipvs.Handle, error) {
-	// A failed modprobe is not final: ip_vs may be built in, or loaded
+	// modprobe only when the family is missing (a restart finds it). A
+	// failed modprobe is not final: ip_vs may be built in, or loaded
 	// already in a container without module tools.
-	modprobe, _ := exec.Command("modprobe", "ip_vs").CombinedOutput()
-	if _, err := netlink.GenlFamilyGet("IPVS"); err != nil {
+	var modprobe []byte
+	_, err := netlink.GenlFamilyGet("IPVS")
+	if err != nil {
+		modprobe, _ = exec.Command("modprobe", "ip_vs").CombinedOutput()
+		_, err = netlink.GenlFamilyGet("IPVS")
+	}
+	if err != nil {
 		msg := fmt.Sprintf("IPVS is not available: the kernel has no IPVS netlink family (%v); the kernel module ip_vs is missing", err)
 		if out := strings.TrimSpace(string(modprobe)); out != "" {
 			msg += "; modprobe ip_vs: " + out

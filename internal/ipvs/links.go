@@ -73,7 +73,8 @@ func (l *links) EnsureDummyLink() error {
 	if !errors.As(err, &netlink.LinkNotFoundError{}) {
 		return fmt.Errorf("looking up link %s: %w", ipvsmode.DummyLink, err)
 	}
-	if err := l.h.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: ipvsmode.DummyLink}}); err != nil {
+	// The other family's syncer may have created it meanwhile.
+	if err := l.h.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: ipvsmode.DummyLink}}); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("creating dummy link %s (needs the kernel module dummy): %w", ipvsmode.DummyLink, err)
 	}
 	return nil
