@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 )
 
@@ -92,6 +94,34 @@ func TestForeignGenerationLeavesOurWritesOut(t *testing.T) {
 		}
 		if after := foreign(); after != before+1 {
 			t.Errorf("another program's transaction moved the foreign generation from %d to %d", before, after)
+		}
+	})
+}
+
+// TableExists finds a table nft made, in its family only, and none before.
+func TestTableExists(t *testing.T) {
+	testutil.RequireCommands(t, "nft")
+	netns := testutil.NewNetns(t)
+	testutil.DoInNetns(t, netns, func() {
+		exists := func(family uint8, name string) bool {
+			t.Helper()
+			ok, err := TableExists(family, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ok
+		}
+		if exists(unix.NFPROTO_IPV4, "kube-proxy") {
+			t.Fatal("a table in a fresh namespace")
+		}
+		if out, err := exec.Command("nft", "add", "table", "ip", "kube-proxy").CombinedOutput(); err != nil {
+			t.Fatalf("nft: %v: %s", err, out)
+		}
+		if !exists(unix.NFPROTO_IPV4, "kube-proxy") {
+			t.Error("the ip table nft added is not found")
+		}
+		if exists(unix.NFPROTO_IPV6, "kube-proxy") || exists(unix.NFPROTO_IPV4, "kube-prox") {
+			t.Error("a table of another family or name is found")
 		}
 	})
 }

@@ -8,12 +8,14 @@ import (
 	"os"
 	"slices"
 
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/knftables"
 
 	"github.com/rapidproxy/rapidproxy/internal/kernel"
+	"github.com/rapidproxy/rapidproxy/internal/nfgen"
 	"github.com/rapidproxy/rapidproxy/internal/sysctl"
 	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
@@ -122,12 +124,27 @@ func ipv6Usable(s sysctl.Interface, procNet string) error {
 	return nil
 }
 
+// nftTableExists tells whether the kernel holds the nftables mode's table
+// of the family; tests replace it with their fake's answer.
+var nftTableExists = func(family v1.IPFamily) (bool, error) {
+	proto := uint8(unix.NFPROTO_IPV4)
+	if family == v1.IPv6Protocol {
+		proto = unix.NFPROTO_IPV6
+	}
+	return nfgen.TableExists(proto, nftables.TableName)
+}
+
 // cleanupNFTables deletes the nftables mode's table in both families
 // (ours or upstream's), when the nft tool is there to do it.
 func cleanupNFTables(ctx context.Context) ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, family := range []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol} {
+		// Most starts find no table: one netlink request tells, where
+		// nft would take three processes.
+		if exists, err := nftTableExists(family); err == nil && !exists {
+			continue
+		}
 		nft, err := newNFT(nftables.Family(family), nftables.TableName)
 		if err != nil {
 			// No usable nft: nothing can have written the table either.

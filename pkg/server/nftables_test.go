@@ -120,6 +120,11 @@ func TestCleanupNFTablesDeletesBothFamiliesTables(t *testing.T) {
 		}
 		return fakes[family], nil
 	}
+	origExists := nftTableExists
+	defer func() { nftTableExists = origExists }()
+	nftTableExists = func(family v1.IPFamily) (bool, error) {
+		return fakes[nftables.Family(family)].Table != nil, nil
+	}
 	ctx := context.Background()
 	tx := fakes[knftables.IPv4Family].NewTransaction()
 	tx.Add(&knftables.Table{})
