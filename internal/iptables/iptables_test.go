@@ -94,6 +94,11 @@ func TestBackendFollowsTheHost(t *testing.T) {
 	if got := detect(empty); got != NFT {
 		t.Errorf("no rules anywhere: got %q, want nft", got)
 	}
+	// Nothing looked at the legacy backend, which has no table: a legacy
+	// tool listing a chain would have made the table.
+	if names := testutil.InNetns(t, empty, "cat", "/proc/net/ip_tables_names"); names != "" {
+		t.Errorf("detection made the legacy tables %q", names)
+	}
 
 	marked := testutil.NewNetns(t)
 	testutil.InNetns(t, marked, "iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
