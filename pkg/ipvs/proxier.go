@@ -44,9 +44,9 @@ type Config struct {
 	// 0 means every 10 s.
 	DrainCheckInterval time.Duration
 	// CheckInterval is how often the kernel is checked for other
-	// programs' changes; 0 means every second. A check that takes long
-	// (many services) is spaced by ten times its duration instead, so that
-	// checking never takes more than a tenth of the time.
+	// programs' changes; 0 means every second. The check's listings of
+	// every real server and address are spaced by a hundred times their
+	// CPU time if that is longer (many services; see Watch).
 	CheckInterval time.Duration
 }
 
@@ -846,7 +846,7 @@ type listingsCost struct {
 // checkDrift reads the kernel without the syncer's lock, so that a sync
 // never waits for a check, and compares what it read with what the syncs
 // wrote under it; it drops what it read when a sync ran meanwhile (the
-// next check reads again). It remembers what it found for the full sync
+// next check reads again, the listings at their next turn). It remembers what it found for the full sync
 // that repairs it, and tells what the listings cost.
 func (p *Syncer) checkDrift(listings bool) (string, listingsCost) {
 	p.mu.Lock()
