@@ -36,6 +36,19 @@ func testSets(t *testing.T) []ipvsmode.SetSpec {
 	return append(sets, ipvsmode.SetSpec{Name: prefix + "PORTS", Type: ipvsmode.BitmapPort})
 }
 
+// setsNetns is a fresh network namespace, whose sets of these names are
+// destroyed when the test ends.
+func setsNetns(t *testing.T, sets ...ipvsmode.SetSpec) string {
+	ns := testutil.NewNetns(t)
+	testutil.RequireCommands(t, "ipset")
+	t.Cleanup(func() {
+		for _, s := range sets {
+			_ = exec.Command("ip", "netns", "exec", ns, "ipset", "destroy", s.Name).Run()
+		}
+	})
+	return ns
+}
+
 // testChanges writes to each set entries in the forms ipset rewrites
 // (upper-case names, no protocol, host bits, full-length prefixes), adds
 // some twice and deletes some that are not there.
@@ -108,14 +121,8 @@ type setKernel interface {
 // TestIPSetsKernel writes every set type of both families through ipset in
 // a fresh namespace and through the fake, and compares what each lists.
 func TestIPSetsKernel(t *testing.T) {
-	ns := testutil.NewNetns(t)
-	testutil.RequireCommands(t, "ipset")
 	sets := testSets(t)
-	t.Cleanup(func() {
-		for _, s := range sets {
-			_ = exec.Command("ip", "netns", "exec", ns, "ipset", "destroy", s.Name).Run()
-		}
-	})
+	ns := setsNetns(t, sets...)
 	var names []string
 	for _, s := range sets {
 		names = append(names, s.Name)
@@ -205,10 +212,8 @@ func TestIPSetsKernel(t *testing.T) {
 // takes a few entries more than maxelem before it refuses them (4099 at
 // maxelem 4096, measured on 6.18); the fake refuses the first one over.
 func TestIPSetsKernelFull(t *testing.T) {
-	ns := testutil.NewNetns(t)
-	testutil.RequireCommands(t, "ipset")
 	set := testSets(t)[0]
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "exec", ns, "ipset", "destroy", set.Name).Run() })
+	ns := setsNetns(t, set)
 	var kernel ipsets
 	testutil.DoInNetns(t, ns, func() {
 		if err := kernel.EnsureSets([]ipvsmode.SetSpec{set}); err != nil {
@@ -239,11 +244,9 @@ func TestIPSetsKernelFull(t *testing.T) {
 // fake refuse the same line of a restore with the same words, having
 // applied the lines before it.
 func TestIPSetsKernelMaxElem(t *testing.T) {
-	ns := testutil.NewNetns(t)
-	testutil.RequireCommands(t, "ipset")
 	set := testSets(t)[1]
 	set.MaxElem = 2
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "exec", ns, "ipset", "destroy", set.Name).Run() })
+	ns := setsNetns(t, set)
 	var changes []ipvsmode.SetChange
 	for i := range 4 {
 		changes = append(changes, ipvsmode.SetChange{Set: set.Name, Entry: fmt.Sprintf("10.96.0.%d,tcp:80", i+1)})
@@ -279,14 +282,8 @@ func TestIPSetsKernelMaxElem(t *testing.T) {
 // (a restart's case); a missing set, or one of another size, still goes to
 // ipset, which creates the one and refuses the other.
 func TestEnsuringSetsInPlaceStartsNoProcess(t *testing.T) {
-	ns := testutil.NewNetns(t)
-	testutil.RequireCommands(t, "ipset")
 	sets := testSets(t)
-	t.Cleanup(func() {
-		for _, s := range sets {
-			_ = exec.Command("ip", "netns", "exec", ns, "ipset", "destroy", s.Name).Run()
-		}
-	})
+	ns := setsNetns(t, sets...)
 	real, err := exec.LookPath("ipset")
 	if err != nil {
 		t.Fatal(err)

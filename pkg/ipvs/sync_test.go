@@ -532,6 +532,17 @@ func ipvsRepairs(t *testing.T) float64 {
 	return m.GetCounter().GetValue()
 }
 
+// watchUnchanged runs the mode's watch for a while over a kernel no one
+// changes, and returns the calls it made.
+func watchUnchanged(t *testing.T, n *node, mode *ipvs.Syncer, d time.Duration) map[string]int {
+	t.Helper()
+	n.kernel.ResetCalls()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	mode.Watch(ctx, func() { t.Error("a resync was asked for while nothing changed") })
+	return n.kernel.Calls()
+}
+
 // A family that owns no virtual server (the IPv6 one on a node whose
 // services are all IPv4) checks for drift without dumping the others'.
 func TestDriftWithoutVirtualServersReadsNone(t *testing.T) {
@@ -539,11 +550,7 @@ func TestDriftWithoutVirtualServersReadsNone(t *testing.T) {
 	core, mode := n.proxier(t)
 	synced(core)
 	sync(t, core)
-	n.kernel.ResetCalls()
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	mode.Watch(ctx, func() { t.Error("a resync was asked for while nothing changed") })
-	calls := n.kernel.Calls()
+	calls := watchUnchanged(t, n, mode, 50*time.Millisecond)
 	if calls["BoundAddresses"] == 0 {
 		t.Fatal("no drift check ran")
 	}
@@ -781,11 +788,7 @@ func TestCostlyDriftListingsAreSpacedByTheirCPUTime(t *testing.T) {
 	core, mode := n.proxier(t)
 	feedServices(core)
 	sync(t, core)
-	n.kernel.ResetCalls()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	mode.Watch(ctx, func() { t.Error("a resync was asked for while nothing changed") })
-	calls := n.kernel.Calls()
+	calls := watchUnchanged(t, n, mode, 300*time.Millisecond)
 	if calls["AllRealServers"] != 1 || calls["BoundAddresses"] != 1 {
 		t.Errorf("%d listings of the real servers and %d of the addresses in 0.3 s, want 1 each", calls["AllRealServers"], calls["BoundAddresses"])
 	}
