@@ -19,6 +19,7 @@ import (
 	"io/fs"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/mdlayher/netlink"
@@ -88,12 +89,12 @@ func Read(ctx context.Context, family, table string) (*Table, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	sock, err := dial()
 	if err != nil {
-		return nil, fmt.Errorf("opening a netfilter netlink socket: %w", err)
+		return nil, err
 	}
-	defer conn.Close()
-	r := &reader{conn: conn, family: fam, table: table}
+	defer sock.close()
+	r := &reader{sock: sock, family: fam, table: table}
 	t, err := r.read(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading %s %s over netlink: %w", family, table, err)
@@ -121,37 +122,29 @@ const (
 )
 
 type reader struct {
-	conn   *netlink.Conn
+	sock   *socket
 	family byte
 	table  string
 }
 
 // request sends one nftables request (a dump when dump is set) and
 // returns the answers.
-func (r *reader) request(msgType uint16, dump bool, attrs ...netlink.Attribute) ([]netlink.Message, error) {
+func (r *reader) request(msgType uint16, dump bool, attrs ...netlink.Attribute) ([][]byte, error) {
 	data, err := netlink.MarshalAttributes(attrs)
 	if err != nil {
 		return nil, err
 	}
-	flags := netlink.Request
-	if dump {
-		flags |= netlink.Dump
-	}
-	return r.conn.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | msgType), Flags: flags},
-		// nfgenmsg: family, version, resource id.
-		Data: append([]byte{r.family, unix.NFNETLINK_V0, 0, 0}, data...),
-	})
+	return r.sock.request(msgType, r.family, dump, data)
 }
 
 func str(s string) []byte { return append([]byte(s), 0) }
 
 // attrs decodes a message's attributes after its nfgenmsg.
-func attrs(m netlink.Message) (*netlink.AttributeDecoder, error) {
-	if len(m.Data) < 4 {
+func attrs(m []byte) (*netlink.AttributeDecoder, error) {
+	if len(m) < 4 {
 		return nil, errors.New("short message")
 	}
-	ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+	ad, err := netlink.NewAttributeDecoder(m[4:])
 	if err != nil {
 		return nil, err
 	}
@@ -191,15 +184,8 @@ func (r *reader) read(ctx context.Context) (*Table, error) {
 	if t.Chains, err = r.chains(); err != nil {
 		return nil, err
 	}
-	d := &decoder{family: r.family, sets: sets}
-	for i := range t.Chains {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		c := &t.Chains[i]
-		if c.Rules, err = r.rules(d, c.Name); err != nil {
-			return nil, fmt.Errorf("chain %s: %w", c.Name, err)
-		}
+	if err := r.allRules(ctx, t.Chains, sets); err != nil {
+		return nil, err
 	}
 	for _, name := range slices.Sorted(maps.Keys(sets)) {
 		if s := sets[name]; !s.anonymous {
@@ -324,6 +310,39 @@ func priority(hook uint32, prio int32) string {
 		}
 	}
 	return fmt.Sprint(prio)
+}
+
+// allRules dumps the rules of each chain, over two sockets at once: the
+// kernel's dumps and our decoding take about the same time. The second
+// socket is opened by the calling thread, in its network namespace.
+func (r *reader) allRules(ctx context.Context, chains []Chain, sets map[string]*setInfo) error {
+	second, err := dial()
+	if err != nil {
+		return err
+	}
+	defer second.close()
+	readers := []*reader{r, {sock: second, family: r.family, table: r.table}}
+	errs := make([]error, len(readers))
+	var wg sync.WaitGroup
+	for w, rr := range readers {
+		wg.Go(func() {
+			d := &decoder{family: r.family, sets: sets}
+			for i := w; i < len(chains); i += len(readers) {
+				if err := ctx.Err(); err != nil {
+					errs[w] = err
+					return
+				}
+				c := &chains[i]
+				var err error
+				if c.Rules, err = rr.rules(d, c.Name); err != nil {
+					errs[w] = fmt.Errorf("chain %s: %w", c.Name, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // rules dumps one chain's rules, in order, as nft lists them.

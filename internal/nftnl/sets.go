@@ -202,7 +202,7 @@ func (r *reader) sets() (map[string]*setInfo, error) {
 	return sets, nil
 }
 
-func parseSet(m netlink.Message) (*setInfo, error) {
+func parseSet(m []byte) (*setInfo, error) {
 	ad, err := attrs(m)
 	if err != nil {
 		return nil, err
