@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/knftables"
+
+	"github.com/rapidproxy/rapidproxy/internal/nftnl"
 )
 
 // table is what the kernel's kube-proxy table holds, as far as a sync
@@ -102,6 +104,41 @@ func readTable(ctx context.Context, list func(ctx context.Context, kind, name st
 		return nil, err
 	}
 	return t, parseErr
+}
+
+// fromNetlink is the table nftnl.Read read, as readTable reads it from
+// `nft list table`.
+func fromNetlink(nt *nftnl.Table) *table {
+	t := newTable()
+	t.exists, t.comment = true, nt.Comment
+	for _, nc := range nt.Chains {
+		c := &Chain{Chain: knftables.Chain{Name: nc.Name}, Rules: nc.Rules}
+		if nc.Comment != "" {
+			c.Comment = &nc.Comment
+		}
+		if b := nc.Base; b != nil {
+			typ, hook, prio := knftables.BaseChainType(b.Type), knftables.BaseChainHook(b.Hook), knftables.BaseChainPriority(b.Priority)
+			c.Type, c.Hook, c.Priority = &typ, &hook, &prio
+		}
+		t.chains[nc.Name] = c
+	}
+	for _, ns := range nt.Sets {
+		s := &tableSet{Set: Set{Name: ns.Name, Map: ns.Map, Type: ns.Type, Timeout: ns.Timeout, Comment: ns.Comment}, elements: map[string]string{}}
+		for _, f := range ns.Flags {
+			s.Flags = append(s.Flags, knftables.SetFlag(f))
+		}
+		for _, e := range ns.Elements {
+			s.elements[e.Key] = e.Value
+			if e.Comment != "" {
+				if s.comments == nil {
+					s.comments = map[string]string{}
+				}
+				s.comments[e.Key] = e.Comment
+			}
+		}
+		t.sets[ns.Name] = s
+	}
+	return t
 }
 
 // parseTable parses one table of `nft list` output.

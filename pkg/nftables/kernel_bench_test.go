@@ -85,7 +85,7 @@ func scaleHarness(n int) *harness {
 // BenchmarkKernelSync measures, on the real kernel in a fresh network
 // namespace, a first full sync of N ClusterIP services x 5 endpoints
 // (the syncer's plan and nft -f of the transactions), a restart over it
-// (listing and parsing the table, writing nothing), one endpoint
+// (reading the table over netlink, writing nothing), one endpoint
 // change, and an explanation's verify of one service port. It reports
 // seconds and the transactions' size. As root:
 //

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/knftables"
 
+	"github.com/rapidproxy/rapidproxy/internal/nftnl"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 )
@@ -302,4 +304,163 @@ func TestKernelWatch(t *testing.T) {
 		quiet("after the repair", 2*time.Second, 0)
 	}
 	compareWithFresh(t, h, v4(nil)(t))
+}
+
+// Every golden table and the tables upstream v1.36.3 wrote, loaded with
+// nft -f, read over netlink the same as from nft's listing.
+func TestKernelNetlinkReadMatchesListing(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	scripts := map[string]string{}
+	goldens, err := filepath.Glob("testdata/*.golden")
+	if err != nil || len(goldens) == 0 {
+		t.Fatalf("no golden files: %v", err)
+	}
+	for _, path := range goldens {
+		script, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		scripts[strings.TrimSuffix(filepath.Base(path), ".golden")] = string(script)
+	}
+	sample, err := os.ReadFile(samplePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, family := range []string{"ip", "ip6"} {
+		scripts["upstream-"+family] = sampleTable(t, string(sample), "table "+family+" kube-proxy {")
+	}
+	// Shapes the files above hold only in part: maps of 10 endpoints or
+	// more (sorted by value), interface name prefixes, masks, ranges.
+	var dnatMap, vmap []string
+	for i := range 12 {
+		dnatMap = append(dnatMap, fmt.Sprintf("%d : 10.244.0.%d . 8080", i, i+1))
+		vmap = append(vmap, fmt.Sprintf("%d : goto endpoint", i))
+	}
+	scripts["more-shapes-ip"] = `table ip kube-proxy {
+	set ranges { type ipv4_addr; flags interval; elements = { 10.0.0.0/8, 192.168.1.1, 172.16.0.1-172.16.0.5 }; }
+	chain endpoint { }
+	chain c {
+		iifname "veth*" meta mark set meta mark | 0x4000
+		ip daddr 10.0.0.0/12 drop
+		meta l4proto tcp dnat ip to numgen random mod 12 map { ` + strings.Join(dnatMap, ", ") + ` }
+		numgen random mod 12 vmap { ` + strings.Join(vmap, ", ") + ` }
+		ip saddr != { 10.0.0.0/8, 192.168.1.1, 172.16.0.1-172.16.0.5 } drop
+		ip saddr @ranges accept
+	}
+}
+`
+	scripts["more-shapes-ip6"] = `table ip6 kube-proxy {
+	chain endpoint { }
+	chain c {
+		meta l4proto udp dnat ip6 to numgen random mod 2 map { 0 : fd00::1 . 53, 1 : fd00::2 . 53 }
+		ip6 saddr != { fd00::/64, fd01::1 } goto endpoint
+		ip6 daddr fd00:10::/28 reject
+	}
+}
+`
+	for _, name := range sortedKeys(scripts) {
+		t.Run(name, func(t *testing.T) {
+			family := knftables.IPv4Family
+			if strings.Contains(strings.SplitN(scripts[name], "\n", 2)[0], " ip6 ") {
+				family = knftables.IPv6Family
+			}
+			loadTable(t, family, scripts[name])
+			listed, err := readTable(t.Context(), lister(family), "table", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			nt, err := nftnl.Read(t.Context(), string(family), TableName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want, got := tableText(listed), tableText(fromNetlink(nt)); want != got {
+				t.Errorf("read over netlink (+), listed by nft (-):\n%s", testutil.LineDiff(want, got))
+			}
+		})
+	}
+}
+
+// A rule of a shape the netlink reader does not decode makes a full sync
+// read the table with nft, once logged, and restore the chain.
+func TestKernelUnknownRuleShapeFallsBackToListing(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	params := v4(nil)(t)
+	h, k := kernelHarness(t, v1.IPv4Protocol, params)
+	h.apply(sampleObjects()...)
+	h.full()
+	const chain = "service-DMA2WJPR-hx-conf/fid-a/tcp/http"
+	if out, err := exec.Command("nft", "insert", "rule", "ip", TableName, chain, "counter").CombinedOutput(); err != nil {
+		t.Fatalf("nft insert rule: %v: %s", err, out)
+	}
+	var readErrs []error
+	h.syncer = h.kernelSyncer(v1.IPv4Protocol, params, k)
+	read := h.syncer.cfg.Read
+	h.syncer.cfg.Read = func(ctx context.Context) (*nftnl.Table, error) {
+		nt, err := read(ctx)
+		readErrs = append(readErrs, err)
+		return nt, err
+	}
+	n := len(k.txs)
+	h.full()
+	if len(readErrs) != 1 || readErrs[0] == nil || !strings.Contains(readErrs[0].Error(), `expression "counter"`) {
+		t.Errorf("reading over netlink: %v, want one error naming the counter", readErrs)
+	}
+	if len(k.txs) != n+1 || !strings.Contains(k.txs[n], chain) {
+		t.Errorf("the full sync did not rewrite %s:\n%s", chain, strings.Join(k.txs[n:], "\n"))
+	}
+	compareWithFresh(t, h, params)
+	// Read over netlink again once the shape is gone.
+	h.full()
+	if len(readErrs) != 2 || readErrs[1] != nil {
+		t.Errorf("reading over netlink after the repair: %v", readErrs[1:])
+	}
+}
+
+// loadTable replaces the family's kube-proxy table with an nft script.
+func loadTable(t *testing.T, family knftables.Family, script string) {
+	t.Helper()
+	if err := Cleanup(t.Context(), realStreamer(t, family)); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft -f: %v: %s", err, out)
+	}
+}
+
+// tableText prints every field of a table that a sync compares, sorted.
+func tableText(tb *table) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "exists %v, comment %q\n", tb.exists, tb.comment)
+	for _, name := range sortedKeys(tb.chains) {
+		c := tb.chains[name]
+		fmt.Fprintf(&b, "chain %s", name)
+		if c.Type != nil {
+			fmt.Fprintf(&b, " type %s hook %s priority %s", *c.Type, *c.Hook, *c.Priority)
+		}
+		if c.Comment != nil {
+			fmt.Fprintf(&b, " comment %q", *c.Comment)
+		}
+		b.WriteString("\n")
+		for _, r := range c.Rules {
+			fmt.Fprintf(&b, "\t%s\n", r)
+		}
+	}
+	for _, name := range sortedKeys(tb.sets) {
+		s := tb.sets[name]
+		fmt.Fprintf(&b, "set %s map %v type %q flags %v timeout %v comment %q\n", name, s.Map, s.Type, s.Flags, s.Timeout, s.Comment)
+		for _, key := range sortedKeys(s.elements) {
+			fmt.Fprintf(&b, "\t%s : %s", key, s.elements[key])
+			if c, ok := s.comments[key]; ok {
+				fmt.Fprintf(&b, " comment %q", c)
+			}
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
 }

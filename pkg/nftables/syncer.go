@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"net/netip"
 	"slices"
@@ -17,6 +18,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/rapidproxy/rapidproxy/internal/nfgen"
+	"github.com/rapidproxy/rapidproxy/internal/nftnl"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
@@ -33,6 +35,11 @@ type Config struct {
 	// of it; nil runs nft. An error wrapping fs.ErrNotExist (from the
 	// call or the reader's Close) means there is no such object.
 	List func(ctx context.Context, kind, name string) (io.ReadCloser, error)
+	// Read reads the whole table as List would show it, over netlink (an
+	// error wrapping fs.ErrNotExist: no table); a full sync falls back to
+	// List when it fails. Nil when List is given (the Fake); nftnl.Read
+	// when neither is.
+	Read func(ctx context.Context) (*nftnl.Table, error)
 	// Generation reads the kernel's nftables ruleset generation; nil
 	// reads it over netlink, less our own transactions' moves
 	// (nfgen.ForeignGeneration), which are then run through nfgen.Write.
@@ -57,6 +64,9 @@ type Syncer struct {
 	// genFailed is set by the watch once it logged that it cannot read
 	// the generation.
 	genFailed bool
+	// readFailed is set once a full sync logged that it could not read
+	// the table over netlink.
+	readFailed bool
 	// writeTx runs one of our transactions: through nfgen.Write when the
 	// generation is nfgen's.
 	writeTx func(func() error) error
@@ -111,6 +121,10 @@ func New(cfg Config) (*Syncer, error) {
 	cfg.Params.IPv6 = cfg.Family == v1.IPv6Protocol
 	if cfg.List == nil {
 		cfg.List = lister(Family(cfg.Family))
+		if cfg.Read == nil {
+			family := string(Family(cfg.Family))
+			cfg.Read = func(ctx context.Context) (*nftnl.Table, error) { return nftnl.Read(ctx, family, TableName) }
+		}
 	}
 	writeTx := func(write func() error) error { return write() }
 	if cfg.Generation == nil {
@@ -144,7 +158,7 @@ func (s *Syncer) FullSync(v state.View) error {
 	defer func() { s.fullSyncTook = s.now().Sub(start) }()
 	// What the listing shows is the table at this generation or later.
 	gen, genErr := s.cfg.Generation()
-	t, err := readTable(context.TODO(), s.cfg.List, "table", "")
+	t, err := s.readKernel(context.TODO())
 	if err != nil {
 		s.kernel = nil
 		return fmt.Errorf("reading the %s table: %w", TableName, err)
@@ -173,6 +187,26 @@ func (s *Syncer) FullSync(v state.View) error {
 		metrics.NFTablesRepairsTotal.WithLabelValues(string(s.cfg.Family)).Inc()
 	}
 	return nil
+}
+
+// readKernel reads the whole table: over netlink, which costs time
+// linear in its size, or with `nft list table` when that fails (a rule
+// of a shape the reader does not decode, say), whose rule dump is
+// quadratic in the kernel.
+func (s *Syncer) readKernel(ctx context.Context) (*table, error) {
+	if s.cfg.Read != nil {
+		nt, err := s.cfg.Read(ctx)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return newTable(), nil
+		case err == nil:
+			return fromNetlink(nt), nil
+		case !s.readFailed:
+			klog.V(2).InfoS("Cannot read the nftables table over netlink; listing it with nft instead", "ipFamily", s.cfg.Family, "err", err)
+			s.readFailed = true
+		}
+	}
+	return readTable(ctx, s.cfg.List, "table", "")
 }
 
 // appliedChains are the rules of every chain the last syncs wrote.

@@ -1,0 +1,381 @@
+// Package nftnl reads one nftables table over netlink, with each rule in
+// the text `nft list table` prints, so that a caller comparing rules as
+// nft lists them can read a large table without the nft binary: the
+// kernel's whole-table rule dump is quadratic in the number of rules (each
+// batch of the dump resumes by walking every rule before it), and a dump
+// per chain is linear. Read makes one chains dump, one rules dump per
+// chain, one sets dump and one elements dump per set it needs.
+//
+// Only the rule shapes kube-proxy's tables hold are decoded (see rule.go);
+// any other, or anything else it does not know, is an error, and the
+// caller reads the table with nft instead.
+package nftnl
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/rapidproxy/rapidproxy/internal/nfgen"
+)
+
+// Table is what a table holds, as `nft list table` prints it.
+type Table struct {
+	Comment string
+	Chains  []Chain
+	// Sets are the named sets and maps.
+	Sets []Set
+}
+
+// Chain is a chain with its rules, each as nft lists it.
+type Chain struct {
+	Name    string
+	Comment string
+	// Base is the hook of a base chain, nil for a regular chain.
+	Base  *BaseChain
+	Rules []string
+}
+
+// BaseChain is a base chain's type, hook and priority as nft lists them
+// ("nat", "prerouting", "dstnat - 10").
+type BaseChain struct {
+	Type, Hook, Priority string
+}
+
+// Set is a named set or map.
+type Set struct {
+	Name string
+	Map  bool
+	// Type is the key type, with " : " and the value type for a map.
+	Type string
+	// Flags are in the order nft lists them.
+	Flags   []string
+	Timeout time.Duration
+	Comment string
+	// Elements are left out for dynamic sets (flags dynamic or timeout),
+	// whose elements the kernel writes.
+	Elements []Element
+}
+
+// Element is a set or map element: its key and value ("" in a set), each
+// field joined with " . " as nft lists them, and its comment.
+type Element struct {
+	Key, Value, Comment string
+}
+
+// Read reads the table of the family ("ip" or "ip6") in the calling
+// thread's network namespace. An error wrapping fs.ErrNotExist means there
+// is no such table.
+func Read(ctx context.Context, family, table string) (*Table, error) {
+	var fam byte
+	switch family {
+	case "ip":
+		fam = unix.NFPROTO_IPV4
+	case "ip6":
+		fam = unix.NFPROTO_IPV6
+	default:
+		return nil, fmt.Errorf("nftables family %q: not supported", family)
+	}
+	before, err := nfgen.Generation()
+	if err != nil {
+		return nil, err
+	}
+	sock, err := dial()
+	if err != nil {
+		return nil, err
+	}
+	defer sock.close()
+	r := &reader{sock: sock, family: fam, table: table}
+	t, err := r.read(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s %s over netlink: %w", family, table, err)
+	}
+	// The dumps are separate: another program's transaction between two
+	// of them would leave a table that never was.
+	if after, err := nfgen.Generation(); err != nil || after != before {
+		return nil, fmt.Errorf("reading %s %s over netlink: the ruleset changed meanwhile (generation %d, then %d: %v)", family, table, before, after, err)
+	}
+	return t, nil
+}
+
+// Netlink constants of nftables (linux/netfilter/nf_tables.h, netfilter.h)
+// that golang.org/x/sys/unix does not have.
+const (
+	nftaTableUserdata      = 6
+	nftaChainUserdata      = 12
+	nftaHookDevs           = 4
+	nftaSetExpr            = 17
+	nftaSetExpressions     = 18
+	nftaSetElemKeyEnd      = 10
+	nftaSetElemExpressions = 11
+	nfDrop                 = 0
+	nfAccept               = 1
+)
+
+type reader struct {
+	sock   *socket
+	family byte
+	table  string
+}
+
+// request sends one nftables request (a dump when dump is set) and
+// returns the answers.
+func (r *reader) request(msgType uint16, dump bool, attrs ...netlink.Attribute) ([][]byte, error) {
+	data, err := netlink.MarshalAttributes(attrs)
+	if err != nil {
+		return nil, err
+	}
+	return r.sock.request(msgType, r.family, dump, data)
+}
+
+func str(s string) []byte { return append([]byte(s), 0) }
+
+// attrs decodes a message's attributes after its nfgenmsg.
+func attrs(m []byte) (*netlink.AttributeDecoder, error) {
+	if len(m) < 4 {
+		return nil, errors.New("short message")
+	}
+	ad, err := netlink.NewAttributeDecoder(m[4:])
+	if err != nil {
+		return nil, err
+	}
+	ad.ByteOrder = binary.BigEndian
+	return ad, nil
+}
+
+func (r *reader) read(ctx context.Context) (*Table, error) {
+	msgs, err := r.request(unix.NFT_MSG_GETTABLE, false, netlink.Attribute{Type: unix.NFTA_TABLE_NAME, Data: str(r.table)})
+	if errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("no table: %w", fs.ErrNotExist)
+	}
+	if err != nil {
+		return nil, err
+	}
+	t := &Table{}
+	for _, m := range msgs {
+		ad, err := attrs(m)
+		if err != nil {
+			return nil, err
+		}
+		for ad.Next() {
+			if ad.Type() == nftaTableUserdata {
+				if t.Comment, err = comment(ad.Bytes()); err != nil {
+					return nil, fmt.Errorf("table: %w", err)
+				}
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, err
+		}
+	}
+	sets, err := r.sets()
+	if err != nil {
+		return nil, err
+	}
+	if t.Chains, err = r.chains(); err != nil {
+		return nil, err
+	}
+	if err := r.allRules(ctx, t.Chains, sets); err != nil {
+		return nil, err
+	}
+	for _, name := range slices.Sorted(maps.Keys(sets)) {
+		if s := sets[name]; !s.anonymous {
+			t.Sets = append(t.Sets, s.Set)
+		}
+	}
+	return t, nil
+}
+
+// comment reads the comment of table, chain or rule userdata (type 0);
+// any other entry is an error, since nft would print it.
+func comment(udata []byte) (string, error) {
+	s := ""
+	for len(udata) > 0 {
+		if len(udata) < 2 || len(udata) < 2+int(udata[1]) {
+			return "", errors.New("malformed userdata")
+		}
+		typ, value := udata[0], udata[2:2+int(udata[1])]
+		if typ != 0 {
+			return "", fmt.Errorf("userdata of type %d", typ)
+		}
+		s = string(trimNUL(value))
+		udata = udata[2+len(value):]
+	}
+	return s, nil
+}
+
+func trimNUL(b []byte) []byte {
+	for len(b) > 0 && b[len(b)-1] == 0 {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+var hooks = []string{"prerouting", "input", "forward", "output", "postrouting"}
+
+// chains dumps the family's chains and keeps the table's, in no
+// particular order.
+func (r *reader) chains() ([]Chain, error) {
+	msgs, err := r.request(unix.NFT_MSG_GETCHAIN, true, netlink.Attribute{Type: unix.NFTA_CHAIN_TABLE, Data: str(r.table)})
+	if err != nil {
+		return nil, err
+	}
+	var chains []Chain
+	for _, m := range msgs {
+		ad, err := attrs(m)
+		if err != nil {
+			return nil, err
+		}
+		var c Chain
+		var table, typ string
+		var hook *uint32
+		var prio int32
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_CHAIN_TABLE:
+				table = ad.String()
+			case unix.NFTA_CHAIN_NAME:
+				c.Name = ad.String()
+			case unix.NFTA_CHAIN_TYPE:
+				typ = ad.String()
+			case nftaChainUserdata:
+				if c.Comment, err = comment(ad.Bytes()); err != nil {
+					return nil, fmt.Errorf("chain %s: %w", c.Name, err)
+				}
+			case unix.NFTA_CHAIN_HOOK:
+				ad.Nested(func(nad *netlink.AttributeDecoder) error {
+					for nad.Next() {
+						switch nad.Type() {
+						case unix.NFTA_HOOK_HOOKNUM:
+							h := nad.Uint32()
+							hook = &h
+						case unix.NFTA_HOOK_PRIORITY:
+							prio = int32(nad.Uint32())
+						case unix.NFTA_HOOK_DEV, nftaHookDevs:
+							return errors.New("a chain with devices")
+						}
+					}
+					return nil
+				})
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, fmt.Errorf("chain %s: %w", c.Name, err)
+		}
+		if table != r.table {
+			continue
+		}
+		if hook != nil {
+			if int(*hook) >= len(hooks) {
+				return nil, fmt.Errorf("chain %s: hook %d", c.Name, *hook)
+			}
+			c.Base = &BaseChain{Type: typ, Hook: hooks[*hook], Priority: priority(*hook, prio)}
+		}
+		chains = append(chains, c)
+	}
+	return chains, nil
+}
+
+// priority writes a base chain's priority as nft lists it in the ip and
+// ip6 families: by the name of a standard priority within 10 of it that
+// the hook takes.
+func priority(hook uint32, prio int32) string {
+	for _, std := range []struct {
+		name string
+		prio int32
+		hook int // the only hook it is named at; -1: any
+	}{
+		{"raw", -300, -1}, {"mangle", -150, -1}, {"dstnat", -100, unix.NF_INET_PRE_ROUTING},
+		{"filter", 0, -1}, {"security", 50, -1}, {"srcnat", 100, unix.NF_INET_POST_ROUTING},
+	} {
+		if std.hook >= 0 && uint32(std.hook) != hook {
+			continue
+		}
+		switch off := prio - std.prio; {
+		case off == 0:
+			return std.name
+		case off > 0 && off <= 10:
+			return fmt.Sprintf("%s + %d", std.name, off)
+		case off < 0 && off >= -10:
+			return fmt.Sprintf("%s - %d", std.name, -off)
+		}
+	}
+	return fmt.Sprint(prio)
+}
+
+// allRules dumps the rules of each chain, over two sockets at once: the
+// kernel's dumps and our decoding take about the same time. The second
+// socket is opened by the calling thread, in its network namespace.
+func (r *reader) allRules(ctx context.Context, chains []Chain, sets map[string]*setInfo) error {
+	second, err := dial()
+	if err != nil {
+		return err
+	}
+	defer second.close()
+	readers := []*reader{r, {sock: second, family: r.family, table: r.table}}
+	errs := make([]error, len(readers))
+	var wg sync.WaitGroup
+	for w, rr := range readers {
+		wg.Go(func() {
+			d := &decoder{family: r.family, sets: sets}
+			for i := w; i < len(chains); i += len(readers) {
+				if err := ctx.Err(); err != nil {
+					errs[w] = err
+					return
+				}
+				c := &chains[i]
+				var err error
+				if c.Rules, err = rr.rules(d, c.Name); err != nil {
+					errs[w] = fmt.Errorf("chain %s: %w", c.Name, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// rules dumps one chain's rules, in order, as nft lists them.
+func (r *reader) rules(d *decoder, chain string) ([]string, error) {
+	msgs, err := r.request(unix.NFT_MSG_GETRULE, true,
+		netlink.Attribute{Type: unix.NFTA_RULE_TABLE, Data: str(r.table)},
+		netlink.Attribute{Type: unix.NFTA_RULE_CHAIN, Data: str(chain)})
+	if err != nil {
+		return nil, err
+	}
+	var rules []string
+	for _, m := range msgs {
+		ad, err := attrs(m)
+		if err != nil {
+			return nil, err
+		}
+		var exprs, udata []byte
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_RULE_EXPRESSIONS:
+				exprs = ad.Bytes()
+			case unix.NFTA_RULE_USERDATA:
+				udata = ad.Bytes()
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, err
+		}
+		rule, err := d.rule(exprs, udata)
+		if err != nil {
+			return nil, fmt.Errorf("rule %d: %w", len(rules)+1, err)
+		}
+		rules = append(rules, rule)
+	}
+	return rules, nil
+}
