@@ -67,7 +67,7 @@ func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jum
 			wanted[t][c.Name], unordered[t][c.Name] = true, c.Unordered
 		}
 	}
-	kernel, err := saveTables(s.kernel, func(t Table, c Chain) bool { return builtinChains[c] || unordered[t][c] })
+	kernel, err := saveTables(s.kernel, keepText(func(t Table, c Chain) bool { return builtinChains[c] || unordered[t][c] }))
 	if err != nil {
 		return err
 	}

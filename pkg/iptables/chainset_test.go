@@ -14,6 +14,20 @@ type savedKernel struct {
 
 func (k *savedKernel) Save(read func(io.Reader) error) error { return read(strings.NewReader(k.save)) }
 
+// ListRules lists a chain's rules as the saved output holds them.
+func (k *savedKernel) ListRules(table, chain string) ([]string, error) {
+	var rules []string
+	inTable := false
+	for _, line := range strings.Split(k.save, "\n") {
+		if name, ok := strings.CutPrefix(line, "*"); ok {
+			inTable = name == table
+		} else if rule, ok := strings.CutPrefix(line, "-A "+chain+" "); ok && inTable {
+			rules = append(rules, rule)
+		}
+	}
+	return rules, nil
+}
+
 // Upstream's IPVS mode writes KUBE-IPVS-OUT-FILTER's rules in its map's
 // order: a full sync over them leaves an unordered chain that holds the
 // same rules alone, and rewrites one whose rules differ, or whose order

@@ -21,7 +21,7 @@ func isKubeProxyChain(c Chain) bool { return cleanupChains[c] || IsServiceChain(
 // tables, and the rules of other chains that jump to them, in one restore
 // input per table. It returns how many chains it removed.
 func Cleanup(k Kernel) (int, error) {
-	tables, err := saveTables(k, func(_ Table, c Chain) bool { return !isKubeProxyChain(c) })
+	tables, err := saveTables(k, keepText(func(_ Table, c Chain) bool { return !isKubeProxyChain(c) }))
 	if err != nil {
 		return 0, err
 	}

@@ -45,6 +45,12 @@ type countingKernel struct {
 	restores      int
 	chainsWritten int
 	saves         int
+	lists         int
+}
+
+func (k *countingKernel) ListRules(table, chain string) ([]string, error) {
+	k.lists++
+	return k.Kernel.ListRules(table, chain)
 }
 
 func (k *countingKernel) Save(read func(io.Reader) error) error {
@@ -201,9 +207,9 @@ func TestRestartOverRulesInPlaceWritesOnlyWhatDiffers(t *testing.T) {
 	if err := second.sync(); err != nil {
 		t.Fatal(err)
 	}
-	if restarted.restores != 0 {
-		t.Errorf("%s: restart over identical rules: %d restores (%d chains); want none",
-			backend, restarted.restores, restarted.chainsWritten)
+	if restarted.restores != 0 || restarted.lists != 0 {
+		t.Errorf("%s: restart over identical rules: %d restores (%d chains), %d chains listed; want none",
+			backend, restarted.restores, restarted.chainsWritten, restarted.lists)
 	}
 
 	// While down, one service went away: the next start removes only it.
@@ -224,6 +230,48 @@ func TestRestartOverRulesInPlaceWritesOnlyWhatDiffers(t *testing.T) {
 	// Declared chains: the removed service's SVC, EXT and two SEP chains (flushed, then deleted).
 	if changed.chainsWritten != 4 {
 		t.Errorf("%s: removing one service declared %d chains, want 4", backend, changed.chainsWritten)
+	}
+}
+
+// A restart reads the kernel while the informers list (Prepare): with the
+// tables unchanged since, its first sync reads and writes nothing more;
+// when another program changed them in between, the sync reads them again
+// and repairs the change.
+func TestTheReadBeforeTheFirstSyncIsUsedOnlyWhileTheKernelIsUnchanged(t *testing.T) {
+	if !runInNetns(t) {
+		return
+	}
+	_, real, backend := syncedProxier(t, 20)
+
+	unchanged := &countingKernel{Kernel: real}
+	second := newTestProxier(t, unchanged)
+	second.Prepare()
+	feed(second, 20)
+	if err := second.sync(); err != nil {
+		t.Fatal(err)
+	}
+	if unchanged.saves != 1 || unchanged.restores != 0 {
+		t.Errorf("%s: restart over unchanged rules: %d dumps and %d restores, want 1 and none", backend, unchanged.saves, unchanged.restores)
+	}
+
+	changed := &countingKernel{Kernel: real}
+	third := newTestProxier(t, changed)
+	third.Prepare()
+	flushed := chainsFor(state.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "svc-3"}, Port: "p", Protocol: v1.ProtocolTCP}).cluster
+	tamper := exec.Command("iptables-"+string(backend)+"-restore", "--noflush")
+	tamper.Stdin = strings.NewReader(fmt.Sprintf("*nat\n-F %s\nCOMMIT\n", flushed))
+	if out, err := tamper.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	feed(third, 20)
+	if err := third.sync(); err != nil {
+		t.Fatal(err)
+	}
+	if changed.saves != 2 || changed.restores != 1 {
+		t.Errorf("%s: restart over a change made after the first read: %d dumps and %d restores, want 2 and 1", backend, changed.saves, changed.restores)
+	}
+	if rules, err := real.ListRules("nat", string(flushed)); err != nil || len(rules) == 0 {
+		t.Errorf("%s: %s is still empty (%v)", backend, flushed, err)
 	}
 }
 

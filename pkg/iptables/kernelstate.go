@@ -3,6 +3,7 @@ package iptables
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"io"
 	"slices"
 )
@@ -16,13 +17,102 @@ import (
 // start's; the names of those a sync must delete are read again
 // (serviceChainNames).
 type kernelTable struct {
-	fingerprints map[Chain]uint64  // chains other than service chains
-	services     map[uint64]uint64 // service chains, by nameKey
-	rules        map[Chain][]Rule
+	fingerprints map[Chain]uint64 // chains other than service chains
+	services     *serviceIndex
+	// rules and ruleFingerprints are the kept chains' rules, as text or
+	// as the fingerprint of each rule's canonical form (ruleKeeping).
+	rules            map[Chain][]Rule
+	ruleFingerprints map[Chain][]uint64
 }
 
 func newKernelTable() kernelTable {
-	return kernelTable{fingerprints: map[Chain]uint64{}, services: map[uint64]uint64{}, rules: map[Chain][]Rule{}}
+	return kernelTable{fingerprints: map[Chain]uint64{}, services: &serviceIndex{},
+		rules: map[Chain][]Rule{}, ruleFingerprints: map[Chain][]uint64{}}
+}
+
+// ruleKeeping is what readTables keeps of a chain's rules besides the
+// chain's fingerprint.
+type ruleKeeping uint8
+
+const (
+	keepNoRules ruleKeeping = iota
+	// keepRuleFingerprints keeps what tells which rules the chain holds,
+	// 8 bytes a rule: at 10k services the text of KUBE-SERVICES alone is
+	// 1.2 MB, held through a restart's sync. The text of rules to delete
+	// is listed again (Syncer.removeKernelRules).
+	keepRuleFingerprints
+	keepRuleText
+)
+
+// serviceIndex knows a table's service chains by nameKey, in a slice
+// sorted by key: 16 bytes a chain, where a map took about 30 (a restart
+// at 10k services x 5 reads some 70k). A claimed chain is forgotten, and
+// the slice shrinks as claims come, so that a restart's sync does not
+// hold the whole index along with all it has decided.
+type serviceIndex struct {
+	chains  []indexedChain
+	claimed []bool
+	claims  int
+}
+
+type indexedChain struct{ key, fingerprint uint64 }
+
+// newServiceIndex indexes the service chains a table's parse found: a map
+// while parsing (a chain's rules may resume after another's), this once
+// the table is read.
+func newServiceIndex(fingerprints map[uint64]uint64) *serviceIndex {
+	s := &serviceIndex{chains: make([]indexedChain, 0, len(fingerprints)), claimed: make([]bool, len(fingerprints))}
+	for key, fp := range fingerprints {
+		s.chains = append(s.chains, indexedChain{key, fp})
+	}
+	slices.SortFunc(s.chains, func(a, b indexedChain) int { return cmp.Compare(a.key, b.key) })
+	return s
+}
+
+// find is the position of the unclaimed chain of this key.
+func (s *serviceIndex) find(key uint64) (int, bool) {
+	i, ok := slices.BinarySearchFunc(s.chains, key, func(c indexedChain, key uint64) int { return cmp.Compare(c.key, key) })
+	return i, ok && !s.claimed[i]
+}
+
+func (s *serviceIndex) fingerprint(key uint64) (uint64, bool) {
+	if i, ok := s.find(key); ok {
+		return s.chains[i].fingerprint, true
+	}
+	return 0, false
+}
+
+func (s *serviceIndex) claim(key uint64) {
+	i, ok := s.find(key)
+	if !ok {
+		return
+	}
+	s.claimed[i] = true
+	if s.claims++; s.claims > len(s.chains)/2 {
+		s.shrink()
+	}
+}
+
+// shrink keeps the unclaimed chains in a slice of their own size.
+func (s *serviceIndex) shrink() {
+	left := make([]indexedChain, 0, len(s.chains)-s.claims)
+	for i, c := range s.chains {
+		if !s.claimed[i] {
+			left = append(left, c)
+		}
+	}
+	s.chains, s.claimed, s.claims = left, make([]bool, len(left)), 0
+}
+
+// unclaimed are the keys of the chains no claim took.
+func (s *serviceIndex) unclaimed() []uint64 {
+	var keys []uint64
+	for i, c := range s.chains {
+		if !s.claimed[i] {
+			keys = append(keys, c.key)
+		}
+	}
+	return keys
 }
 
 // nameKey identifies a service chain by its name: 64 bits of FNV-1a over
@@ -32,38 +122,56 @@ func nameKey[T Chain | []byte](name T) uint64 { return fnvLine(fnvOffset, name) 
 
 // saveTables reads every table from the kernel with readTables, as
 // iptables-save prints them.
-func saveTables(k Kernel, keepRules func(Table, Chain) bool) (map[Table]kernelTable, error) {
+func saveTables(k Kernel, keep func(Table, Chain) ruleKeeping) (map[Table]kernelTable, error) {
 	var tables map[Table]kernelTable
 	err := k.Save(func(save io.Reader) (err error) {
-		tables, err = readTables(save, keepRules)
+		tables, err = readTables(save, keep)
 		return err
 	})
 	return tables, err
 }
 
-// readTables parses iptables-save output of every table; keepRules says
-// which chains' rules to keep (never a service chain's). A table missing
-// from the output is empty.
-func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]kernelTable, error) {
+// keepText keeps the text of the rules of the chains keep names.
+func keepText(keep func(Table, Chain) bool) func(Table, Chain) ruleKeeping {
+	return func(t Table, c Chain) ruleKeeping {
+		if keep(t, c) {
+			return keepRuleText
+		}
+		return keepNoRules
+	}
+}
+
+// readTables parses iptables-save output of every table; keep says what
+// to keep of each chain's rules (never anything of a service chain's). A
+// table missing from the output is empty.
+func readTables(save io.Reader, keep func(Table, Chain) ruleKeeping) (map[Table]kernelTable, error) {
 	tables := map[Table]kernelTable{}
 	var table Table
 	var kt kernelTable
+	var services map[uint64]uint64 // the table's service chains, indexed when it ends
 	// The fingerprint of the chain whose rules are being read is stored
 	// when another chain's rules start: iptables-save prints each chain's
 	// rules together (a chain met again would resume where it was).
 	var chain []byte
 	var kept Chain // chain, when its rules are kept
 	var fingerprint uint64
-	declared, service, keep := false, false, false
+	declared, service := false, false
+	keeping := keepNoRules
 	store := func() {
 		switch {
 		case !declared:
 		case service:
-			kt.services[nameKey(chain)] = fingerprint
+			services[nameKey(chain)] = fingerprint
 		default:
 			kt.fingerprints[Chain(chain)] = fingerprint
 		}
 		chain, declared = chain[:0], false
+	}
+	endTable := func() {
+		store()
+		if services != nil {
+			*kt.services = *newServiceIndex(services)
+		}
 	}
 	sc := bufio.NewScanner(save)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -71,16 +179,16 @@ func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]ke
 		line := sc.Bytes()
 		switch {
 		case len(line) > 1 && line[0] == '*':
-			store()
+			endTable()
 			table = Table(line[1:])
-			kt = newKernelTable()
+			kt, services = newKernelTable(), map[uint64]uint64{}
 			tables[table] = kt
 		case kt.fingerprints == nil:
 			// Before any table: not iptables-save's output, nothing to read.
 		case len(line) > 1 && line[0] == ':':
 			if i := bytes.IndexByte(line, ' '); i > 1 {
 				if name := line[1:i]; isServiceChainName(name) {
-					kt.services[nameKey(name)] = fnvOffset
+					services[nameKey(name)] = fnvOffset
 				} else {
 					kt.fingerprints[Chain(name)] = fnvOffset
 				}
@@ -93,11 +201,11 @@ func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]ke
 			if !bytes.Equal(name, chain) {
 				store()
 				chain = append(chain, name...)
-				service, keep = isServiceChainName(name), false
+				service, keeping = isServiceChainName(name), keepNoRules
 				if service {
-					fingerprint, declared = kt.services[nameKey(name)]
-				} else if fingerprint, declared = kt.fingerprints[Chain(name)]; declared && keepRules(table, Chain(name)) {
-					kept, keep = Chain(name), true
+					fingerprint, declared = services[nameKey(name)]
+				} else if fingerprint, declared = kt.fingerprints[Chain(name)]; declared {
+					kept, keeping = Chain(name), keep(table, Chain(name))
 				}
 			}
 			if !declared {
@@ -105,15 +213,18 @@ func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]ke
 			}
 			r := Rule(rest)
 			fingerprint = ruleFingerprint(fingerprint, r)
-			if keep {
+			switch keeping {
+			case keepRuleText:
 				kt.rules[kept] = append(kt.rules[kept], r)
+			case keepRuleFingerprints:
+				kt.ruleFingerprints[kept] = append(kt.ruleFingerprints[kept], ruleFingerprint(fnvOffset, r))
 			}
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
 	}
-	store()
+	endTable()
 	for _, t := range kubeTables {
 		if _, ok := tables[t]; !ok {
 			tables[t] = newKernelTable()
@@ -125,8 +236,7 @@ func readTables(save io.Reader, keepRules func(Table, Chain) bool) (map[Table]ke
 // fingerprint is the chain's fingerprint, if the table holds it.
 func (kt kernelTable) fingerprint(c Chain) (uint64, bool) {
 	if IsServiceChain(c) {
-		fp, ok := kt.services[nameKey(c)]
-		return fp, ok
+		return kt.services.fingerprint(nameKey(c))
 	}
 	fp, ok := kt.fingerprints[c]
 	return fp, ok
@@ -141,18 +251,20 @@ func (kt kernelTable) has(c Chain) bool {
 // claim records that the service chain is a desired one; the service
 // chains nobody claims are stale. A claimed chain is forgotten, rather than
 // listed apart, so that a restart holds one index of the chains, not two.
-func (kt kernelTable) claim(c Chain) {
-	delete(kt.services, nameKey(c))
-}
+func (kt kernelTable) claim(c Chain) { kt.services.claim(nameKey(c)) }
 
 // serviceChainNames are the names of table t's service chains that no
 // claim took, in order. The first read kept their hashes only, so this
 // reads the table again, but only when there are such chains: a restart
-// over rules in place has none.
+// over rules in place has none. The index is dropped: after this the
+// table knows no service chain.
 func (kt kernelTable) serviceChainNames(k Kernel, t Table) ([]Chain, error) {
-	if len(kt.services) == 0 {
+	stale := kt.services.unclaimed()
+	*kt.services = serviceIndex{}
+	if len(stale) == 0 {
 		return nil, nil
 	}
+	slices.Sort(stale)
 	var names []Chain
 	err := k.Save(func(save io.Reader) error {
 		sc := bufio.NewScanner(save)
@@ -165,7 +277,7 @@ func (kt kernelTable) serviceChainNames(k Kernel, t Table) ([]Chain, error) {
 				inTable = string(line[1:]) == string(t)
 			case inTable && len(line) > 1 && line[0] == ':':
 				if i := bytes.IndexByte(line, ' '); i > 1 && isServiceChainName(line[1:i]) {
-					if _, ok := kt.services[nameKey(line[1:i])]; ok {
+					if _, ok := slices.BinarySearch(stale, nameKey(line[1:i])); ok {
 						names = append(names, Chain(line[1:i]))
 					}
 				}
@@ -203,34 +315,32 @@ func (kt kernelTable) holdsInAnyOrder(c OwnChain) bool {
 }
 
 // diffSharedChain adds to in what turns the kernel's content of a shared
-// chain into want, whose last tail rules are fixed and must stay last:
-// rule deletions and insertions when the tail is in place, else a
-// rewrite. The order of most rules does not matter, each matching its own
-// destination; where it does, a rule comes before the broader rule of its
-// service that follows it in want (the counted localhost NodePort rule,
-// added to rules written without nfacct, must match before the general
-// one). So a rule that want has ahead of a rule kept goes to the top,
-// those together in want's order, and the others are appended.
-func diffSharedChain(in *restoreInput, t Table, current []Rule, want OwnChain, tail int) {
+// chain (current, the fingerprints of its rules) into want, whose last
+// tail rules are fixed and must stay last: rule insertions when the tail
+// is in place, with the fingerprints of the kernel's rules to delete
+// returned, else a rewrite. The order of most rules does not matter, each
+// matching its own destination; where it does, a rule comes before the
+// broader rule of its service that follows it in want (the counted
+// localhost NodePort rule, added to rules written without nfacct, must
+// match before the general one). So a rule that want has ahead of a rule
+// kept goes to the top, those together in want's order, and the others
+// are appended.
+func diffSharedChain(in *restoreInput, t Table, current []uint64, want OwnChain, tail int) (remove []uint64) {
 	if len(current) < tail || !sameRules(current[len(current)-tail:], want.Rules[len(want.Rules)-tail:]) {
 		in.writeChain(t, want)
-		return
+		return nil
 	}
 	head := want.Rules[:len(want.Rules)-tail]
-	// Rules are matched by the fingerprint of their canonical form, not
-	// the form itself: at 10k services KUBE-SERVICES alone would hold
-	// some 2 MB of canonical text through a restart's sync.
 	unmatched := map[uint64]int{}
 	for _, r := range head {
 		unmatched[ruleFingerprint(fnvOffset, r)]++
 	}
-	for _, r := range current[:len(current)-tail] {
-		key := ruleFingerprint(fnvOffset, r)
+	for _, key := range current[:len(current)-tail] {
 		if unmatched[key] > 0 {
 			unmatched[key]--
 			continue
 		}
-		in.removeShared(SharedRule{Table: t, Chain: want.Name, Rule: r})
+		remove = append(remove, key)
 	}
 	added := make([]bool, len(head))
 	lastKept := -1
@@ -252,14 +362,16 @@ func diffSharedChain(in *restoreInput, t Table, current []Rule, want OwnChain, t
 	for i := lastKept + 1; i < len(head); i++ {
 		in.addShared(SharedRule{Table: t, Chain: want.Name, Rule: head[i]})
 	}
+	return remove
 }
 
-func sameRules(a, b []Rule) bool {
-	if len(a) != len(b) {
+// sameRules tells whether the rules of these fingerprints are rules.
+func sameRules(fingerprints []uint64, rules []Rule) bool {
+	if len(fingerprints) != len(rules) {
 		return false
 	}
-	for i := range a {
-		if canonicalRule(a[i]) != canonicalRule(b[i]) {
+	for i, r := range rules {
+		if fingerprints[i] != ruleFingerprint(fnvOffset, r) {
 			return false
 		}
 	}

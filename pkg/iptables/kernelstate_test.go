@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
@@ -28,7 +29,7 @@ COMMIT
 -A PREROUTING -j ACCEPT
 COMMIT
 `)
-	tables, err := readTables(save, func(_ Table, c Chain) bool { return c == "PREROUTING" })
+	tables, err := readTables(save, keepText(func(_ Table, c Chain) bool { return c == "PREROUTING" }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +69,7 @@ func TestReadTablesFingerprintsEachChain(t *testing.T) {
 -A KUBE-C -j RETURN
 COMMIT
 `)
-	tables, err := readTables(save, func(Table, Chain) bool { return false })
+	tables, err := readTables(save, func(Table, Chain) ruleKeeping { return keepNoRules })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ COMMIT
 
 // Service chains are indexed by a hash of their name: they read as held,
 // and the names of those no sync claimed are read again, in a second
-// dump that is taken only when there are any.
+// dump that is taken only when there are any; the index goes then.
 func TestServiceChainsAreReadByHashAndNamedAgainWhenStale(t *testing.T) {
 	k := &countingKernel{Kernel: &savedKernel{save: `*nat
 :KUBE-SERVICES - [0:0]
@@ -103,13 +104,13 @@ COMMIT
 :KUBE-SEP-CCCC - [0:0]
 COMMIT
 `}}
-	tables, err := saveTables(k, func(Table, Chain) bool { return true })
+	tables, err := saveTables(k, keepText(func(Table, Chain) bool { return true }))
 	if err != nil {
 		t.Fatal(err)
 	}
 	nat := tables[TableNAT]
-	if len(nat.fingerprints) != 1 || len(nat.services) != 3 || len(nat.rules) != 1 {
-		t.Errorf("nat: %d chains by name, %d by hash, rules of %d, want 1, 3 and 1 (KUBE-SERVICES)", len(nat.fingerprints), len(nat.services), len(nat.rules))
+	if len(nat.fingerprints) != 1 || len(nat.services.chains) != 3 || len(nat.rules) != 1 {
+		t.Errorf("nat: %d chains by name, %d by hash, rules of %d, want 1, 3 and 1 (KUBE-SERVICES)", len(nat.fingerprints), len(nat.services.chains), len(nat.rules))
 	}
 	if !nat.holds(OwnChain{Name: "KUBE-SVC-AAAA", Rules: []Rule{"-j KUBE-SEP-BBBB"}}) || nat.holds(OwnChain{Name: "KUBE-SVC-AAAA"}) {
 		t.Error("KUBE-SVC-AAAA does not read as holding its one rule")
@@ -124,9 +125,20 @@ COMMIT
 	if err != nil || !slices.Equal(stale, []Chain{"KUBE-SEP-CCCC"}) || k.saves != 1 {
 		t.Errorf("stale chains %q (%v) in %d dumps, want KUBE-SEP-CCCC of nat alone, in 1", stale, err, k.saves)
 	}
-	nat.claim("KUBE-SEP-CCCC")
-	if stale, err := nat.serviceChainNames(k, TableNAT); err != nil || len(stale) != 0 || k.saves != 1 {
-		t.Errorf("with every chain claimed: %q (%v), %d dumps in all, want none and no second dump", stale, err, k.saves)
+	if nat.has("KUBE-SEP-CCCC") || len(nat.services.chains) != 0 {
+		t.Error("the index of service chains outlived the reading of the stale ones' names")
+	}
+
+	tables, err = saveTables(k, func(Table, Chain) ruleKeeping { return keepNoRules })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []Chain{"KUBE-SVC-AAAA", "KUBE-SEP-BBBB", "KUBE-SEP-CCCC"} {
+		tables[TableNAT].claim(c)
+	}
+	k.saves = 0
+	if stale, err := tables[TableNAT].serviceChainNames(k, TableNAT); err != nil || len(stale) != 0 || k.saves != 0 {
+		t.Errorf("with every chain claimed: %q (%v) in %d dumps, want none and no dump", stale, err, k.saves)
 	}
 }
 
@@ -134,7 +146,67 @@ COMMIT
 // read as a kernel without the rest.
 func TestReadTablesFailsWithItsReader(t *testing.T) {
 	broken := errors.New("pipe broke")
-	if _, err := readTables(io.MultiReader(strings.NewReader("*nat\n:KUBE-A - [0:0]\n"), iotest.ErrReader(broken)), func(Table, Chain) bool { return false }); !errors.Is(err, broken) {
+	if _, err := readTables(io.MultiReader(strings.NewReader("*nat\n:KUBE-A - [0:0]\n"), iotest.ErrReader(broken)), func(Table, Chain) ruleKeeping { return keepNoRules }); !errors.Is(err, broken) {
 		t.Errorf("got %v, want the reader's error", err)
+	}
+}
+
+// The index of service chains shrinks as a sync claims them, so that a
+// restart does not hold all of it to the end; the chains left read as
+// before, the claimed ones as gone.
+func TestServiceIndexShrinksAsChainsAreClaimed(t *testing.T) {
+	key := func(i int) uint64 { return nameKey(Chain(fmt.Sprintf("KUBE-SEP-%04d", i))) }
+	fingerprints := map[uint64]uint64{}
+	for i := range 1000 {
+		fingerprints[key(i)] = uint64(i)
+	}
+	index := newServiceIndex(fingerprints)
+	for i := range 900 {
+		index.claim(key(i))
+	}
+	if cap(index.chains) > 250 {
+		t.Errorf("with 900 of 1000 chains claimed the index holds room for %d", cap(index.chains))
+	}
+	for i := range 1000 {
+		if fp, ok := index.fingerprint(key(i)); ok != (i >= 900) || ok && fp != uint64(i) {
+			t.Errorf("chain %d reads as %d, %v", i, fp, ok)
+		}
+	}
+	if left := index.unclaimed(); len(left) != 100 {
+		t.Errorf("%d chains unclaimed, want 100", len(left))
+	}
+}
+
+// A full sync keeps only fingerprints of the shared chains' rules: a rule
+// no service wants any more is deleted with the text the kernel lists it
+// in, and a chain with nothing to delete is not listed.
+func TestFullSyncDeletesSharedRulesAsTheKernelListsThem(t *testing.T) {
+	p := newTestProxier(t, nil)
+	var save strings.Builder
+	save.WriteString("*nat\n")
+	for _, c := range p.cfg.Params.StaticRules().Shared[TableNAT] {
+		save.WriteString(":" + string(c.Name) + " - [0:0]\n")
+	}
+	gone := `-d 10.96.0.99/32 -p tcp -m comment --comment "ns/gone:p cluster IP" -m tcp --dport 80 -j KUBE-SVC-GONE`
+	save.WriteString("-A KUBE-SERVICES " + gone + "\n")
+	for _, c := range p.cfg.Params.StaticRules().Shared[TableNAT] {
+		for _, r := range c.Rules {
+			save.WriteString("-A " + string(c.Name) + " " + string(r) + "\n")
+		}
+	}
+	save.WriteString("COMMIT\n")
+	kernel := &listingKernel{Kernel: &savedKernel{save: save.String()}, listed: map[string]int{}}
+	p.cfg.Kernel = kernel
+	p.OnServicesSynced()
+	p.OnEndpointSlicesSynced()
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	written := kernel.Kernel.(*savedKernel).written.String()
+	if !strings.Contains(written, "-D KUBE-SERVICES "+gone+"\n") {
+		t.Errorf("the stale rule is not deleted as the kernel lists it:\n%s", written)
+	}
+	if kernel.listed["nat"] != 1 {
+		t.Errorf("%d nat chains listed, want 1 (KUBE-SERVICES)", kernel.listed["nat"])
 	}
 }

@@ -166,20 +166,29 @@ func TestCountedLocalhostNodePortRuleGoesFirst(t *testing.T) {
 	}
 
 	full := newRestoreInput()
-	diffSharedChain(full, TableNAT, []Rule{want[1], want[3]}, OwnChain{Name: chainNodePorts, Rules: want}, 0)
+	diffSharedChain(full, TableNAT, fingerprintsOf(want[1], want[3]), OwnChain{Name: chainNodePorts, Rules: want}, 0)
 	if got, expect := full.String(), "*nat\n-I KUBE-NODEPORTS 1 "+string(want[2])+"\n-I KUBE-NODEPORTS 1 "+string(want[0])+"\nCOMMIT\n"; got != expect {
 		t.Errorf("a full sync over the general rules writes:\n%s\nwant:\n%s", got, expect)
 	}
 	// A new service after those in place is appended, in order.
 	full = newRestoreInput()
-	diffSharedChain(full, TableNAT, want[:2], OwnChain{Name: chainNodePorts, Rules: want}, 0)
+	diffSharedChain(full, TableNAT, fingerprintsOf(want[:2]...), OwnChain{Name: chainNodePorts, Rules: want}, 0)
 	if got, expect := full.String(), "*nat\n-A KUBE-NODEPORTS "+string(want[2])+"\n-A KUBE-NODEPORTS "+string(want[3])+"\nCOMMIT\n"; got != expect {
 		t.Errorf("a full sync adding a service writes:\n%s\nwant:\n%s", got, expect)
 	}
 	// One before them goes to the top, in order.
 	full = newRestoreInput()
-	diffSharedChain(full, TableNAT, want[2:], OwnChain{Name: chainNodePorts, Rules: want}, 0)
+	diffSharedChain(full, TableNAT, fingerprintsOf(want[2:]...), OwnChain{Name: chainNodePorts, Rules: want}, 0)
 	if got, expect := full.String(), "*nat\n-I KUBE-NODEPORTS 1 "+string(want[1])+"\n-I KUBE-NODEPORTS 1 "+string(want[0])+"\nCOMMIT\n"; got != expect {
 		t.Errorf("a full sync adding a service ahead of the others writes:\n%s\nwant:\n%s", got, expect)
 	}
+}
+
+// fingerprintsOf is what a full sync keeps of a shared chain's rules.
+func fingerprintsOf(rules ...Rule) []uint64 {
+	out := make([]uint64, len(rules))
+	for i, r := range rules {
+		out[i] = ruleFingerprint(fnvOffset, r)
+	}
+	return out
 }

@@ -42,6 +42,15 @@ type Watcher interface {
 	Watch(ctx context.Context, resync func())
 }
 
+// Preparer is a mode with work to do before its first sync while the
+// informers are still listing: the iptables mode reads the kernel's rules
+// then, so that the read's garbage is gone before the sync's peak. The
+// core calls Prepare once, before it waits for the informers, and never
+// during a sync.
+type Preparer interface {
+	Prepare()
+}
+
 // Deferrer is a mode that leaves work to a later sync (the nftables mode
 // deletes the chains it flushed a second later): after each successful
 // sync the core asks when that work is due and syncs then, even if
@@ -253,6 +262,9 @@ func (c *Core) passServiceCIDRs() {
 func (c *Core) SyncLoop(ctx context.Context) {
 	if w, ok := c.mode.(Watcher); ok {
 		go w.Watch(ctx, c.RequestFullSync)
+	}
+	if p, ok := c.mode.(Preparer); ok {
+		p.Prepare()
 	}
 	select {
 	case <-ctx.Done():

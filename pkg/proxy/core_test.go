@@ -258,3 +258,35 @@ func TestCoreSyncsWhenDeferredWorkIsDue(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+// prepareMode records Prepare among the syncs.
+type prepareMode struct {
+	deferMode
+}
+
+func (m *prepareMode) Prepare() { m.syncs <- "prepare" }
+
+// A Preparer prepares once, before the informers have listed, and its
+// first sync follows once they have.
+func TestCorePreparesAModeBeforeTheInformersHaveListed(t *testing.T) {
+	mode := &prepareMode{deferMode{syncs: make(chan string, 10)}}
+	c := NewCore(Config{Family: v1.IPv4Protocol, ModeName: "fake", Node: state.Node{Name: "node-1"},
+		MinSyncPeriod: 10 * time.Millisecond, SyncPeriod: time.Hour}, mode)
+	go c.SyncLoop(t.Context())
+	next := func() string {
+		select {
+		case got := <-mode.syncs:
+			return got
+		case <-time.After(5 * time.Second):
+			return "nothing"
+		}
+	}
+	if got := next(); got != "prepare" {
+		t.Fatalf("first %s, want prepare", got)
+	}
+	c.OnServicesSynced()
+	c.OnEndpointSlicesSynced()
+	if got := next(); got != "full" {
+		t.Errorf("after prepare: %s, want the full sync", got)
+	}
+}
