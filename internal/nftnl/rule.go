@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
@@ -324,7 +325,7 @@ func (d *decoder) apply(e expr.Any) error {
 		}
 		stmt := "update @" + e.SetName + " { " + key
 		if e.Timeout != 0 {
-			stmt += " timeout " + duration(e.Timeout.Milliseconds())
+			stmt += " timeout " + Duration(e.Timeout)
 		}
 		d.out = append(d.out, stmt+" }")
 		return nil
@@ -625,16 +626,16 @@ func allZero(b []byte) bool {
 	return true
 }
 
-// duration prints milliseconds as nft does ("3h", "1m30s").
-func duration(ms int64) string {
+// Duration prints a time as nft lists it ("3h", "1h30m", "10s").
+func Duration(d time.Duration) string {
 	var b strings.Builder
 	for _, u := range []struct {
 		unit string
-		ms   int64
-	}{{"d", 86400000}, {"h", 3600000}, {"m", 60000}, {"s", 1000}, {"ms", 1}} {
-		if ms >= u.ms {
-			fmt.Fprintf(&b, "%d%s", ms/u.ms, u.unit)
-			ms %= u.ms
+		d    time.Duration
+	}{{"d", 24 * time.Hour}, {"h", time.Hour}, {"m", time.Minute}, {"s", time.Second}, {"ms", time.Millisecond}} {
+		if d >= u.d {
+			fmt.Fprintf(&b, "%d%s", d/u.d, u.unit)
+			d %= u.d
 		}
 	}
 	if b.Len() == 0 {

@@ -9,6 +9,7 @@ import (
 
 	"sigs.k8s.io/knftables"
 
+	"github.com/rapidproxy/rapidproxy/internal/nftnl"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -48,7 +49,7 @@ func (s *Syncer) Describe(v state.View, name state.ServicePortName) ([]proxy.Ker
 	}
 	for _, st := range want.Sets {
 		objects = append(objects, proxy.KernelObject{Kind: "set", Name: table + st.Name,
-			Summary: "clients sent to " + endpoints[st.Name] + ", for " + formatDuration(st.Timeout)})
+			Summary: "clients sent to " + endpoints[st.Name] + ", for " + nftnl.Duration(st.Timeout)})
 	}
 	for _, e := range want.Elements {
 		kind := "set element"
@@ -204,7 +205,7 @@ func settings(st Set) string {
 		s += ", flags " + strings.Join(flags, ",")
 	}
 	if st.Timeout != 0 {
-		s += ", timeout " + formatDuration(st.Timeout)
+		s += ", timeout " + nftnl.Duration(st.Timeout)
 	}
 	if st.Comment != "" {
 		s += fmt.Sprintf(", comment %q", st.Comment)

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/knftables"
 
+	"github.com/rapidproxy/rapidproxy/internal/nftnl"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -107,7 +108,7 @@ func renderFake(t *knftables.FakeTable) string {
 		s := t.Sets[name]
 		timeout := ""
 		if s.Timeout != nil {
-			timeout = formatDuration(*s.Timeout)
+			timeout = nftnl.Duration(*s.Timeout)
 		}
 		set("set", name, s.Type, s.Flags, timeout, s.Comment, s.Elements)
 	}

@@ -344,21 +344,3 @@ func parseDuration(s string) (time.Duration, error) {
 	}
 	return total, nil
 }
-
-// formatDuration writes a time as nft lists it ("3h", "1h30m", "10s").
-func formatDuration(d time.Duration) string {
-	var b strings.Builder
-	for _, u := range []struct {
-		unit string
-		d    time.Duration
-	}{{"d", 24 * time.Hour}, {"h", time.Hour}, {"m", time.Minute}, {"s", time.Second}, {"ms", time.Millisecond}} {
-		if d >= u.d {
-			fmt.Fprintf(&b, "%d%s", d/u.d, u.unit)
-			d %= u.d
-		}
-	}
-	if b.Len() == 0 {
-		return "0s"
-	}
-	return b.String()
-}
