@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -60,14 +61,13 @@ func (ipsets) EnsureSets(sets []ipvsmode.SetSpec) error {
 		}
 		lines = append(lines, "create "+args)
 	}
-	return restore(lines)
+	return restore(len(lines), func(i int) string { return lines[i] })
 }
 
 // ChangeSets writes every change in one `ipset restore -exist`: with
 // -exist (ipset 7) neither adding an entry that is there nor deleting one
 // that is not fails.
 func (ipsets) ChangeSets(changes []ipvsmode.SetChange) error {
-	lines := make([]string, 0, len(changes))
 	for _, c := range changes {
 		if err := checkWord("set name", c.Set); err != nil {
 			return err
@@ -75,13 +75,14 @@ func (ipsets) ChangeSets(changes []ipvsmode.SetChange) error {
 		if err := checkWord("ipset entry", c.Entry); err != nil {
 			return err
 		}
-		op := "add"
-		if c.Delete {
-			op = "del"
-		}
-		lines = append(lines, op+" "+c.Set+" "+c.Entry)
 	}
-	return restore(lines, "-exist")
+	return restore(len(changes), func(i int) string {
+		op := "add "
+		if changes[i].Delete {
+			op = "del "
+		}
+		return op + changes[i].Set + " " + changes[i].Entry
+	}, "-exist")
 }
 
 // SetEntries reads every set with one `ipset save` (`ipset list` takes
@@ -261,28 +262,58 @@ var lineError = regexp.MustCompile(`Error in line (\d+): (.*)`)
 // restore runs `ipset restore` on the lines; its error quotes the line
 // ipset names (and with it the set), or, for the errors ipset reports
 // without a line, the sets the input touched.
-func restore(lines []string, args ...string) error {
-	if len(lines) == 0 {
+func restore(n int, line func(i int) string, args ...string) error {
+	if n == 0 {
 		return nil
 	}
 	cmd := exec.Command("ipset", append([]string{"restore"}, args...)...)
-	cmd.Stdin = strings.NewReader(strings.Join(lines, "\n") + "\n")
+	// Made as ipset reads them: the input of a first sync at 10,000
+	// services is some 30,000 lines, never held whole.
+	cmd.Stdin = &linesReader{n: n, line: line}
 	_, err := run(cmd)
 	if err == nil {
 		return nil
 	}
 	if m := lineError.FindStringSubmatch(err.Error()); m != nil {
-		if n, _ := strconv.Atoi(m[1]); n >= 1 && n <= len(lines) {
-			return fmt.Errorf("ipset restore: line %d %q: %s", n, lines[n-1], m[2])
+		if i, _ := strconv.Atoi(m[1]); i >= 1 && i <= n {
+			return fmt.Errorf("ipset restore: line %d %q: %s", i, line(i-1), m[2])
 		}
 	}
 	var sets []string
-	for _, l := range lines {
-		if f := strings.Fields(l); len(f) > 1 && !slices.Contains(sets, f[1]) {
+	for i := range n {
+		if f := strings.Fields(line(i)); len(f) > 1 && !slices.Contains(sets, f[1]) {
 			sets = append(sets, f[1])
 		}
 	}
-	return fmt.Errorf("ipset restore of %d lines on sets %s: %w", len(lines), strings.Join(sets, ", "), err)
+	return fmt.Errorf("ipset restore of %d lines on sets %s: %w", n, strings.Join(sets, ", "), err)
+}
+
+// linesReader reads n lines, each made by line when its turn comes.
+type linesReader struct {
+	n, next int
+	line    func(i int) string
+	// buf holds the line being read, pending what of it is left.
+	buf, pending []byte
+}
+
+func (r *linesReader) Read(p []byte) (int, error) {
+	read := 0
+	for read < len(p) {
+		if len(r.pending) == 0 {
+			if r.next == r.n {
+				break
+			}
+			r.buf = append(append(r.buf[:0], r.line(r.next)...), '\n')
+			r.pending = r.buf
+			r.next++
+		}
+		c := copy(p[read:], r.pending)
+		r.pending, read = r.pending[c:], read+c
+	}
+	if read == 0 {
+		return 0, io.EOF
+	}
+	return read, nil
 }
 
 // run runs the command and returns its output, or an error carrying its
