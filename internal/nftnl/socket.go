@@ -19,10 +19,19 @@ type socket struct {
 	buf []byte
 }
 
+// answerTimeout is how long, in seconds, a read waits for the kernel.
+const answerTimeout = 30
+
 func dial() (*socket, error) {
 	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
 		return nil, fmt.Errorf("opening a netfilter netlink socket: %w", err)
+	}
+	// The kernel always answers; should it not, a sync gives up the read
+	// (and lists with nft) rather than wait forever.
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: answerTimeout}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("setting the netlink socket's timeout: %w", err)
 	}
 	// Each read takes one message batch of a dump, at most 32 KiB.
 	return &socket{fd: fd, buf: make([]byte, 128<<10)}, nil
