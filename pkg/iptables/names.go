@@ -63,10 +63,15 @@ func isServiceChainName[T Chain | []byte](c T) bool {
 	return false
 }
 
-// hash16 is the first 16 characters of base32(sha256(s)), upstream's chain suffix.
-func hash16(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return base32.StdEncoding.EncodeToString(sum[:])[:16]
+// hashedChain is prefix and the first 16 characters of base32(sum) (of
+// 10 bytes, exactly), where sum is sha256 of the chain's key: upstream's
+// per-service chain names, made in one allocation (a full sync names
+// every chain of every service port).
+func hashedChain(prefix string, sum *[sha256.Size]byte) Chain {
+	var name [32]byte
+	n := copy(name[:], prefix)
+	base32.StdEncoding.Encode(name[n:n+16], sum[:10])
+	return Chain(name[:n+16])
 }
 
 // serviceChains are the names of one service port's chains.
@@ -77,18 +82,26 @@ type serviceChains struct {
 }
 
 func chainsFor(name state.ServicePortName) serviceChains {
-	key := name.String() + protocolOf(name.Protocol)
-	h := hash16(key)
+	var buf [128]byte
+	key := append(append(append(buf[:0], name.Namespace...), '/'), name.Name...)
+	if name.Port != "" {
+		key = append(append(key, ':'), name.Port...)
+	}
+	key = append(key, protocolOf(name.Protocol)...)
+	sum := sha256.Sum256(key)
 	return serviceChains{
-		cluster:  Chain(prefixClusterPolicy + h),
-		local:    Chain(prefixLocalPolicy + h),
-		external: Chain(prefixExternal + h),
-		firewall: Chain(prefixFirewall + h),
-		key:      key,
+		cluster:  hashedChain(prefixClusterPolicy, &sum),
+		local:    hashedChain(prefixLocalPolicy, &sum),
+		external: hashedChain(prefixExternal, &sum),
+		firewall: hashedChain(prefixFirewall, &sum),
+		key:      string(key),
 	}
 }
 
-// endpointChain is the KUBE-SEP chain of one endpoint of a service port.
+// endpointChain is the KUBE-SEP chain of one endpoint of a service port:
+// the hash of the key and the endpoint's "ip:port".
 func (c serviceChains) endpointChain(ep *state.Endpoint) Chain {
-	return Chain(prefixEndpoint + hash16(c.key+ep.String()))
+	var buf [192]byte
+	sum := sha256.Sum256(ep.AddrPort().AppendTo(append(buf[:0], c.key...)))
+	return hashedChain(prefixEndpoint, &sum)
 }

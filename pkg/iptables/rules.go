@@ -420,4 +420,14 @@ func nfacctMatch(object string) []string { return []string{"-m", "nfacct", "--nf
 func target(t string) []string { return []string{"-j", t} }
 
 // protocolOf is the lowercase protocol name iptables expects.
-func protocolOf(p v1.Protocol) string { return strings.ToLower(string(p)) }
+func protocolOf(p v1.Protocol) string {
+	switch p {
+	case v1.ProtocolTCP:
+		return "tcp"
+	case v1.ProtocolUDP:
+		return "udp"
+	case v1.ProtocolSCTP:
+		return "sctp"
+	}
+	return strings.ToLower(string(p))
+}
