@@ -394,9 +394,17 @@ func (p *Params) StaticRules() StaticRules {
 	return StaticRules{Chains: map[Table][]OwnChain{TableNAT: nat, TableFilter: filter}, Shared: shared, Jumps: jumps}
 }
 
-// rule joins argument groups into one rule.
+// rule joins argument groups into one rule, in one allocation (a full
+// sync makes every rule of every service port).
 func rule(parts ...[]string) Rule {
+	size := 0
+	for _, part := range parts {
+		for _, a := range part {
+			size += len(a) + 1
+		}
+	}
 	var b strings.Builder
+	b.Grow(size)
 	for _, part := range parts {
 		for _, a := range part {
 			if b.Len() > 0 {
