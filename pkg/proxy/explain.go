@@ -318,7 +318,7 @@ func describeServicePort(family v1.IPFamily, svc *state.ServicePort, endpoints [
 		e := EndpointExplanation{
 			Address: ep.String(), Node: ep.NodeName, Zone: ep.Zone,
 			Ready: ep.Ready, Serving: ep.Serving, Terminating: ep.Terminating,
-			ZoneHints: ep.ZoneHints, NodeHints: ep.NodeHints,
+			ZoneHints: ep.ZoneHints(), NodeHints: ep.NodeHints(),
 		}
 		if ex.Cluster != nil {
 			e.Cluster = &ex.Cluster[i]

@@ -91,9 +91,9 @@ func uses(endpoints, picked []*Endpoint, why func(*Endpoint) Use) []Use {
 func clusterReason(ep *Endpoint, mode string, node Node) Use {
 	switch {
 	case ep.Ready && mode == v1.ServiceTrafficDistributionPreferSameNode:
-		return Use{Reason: HintedForOtherNode, Message: fmt.Sprintf("hinted for node %s, not this one", strings.Join(ep.NodeHints, ","))}
+		return Use{Reason: HintedForOtherNode, Message: fmt.Sprintf("hinted for node %s, not this one", strings.Join(ep.NodeHints(), ","))}
 	case ep.Ready:
-		return Use{Reason: HintedForOtherZone, Message: fmt.Sprintf("hinted for zone %s; this node is in zone %s", strings.Join(ep.ZoneHints, ","), node.Zone)}
+		return Use{Reason: HintedForOtherZone, Message: fmt.Sprintf("hinted for zone %s; this node is in zone %s", strings.Join(ep.ZoneHints(), ","), node.Zone)}
 	}
 	return notReadyReason(ep, "endpoint")
 }

@@ -182,9 +182,9 @@ func reasonHolds(reason Reason, ep *Endpoint, node Node, topology string, readyE
 	case TerminatingReadyExist:
 		return !ep.Ready && ep.Terminating && ep.Serving && readyExist
 	case HintedForOtherZone:
-		return ep.Ready && topology == v1.ServiceTrafficDistributionPreferSameZone && !slices.Contains(ep.ZoneHints, node.Zone)
+		return ep.Ready && topology == v1.ServiceTrafficDistributionPreferSameZone && !slices.Contains(ep.ZoneHints(), node.Zone)
 	case HintedForOtherNode:
-		return ep.Ready && topology == v1.ServiceTrafficDistributionPreferSameNode && !slices.Contains(ep.NodeHints, node.Name)
+		return ep.Ready && topology == v1.ServiceTrafficDistributionPreferSameNode && !slices.Contains(ep.NodeHints(), node.Name)
 	case NotOnThisNode:
 		return !ep.IsLocal
 	}

@@ -88,14 +88,14 @@ func topologyMode(endpoints []*Endpoint, node Node) string {
 			continue
 		}
 		anyReady = true
-		if len(ep.NodeHints) == 0 {
+		if len(ep.NodeHints()) == 0 {
 			allNodeHints = false
-		} else if slices.Contains(ep.NodeHints, node.Name) {
+		} else if slices.Contains(ep.NodeHints(), node.Name) {
 			forThisNode = true
 		}
-		if len(ep.ZoneHints) == 0 {
+		if len(ep.ZoneHints()) == 0 {
 			allZoneHints = false
-		} else if node.Zone != "" && slices.Contains(ep.ZoneHints, node.Zone) {
+		} else if node.Zone != "" && slices.Contains(ep.ZoneHints(), node.Zone) {
 			forThisZone = true
 		}
 	}
@@ -113,9 +113,9 @@ func topologyMode(endpoints []*Endpoint, node Node) string {
 func availableForTopology(ep *Endpoint, mode string, node Node) bool {
 	switch mode {
 	case v1.ServiceTrafficDistributionPreferSameNode:
-		return slices.Contains(ep.NodeHints, node.Name)
+		return slices.Contains(ep.NodeHints(), node.Name)
 	case v1.ServiceTrafficDistributionPreferSameZone:
-		return slices.Contains(ep.ZoneHints, node.Zone)
+		return slices.Contains(ep.ZoneHints(), node.Zone)
 	}
 	return true
 }

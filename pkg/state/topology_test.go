@@ -1,6 +1,7 @@
 package state
 
 import (
+	"cmp"
 	"net/netip"
 	"strings"
 	"testing"
@@ -25,9 +26,11 @@ func ep(desc string) *Endpoint {
 		case "zone":
 			e.Zone = value
 		case "hintZones":
-			e.ZoneHints = strings.Split(value, ",")
+			e.Hints = cmp.Or(e.Hints, &Hints{})
+			e.Hints.Zones = strings.Split(value, ",")
 		case "hintNodes":
-			e.NodeHints = strings.Split(value, ",")
+			e.Hints = cmp.Or(e.Hints, &Hints{})
+			e.Hints.Nodes = strings.Split(value, ",")
 		default:
 			panic("unknown endpoint word " + w)
 		}

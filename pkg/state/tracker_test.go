@@ -243,7 +243,7 @@ func TestEndpointConditions(t *testing.T) {
 	), false)
 	tr.Apply(st)
 	eps := st.Endpoints[spn("a", "http", v1.ProtocolTCP)]
-	got := fmt.Sprintf("%v/%v %v/%v/%v %v/%v/%v", eps[0].Ready, eps[0].Serving, eps[1].Ready, eps[1].Serving, eps[1].Terminating, eps[2].Zone, eps[2].ZoneHints, eps[2].NodeHints)
+	got := fmt.Sprintf("%v/%v %v/%v/%v %v/%v/%v", eps[0].Ready, eps[0].Serving, eps[1].Ready, eps[1].Serving, eps[1].Terminating, eps[2].Zone, eps[2].ZoneHints(), eps[2].NodeHints())
 	if want := "true/true false/true/true z/[z]/[n]"; got != want || len(eps) != 3 {
 		t.Errorf("got %s (%d endpoints), want %s", got, len(eps), want)
 	}
