@@ -23,7 +23,10 @@ import (
 // put in. It counts the calls it receives, can fail a method on demand,
 // and Dump prints its whole state. It is safe for concurrent use.
 type Fake struct {
-	mu        sync.Mutex
+	mu sync.Mutex
+	// listing is held while EachVirtualServer's callback runs, as the
+	// kernel adapter holds its open listing: a second listing waits.
+	listing   sync.Mutex
 	services  map[ipvsmode.VirtualServerKey]*fakeService
 	link      bool // kube-ipvs0 exists
 	bound     map[netip.Addr]bool
@@ -191,20 +194,30 @@ func (f *Fake) RealServers(key ipvsmode.VirtualServerKey) ([]ipvsmode.RealServer
 	return rss, nil
 }
 
-func (f *Fake) AllRealServers() (map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer, error) {
+func (f *Fake) EachVirtualServer(each func(key ipvsmode.VirtualServerKey, reals []ipvsmode.RealServer) error) error {
+	f.listing.Lock()
+	defer f.listing.Unlock()
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.call("AllRealServers"); err != nil {
-		return nil, err
+	if err := f.call("EachVirtualServer"); err != nil {
+		f.mu.Unlock()
+		return err
 	}
 	all := map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer{}
 	for key, s := range f.services {
-		all[key] = nil
+		all[key] = []ipvsmode.RealServer{}
 		for _, d := range s.sortedDests() {
 			all[key] = append(all[key], *d)
 		}
 	}
-	return all, nil
+	// Called without the lock, as the kernel's listing calls it while the
+	// syncer may be writing.
+	f.mu.Unlock()
+	for key, reals := range all {
+		if err := each(key, reals); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (f *Fake) AddRealServer(key ipvsmode.VirtualServerKey, rs ipvsmode.RealServer) error {

@@ -31,18 +31,14 @@ func openProcIPVS() (*os.File, error) {
 	return f, nil
 }
 
-func (t *table) AllRealServers() (map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer, error) {
+func (t *table) EachVirtualServer(each func(key ipvsmode.VirtualServerKey, reals []ipvsmode.RealServer) error) error {
 	t.procMu.Lock()
 	defer t.procMu.Unlock()
 	// A seq file lists afresh when read again from the start.
 	if _, err := t.proc.Seek(0, io.SeekStart); err != nil {
-		return nil, fmt.Errorf("reading %s: %w", procIPVS, err)
+		return fmt.Errorf("reading %s: %w", procIPVS, err)
 	}
-	all, err := parseProcIPVS(bufio.NewReaderSize(t.proc, 1<<20), t.ipv6)
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", procIPVS, err)
-	}
-	return all, nil
+	return parseProcIPVS(bufio.NewReaderSize(t.proc, 1<<20), t.ipv6, each)
 }
 
 // procProtocols are the protocol names the listing uses for those
@@ -54,55 +50,68 @@ var procProtocols = map[string]v1.Protocol{"TCP": v1.ProtocolTCP, "UDP": v1.Prot
 // followed by its destinations ("  -> 0AF40005:1F90 Masq 1 0 0":
 // address, forwarding, weight, active and inactive connections). Virtual
 // servers of the other family, firewall-mark ones and other protocols
-// are left out.
-func parseProcIPVS(r io.Reader, ipv6 bool) (map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer, error) {
-	all := map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer{}
+// are left out. Each virtual server goes to each once its destinations
+// are read; a read or parse error is wrapped, each's is returned as is.
+func parseProcIPVS(r io.Reader, ipv6 bool, each func(key ipvsmode.VirtualServerKey, reals []ipvsmode.RealServer) error) error {
 	sc := bufio.NewScanner(r)
 	var current *ipvsmode.VirtualServerKey // nil while skipping a virtual server
+	var reals []ipvsmode.RealServer
+	done := func() error {
+		if current == nil {
+			return nil
+		}
+		key := *current
+		current = nil
+		return each(key, reals)
+	}
 	for line := 0; sc.Scan(); line++ {
 		fields := strings.Fields(sc.Text())
 		if line < 3 || len(fields) < 2 { // the three header lines
 			continue
 		}
 		if fields[0] != "->" {
-			current = nil
+			if err := done(); err != nil {
+				return err
+			}
 			proto, ok := procProtocols[fields[0]]
 			if !ok {
 				continue
 			}
 			addr, err := parseProcAddrPort(fields[1])
 			if err != nil {
-				return nil, fmt.Errorf("line %d: %w", line+1, err)
+				return fmt.Errorf("reading %s: line %d: %w", procIPVS, line+1, err)
 			}
 			if addr.Addr().Is6() != ipv6 {
 				continue
 			}
-			key := ipvsmode.VirtualServerKey{Addr: addr.Addr(), Port: addr.Port(), Protocol: proto}
-			current = &key
-			all[key] = nil
+			current = &ipvsmode.VirtualServerKey{Addr: addr.Addr(), Port: addr.Port(), Protocol: proto}
+			reals = reals[:0]
 			continue
 		}
 		if current == nil {
 			continue
 		}
 		if len(fields) != 6 {
-			return nil, fmt.Errorf("line %d: %q is not a destination", line+1, sc.Text())
+			return fmt.Errorf("reading %s: line %d: %q is not a destination", procIPVS, line+1, sc.Text())
 		}
 		addr, err := parseProcAddrPort(fields[1])
 		if err != nil {
-			return nil, fmt.Errorf("line %d: %w", line+1, err)
+			return fmt.Errorf("reading %s: line %d: %w", procIPVS, line+1, err)
 		}
 		var counts [3]int
 		for i, f := range fields[3:] {
 			if counts[i], err = strconv.Atoi(f); err != nil {
-				return nil, fmt.Errorf("line %d: %q is not a destination", line+1, sc.Text())
+				return fmt.Errorf("reading %s: line %d: %q is not a destination", procIPVS, line+1, sc.Text())
 			}
 		}
-		all[*current] = append(all[*current], ipvsmode.RealServer{
+		reals = append(reals, ipvsmode.RealServer{
 			Addr: addr.Addr(), Port: addr.Port(), Weight: counts[0], ActiveConns: counts[1], InactiveConns: counts[2],
 		})
 	}
-	return all, sc.Err()
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("reading %s: %w", procIPVS, err)
+	}
+	return done()
 }
 
 // parseProcAddrPort reads "0A600001:0050" (IPv4 in hex, network order)

@@ -227,7 +227,11 @@ func checkIPVSAgainstFake(t *testing.T, ns string, k4, k6 *Kernel) {
 	// The one read of every virtual server's real servers lists what the
 	// requests one virtual server at a time list, family by family.
 	for _, k := range []*Kernel{k4, k6} {
-		all, err := k.AllRealServers()
+		all := map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer{}
+		err := k.EachVirtualServer(func(key ipvsmode.VirtualServerKey, reals []ipvsmode.RealServer) error {
+			all[key] = slices.Clone(reals)
+			return nil
+		})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -116,10 +116,13 @@ type Kernel interface {
 	// RealServers lists a virtual server's destinations with their
 	// connection counts.
 	RealServers(key VirtualServerKey) ([]RealServer, error)
-	// AllRealServers lists every virtual server of the family with its
+	// EachVirtualServer reads every virtual server of the family with its
 	// destinations at once (a restart at 10k services would otherwise send
-	// 10k requests); one without any has an empty list.
-	AllRealServers() (map[VirtualServerKey][]RealServer, error)
+	// 10k requests), calling each with one at a time as it is read (reals
+	// is empty when it has none, and reused after each returns): neither
+	// a reader nor the kernel holds the whole listing. An error from each
+	// ends the read with that error.
+	EachVirtualServer(each func(key VirtualServerKey, reals []RealServer) error) error
 	AddRealServer(key VirtualServerKey, rs RealServer) error
 	UpdateRealServer(key VirtualServerKey, rs RealServer) error
 	DeleteRealServer(key VirtualServerKey, rs netip.AddrPort) error

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -85,9 +86,10 @@ type Syncer struct {
 	// drifted is what the last drift check found changed by another
 	// program, until a full sync has put it back.
 	drifted string
-	// syncs counts the syncs: a drift check that read the kernel while
-	// one ran drops what it read.
-	syncs uint64
+	// syncs counts the syncs (each adds one under mu, as it starts): a
+	// drift check that read the kernel while one ran drops what it read.
+	// Atomic, since a check waiting for mu reads it without.
+	syncs atomic.Uint64
 	// jumpSeenAt is the nat table's generation when the drift check last
 	// saw the jump into KUBE-SERVICES (if jumpSeen); only the drift check
 	// uses them.
@@ -197,7 +199,7 @@ func (p *Syncer) objectsFor(v state.View, name state.ServicePortName) ServiceObj
 func (p *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]bool) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.syncs++
+	p.syncs.Add(1)
 	addrs, err := p.readAddresses()
 	if err != nil {
 		return err
@@ -219,7 +221,7 @@ func (p *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]boo
 func (p *Syncer) FullSync(v state.View) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.syncs++
+	p.syncs.Add(1)
 	err := p.fullSync(v)
 	p.written = err == nil
 	if err == nil && p.drifted != "" {
@@ -284,17 +286,20 @@ func (p *Syncer) readKernel() (*kernelObjects, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing IPVS virtual servers: %w", err)
 	}
-	reals, err := k.AllRealServers()
+	current.reals = make(map[VirtualServerKey][]RealServer, len(servers))
+	err = k.EachVirtualServer(func(key VirtualServerKey, reals []RealServer) error {
+		current.reals[key] = slices.Clone(reals)
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("listing IPVS real servers: %w", err)
 	}
 	for _, vs := range servers {
 		current.servers[vs.VirtualServerKey] = vs
-		if _, ok := reals[vs.VirtualServerKey]; !ok {
-			reals[vs.VirtualServerKey] = nil // listed: none
+		if _, ok := current.reals[vs.VirtualServerKey]; !ok {
+			current.reals[vs.VirtualServerKey] = nil // listed: none
 		}
 	}
-	current.reals = reals
 	bound, err := k.BoundAddresses()
 	if err != nil {
 		return nil, fmt.Errorf("listing the addresses of %s: %w", DummyLink, err)
@@ -816,10 +821,10 @@ const listingsCPUShare = 100
 
 // kernelView is what a drift check read, without the syncer's lock.
 type kernelView struct {
-	// reals are every virtual server with its real servers (if
-	// listedServers), and bound the addresses on kube-ipvs0 (if
-	// listedAddresses).
-	reals                          map[VirtualServerKey][]RealServer
+	// serversDrift is what the listing of the virtual servers found
+	// missing (if listedServers), and bound the addresses on kube-ipvs0
+	// (if listedAddresses).
+	serversDrift                   string
 	bound                          []netip.Addr
 	listedServers, listedAddresses bool
 	sizes                          map[string]int
@@ -842,7 +847,7 @@ type listingsCost struct {
 // that repairs it, and tells what the listings cost.
 func (p *Syncer) checkDrift(listings bool) (string, listingsCost) {
 	p.mu.Lock()
-	written, syncs := p.written, p.syncs
+	written, syncs := p.written, p.syncs.Load()
 	// A family that owns no virtual server (the IPv6 one on a node whose
 	// services are all IPv4) has none to miss: the listing holds every
 	// family's, and is not read.
@@ -851,10 +856,10 @@ func (p *Syncer) checkDrift(listings bool) (string, listingsCost) {
 	if !written {
 		return "", listingsCost{}
 	}
-	view, cost := p.readView(listServers, listings)
+	view, cost := p.readView(syncs, listServers, listings)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.syncs != syncs {
+	if p.syncs.Load() != syncs {
 		return "", cost
 	}
 	drift := p.drift(view)
@@ -869,7 +874,7 @@ func (p *Syncer) checkDrift(listings bool) (string, listingsCost) {
 // kube-ipvs0 (one netlink dump) when asked, whose cost it tells; the
 // number of entries in each set (one netlink dump of the sets' headers);
 // and the jump into KUBE-SERVICES (gone with an iptables flush).
-func (p *Syncer) readView(servers, addresses bool) (kernelView, listingsCost) {
+func (p *Syncer) readView(syncs uint64, servers, addresses bool) (kernelView, listingsCost) {
 	var v kernelView
 	var cost listingsCost
 	if servers || addresses {
@@ -878,7 +883,7 @@ func (p *Syncer) readView(servers, addresses bool) (kernelView, listingsCost) {
 		var err error
 		v.listedServers, v.listedAddresses = servers, addresses
 		if servers {
-			if v.reals, err = p.cfg.Kernel.AllRealServers(); err != nil {
+			if v.serversDrift, err = p.serversDrift(syncs); err != nil && !errors.Is(err, errSynced) {
 				v.errs = append(v.errs, "virtual servers unreadable: "+err.Error())
 			}
 		}
@@ -926,10 +931,8 @@ func (p *Syncer) drift(v kernelView) string {
 	if len(v.errs) > 0 {
 		return strings.Join(v.errs, "; ")
 	}
-	if v.listedServers && len(p.objects.servers) > 0 {
-		if drift := p.serversDrift(v.reals); drift != "" {
-			return drift
-		}
+	if v.listedServers && v.serversDrift != "" {
+		return v.serversDrift
 	}
 	if v.listedAddresses {
 		ours := 0
@@ -972,29 +975,67 @@ func (p *Syncer) jumpPresent() bool {
 	return true
 }
 
+// errSynced ends a drift check's listing when a sync ran meanwhile: what
+// it read is dropped.
+var errSynced = errors.New("a sync ran during the check")
+
 // serversDrift tells which of our virtual servers, or of their wanted
-// real servers, the kernel lacks.
-func (p *Syncer) serversDrift(all map[VirtualServerKey][]RealServer) string {
-	missing := 0
-	for key := range p.objects.servers {
-		if _, ok := all[key]; !ok {
-			missing++
+// real servers, the kernel lacks. It compares each virtual server as the
+// kernel lists it, so the listing is never held whole (at 10k services x
+// 5 endpoints it held 8.7 MB for seconds after each sync). The lock is
+// taken for each, but never waited on while a sync has started since the
+// check began: a full sync holding it may be waiting for the listing's own
+// lock, and the check gives up instead (errSynced), as it would after
+// that sync anyway.
+func (p *Syncer) serversDrift(syncs uint64) (string, error) {
+	found := 0
+	var realsDrift string
+	err := p.cfg.Kernel.EachVirtualServer(func(key VirtualServerKey, have []RealServer) error {
+		for !p.mu.TryLock() {
+			if p.syncs.Load() != syncs {
+				return errSynced
+			}
+			time.Sleep(time.Millisecond) // a drain check or a partial sync
 		}
+		defer p.mu.Unlock()
+		if p.syncs.Load() != syncs {
+			return errSynced
+		}
+		name, ours := p.objects.servers[key]
+		if !ours {
+			return nil
+		}
+		found++
+		if realsDrift == "" {
+			realsDrift = p.realsDrift(name, key, have)
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
 	}
-	if missing > 0 {
-		return fmt.Sprintf("%d of %d virtual servers", len(p.objects.servers)-missing, len(p.objects.servers))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.syncs.Load() != syncs {
+		return "", errSynced
 	}
-	for name, objects := range p.applied {
-		for _, s := range objects.Servers {
-			if p.objects.servers[s.VirtualServerKey] != name {
-				continue // another service port's, skipped
-			}
-			have := all[s.VirtualServerKey]
-			for _, rs := range s.Reals {
-				if !slices.ContainsFunc(have, func(h RealServer) bool { return h.AddrPort() == rs }) {
-					return fmt.Sprintf("real server %s of %s", rs, s.VirtualServerKey)
-				}
-			}
+	if found < len(p.objects.servers) {
+		return fmt.Sprintf("%d of %d virtual servers", found, len(p.objects.servers)), nil
+	}
+	return realsDrift, nil
+}
+
+// realsDrift tells which wanted real server of the virtual server key,
+// owned by the service port name, the kernel's list have lacks. The
+// caller holds mu.
+func (p *Syncer) realsDrift(name state.ServicePortName, key VirtualServerKey, have []RealServer) string {
+	s := findServer(p.applied[name].Servers, key)
+	if s == nil {
+		return ""
+	}
+	for _, rs := range s.Reals {
+		if !slices.ContainsFunc(have, func(h RealServer) bool { return h.AddrPort() == rs }) {
+			return fmt.Sprintf("real server %s of %s", rs, key)
 		}
 	}
 	return ""

@@ -73,8 +73,9 @@ type node struct {
 	maxSetEntries int
 	restoreErrors []error
 	// afterListing, if set, runs once right after the next listing of
-	// every real server has been read.
-	afterListing atomic.Pointer[func()]
+	// every real server has been read; duringListing once while the next
+	// one is read (after its first virtual server).
+	afterListing, duringListing atomic.Pointer[func()]
 	// listingCPU is the CPU time each listing of every real server
 	// spends (as at 10k services), set before the mode runs.
 	listingCPU time.Duration
@@ -95,14 +96,20 @@ func (k watchedKernel) ChangeSets(changes []ipvs.SetChange) error {
 	return err
 }
 
-func (k watchedKernel) AllRealServers() (map[ipvs.VirtualServerKey][]ipvs.RealServer, error) {
-	all, err := k.Fake.AllRealServers()
+func (k watchedKernel) EachVirtualServer(each func(ipvs.VirtualServerKey, []ipvs.RealServer) error) error {
+	err := k.Fake.EachVirtualServer(func(key ipvs.VirtualServerKey, reals []ipvs.RealServer) error {
+		err := each(key, reals)
+		if f := k.n.duringListing.Swap(nil); f != nil {
+			(*f)()
+		}
+		return err
+	})
 	for start := threadCPU(); k.n.listingCPU > 0 && threadCPU()-start < k.n.listingCPU; {
 	}
 	if f := k.n.afterListing.Swap(nil); f != nil {
 		(*f)()
 	}
-	return all, err
+	return err
 }
 
 // threadCPU is the CPU time the calling thread has used (the drift check
@@ -295,7 +302,7 @@ func TestRestartOverStateInPlaceChangesNothing(t *testing.T) {
 	feedServices(second)
 	sync(t, second)
 	// Each read is one call, whatever the number of virtual servers.
-	reads := []string{"VirtualServers", "AllRealServers", "BoundAddresses", "NodeAddresses", "SetEntries"}
+	reads := []string{"VirtualServers", "EachVirtualServer", "BoundAddresses", "NodeAddresses", "SetEntries"}
 	for method, count := range n.kernel.Calls() {
 		if !strings.HasPrefix(method, "Ensure") && (!slices.Contains(reads, method) || count > 1) {
 			t.Errorf("the restart called %s %d times", method, count)
@@ -554,8 +561,8 @@ func TestDriftWithoutVirtualServersReadsNone(t *testing.T) {
 	if calls["BoundAddresses"] == 0 {
 		t.Fatal("no drift check ran")
 	}
-	if calls["VirtualServers"]+calls["AllRealServers"] != 0 {
-		t.Errorf("%d dumps of the virtual servers, want none", calls["VirtualServers"]+calls["AllRealServers"])
+	if calls["VirtualServers"]+calls["EachVirtualServer"] != 0 {
+		t.Errorf("%d dumps of the virtual servers, want none", calls["VirtualServers"]+calls["EachVirtualServer"])
 	}
 }
 
@@ -779,6 +786,67 @@ func TestDriftCheckNeitherHoldsUpNorMisreadsASync(t *testing.T) {
 	}
 }
 
+// The drift check compares each virtual server as it is listed, taking
+// the syncer's lock for each: a full sync that starts meanwhile, which
+// holds that lock and lists the virtual servers itself, is not deadlocked
+// by the check (the check gives up), and the check takes nothing the sync
+// changed for drift.
+func TestFullSyncDuringTheDriftChecksListingRuns(t *testing.T) {
+	n := newNode()
+	core, mode := n.proxier(t)
+	feedServices(core)
+	sync(t, core)
+	synced := make(chan error, 1)
+	duringListing := func() {
+		endpoints(core, "web", v1.ProtocolTCP, "10.244.0.5@local", "10.244.1.5", "10.244.1.9")
+		core.RequestFullSync()
+		done := make(chan error, 1)
+		go func() { done <- core.SyncOnce() }()
+		// The check goes on reading while the sync waits for its listing;
+		// the sync must get it.
+		go func() {
+			select {
+			case err := <-done:
+				synced <- err
+			case <-time.After(5 * time.Second):
+				synced <- errors.New("the full sync waited for the drift check")
+			}
+		}()
+		time.Sleep(20 * time.Millisecond) // the sync holds the lock now
+	}
+	n.duringListing.Store(&duringListing)
+	var resyncs atomic.Int32
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		mode.Watch(ctx, func() { resyncs.Add(1) })
+	}()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Error("the drift check never ended: deadlocked with the sync")
+		}
+	}()
+	select {
+	case err := <-synced:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no drift check listed the real servers")
+	}
+	time.Sleep(50 * time.Millisecond)
+	if got := resyncs.Load(); got != 0 {
+		t.Errorf("%d resyncs asked for, want none", got)
+	}
+	if !realServer(n.kernel.Dump(), "10.244.1.9:8080", 1, 0) {
+		t.Errorf("the full sync during the check did not add its real server:\n%s", n.kernel.Dump())
+	}
+}
+
 // The drift check's listings, whose cost grows with the services, are read
 // again only once a hundred times their CPU time has passed (here 5 ms,
 // so 0.5 s), while the rest of the check runs every CheckInterval (5 ms).
@@ -789,8 +857,8 @@ func TestCostlyDriftListingsAreSpacedByTheirCPUTime(t *testing.T) {
 	feedServices(core)
 	sync(t, core)
 	calls := watchUnchanged(t, n, mode, 300*time.Millisecond)
-	if calls["AllRealServers"] != 1 || calls["BoundAddresses"] != 1 {
-		t.Errorf("%d listings of the real servers and %d of the addresses in 0.3 s, want 1 each", calls["AllRealServers"], calls["BoundAddresses"])
+	if calls["EachVirtualServer"] != 1 || calls["BoundAddresses"] != 1 {
+		t.Errorf("%d listings of the real servers and %d of the addresses in 0.3 s, want 1 each", calls["EachVirtualServer"], calls["BoundAddresses"])
 	}
 	if calls["SetSizes"] < 5 {
 		t.Errorf("%d checks of the sets in 0.3 s, want them every 5 ms (some 20 after the first check's 10 x 5 ms pause)", calls["SetSizes"])
