@@ -25,6 +25,8 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/cache"
@@ -444,16 +446,22 @@ func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeP
 	noProxyName, _ := labels.NewRequirement("service.kubernetes.io/service-proxy-name", selection.DoesNotExist, nil)
 	noHeadless, _ := labels.NewRequirement(v1.IsHeadlessService, selection.DoesNotExist, nil)
 	selector := labels.NewSelector().Add(*noProxyName, *noHeadless).String()
+	tweak := func(o *metav1.ListOptions) { o.LabelSelector = selector }
 	factory := informers.NewSharedInformerFactoryWithOptions(client, cfg.ConfigSyncPeriod.Duration,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }),
 		informers.WithTransform(trimForCache))
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, cfg.ConfigSyncPeriod.Duration,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 		}))
 
-	services := factory.Core().V1().Services().Informer()
-	slices_ := factory.Discovery().V1().EndpointSlices().Informer()
+	// Without the factory's namespace index, which nothing here reads
+	// (1.5 MB at 10k services).
+	services := factory.InformerFor(&v1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, tweak)
+	})
+	slices_ := factory.InformerFor(&discovery.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, tweak)
+	})
 	nodes := nodeFactory.Core().V1().Nodes().Informer()
 	// The registrations' HasSynced, not the informers': it turns true only
 	// once the handler has been given every listed object, so the first
