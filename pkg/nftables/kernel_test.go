@@ -312,6 +312,33 @@ func TestKernelNetlinkReadMatchesListing(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
+	scripts := tableScripts(t)
+	for _, name := range sortedKeys(scripts) {
+		t.Run(name, func(t *testing.T) {
+			family := knftables.IPv4Family
+			if strings.Contains(strings.SplitN(scripts[name], "\n", 2)[0], " ip6 ") {
+				family = knftables.IPv6Family
+			}
+			loadTable(t, family, scripts[name])
+			listed, err := readTable(t.Context(), lister(family), "table", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			nt, err := nftnl.Read(t.Context(), string(family), TableName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want, got := tableText(listed), tableText(fromNetlink(nt)); want != got {
+				t.Errorf("read over netlink (+), listed by nft (-):\n%s", testutil.LineDiff(want, got))
+			}
+		})
+	}
+}
+
+// tableScripts are nft scripts of every golden table, the tables upstream
+// v1.36.3 wrote, and further shapes, by name.
+func tableScripts(t *testing.T) map[string]string {
+	t.Helper()
 	scripts := map[string]string{}
 	goldens, err := filepath.Glob("testdata/*.golden")
 	if err != nil || len(goldens) == 0 {
@@ -360,26 +387,7 @@ func TestKernelNetlinkReadMatchesListing(t *testing.T) {
 	}
 }
 `
-	for _, name := range sortedKeys(scripts) {
-		t.Run(name, func(t *testing.T) {
-			family := knftables.IPv4Family
-			if strings.Contains(strings.SplitN(scripts[name], "\n", 2)[0], " ip6 ") {
-				family = knftables.IPv6Family
-			}
-			loadTable(t, family, scripts[name])
-			listed, err := readTable(t.Context(), lister(family), "table", "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			nt, err := nftnl.Read(t.Context(), string(family), TableName)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want, got := tableText(listed), tableText(fromNetlink(nt)); want != got {
-				t.Errorf("read over netlink (+), listed by nft (-):\n%s", testutil.LineDiff(want, got))
-			}
-		})
-	}
+	return scripts
 }
 
 // A rule of a shape the netlink reader does not decode makes a full sync
@@ -463,4 +471,93 @@ func tableText(tb *table) string {
 		}
 	}
 	return b.String()
+}
+
+// scriptFamily is the family of the table an nft script writes.
+func scriptFamily(script string) knftables.Family {
+	if strings.Contains(strings.SplitN(script, "\n", 2)[0], " ip6 ") {
+		return knftables.IPv6Family
+	}
+	return knftables.IPv4Family
+}
+
+// Every table of tableScripts written over netlink (nftnl.Writer: the
+// table, its chains and sets, then their rules and elements, in one
+// batch) lists as nft -f of the script does: the writer makes what nft
+// makes of every rule shape and element type.
+func TestKernelNetlinkWriteMatchesNFT(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	scripts := tableScripts(t)
+	for _, name := range sortedKeys(scripts) {
+		t.Run(name, func(t *testing.T) {
+			family := scriptFamily(scripts[name])
+			loadTable(t, family, scripts[name])
+			want, err := readTable(t.Context(), lister(family), "table", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := Cleanup(t.Context(), realStreamer(t, family)); err != nil {
+				t.Fatal(err)
+			}
+			if err := writerOf(t, family, want).Send(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := readTable(t.Context(), lister(family), "table", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want, got := tableText(want), tableText(got); want != got {
+				t.Errorf("written over netlink (+), by nft -f (-):\n%s", testutil.LineDiff(want, got))
+			}
+		})
+	}
+}
+
+// writerOf is a netlink transaction that makes the table tb.
+func writerOf(t *testing.T, family knftables.Family, tb *table) *nftnl.Writer {
+	t.Helper()
+	w, err := nftnl.NewWriter(string(family), TableName, func(string) (string, []string, bool) { return "", nil, false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(w.AddTable(tb.comment))
+	for _, name := range sortedKeys(tb.chains) {
+		c := tb.chains[name]
+		nc := nftnl.Chain{Name: name}
+		if c.Comment != nil {
+			nc.Comment = *c.Comment
+		}
+		if c.Hook != nil {
+			nc.Base = &nftnl.BaseChain{Type: string(*c.Type), Hook: string(*c.Hook), Priority: string(*c.Priority)}
+		}
+		check(w.AddChain(nc))
+	}
+	for _, name := range sortedKeys(tb.sets) {
+		s := tb.sets[name]
+		ns := nftnl.Set{Name: name, Map: s.Map, Type: s.Type, Timeout: s.Timeout, Comment: s.Comment}
+		for _, f := range s.Flags {
+			ns.Flags = append(ns.Flags, string(f))
+		}
+		check(w.AddSet(ns))
+	}
+	for _, name := range sortedKeys(tb.chains) {
+		for _, rule := range tb.chains[name].Rules {
+			check(w.AddRule(name, rule))
+		}
+	}
+	for _, name := range sortedKeys(tb.sets) {
+		s := tb.sets[name]
+		for _, key := range sortedKeys(s.elements) {
+			check(w.AddElement(name, nftnl.Element{Key: key, Value: s.elements[key], Comment: s.comments[key]}))
+		}
+	}
+	return w
 }
