@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,6 +36,9 @@ func (b *Batch) Add(msgType, flags uint16, attrs []byte, what string) {
 
 // Len is the number of messages.
 func (b *Batch) Len() int { return len(b.whats) }
+
+// String names the messages, a line each.
+func (b *Batch) String() string { return strings.Join(b.whats, "\n") }
 
 // Send sends the batch and returns the errors the kernel answered with,
 // each naming its message (or the commit): when there is one, nothing of

@@ -69,6 +69,15 @@ func familyOf(family string) (byte, error) {
 	return 0, fmt.Errorf("nftables family %q: not supported", family)
 }
 
+// String names the operations, a line each (the elements of one set
+// written together, on one).
+func (w *Writer) String() string {
+	// Their place in the batch is where they are anyway; an error is
+	// Send's to return.
+	_ = w.flushElements()
+	return w.batch.String()
+}
+
 // Len is the number of messages so far.
 func (w *Writer) Len() int { return w.batch.Len() + min(w.elems.n, 1) }
 
@@ -76,7 +85,9 @@ func (w *Writer) Len() int { return w.batch.Len() + min(w.elems.n, 1) }
 // namespace; an error names the operations the kernel refused, and
 // then nothing of it was applied.
 func (w *Writer) Send() error {
-	w.flushElements()
+	if err := w.flushElements(); err != nil {
+		return err
+	}
 	sock, err := nfnetlink.Dial()
 	if err != nil {
 		return err
@@ -85,17 +96,20 @@ func (w *Writer) Send() error {
 	return sock.Send(w.batch)
 }
 
-func (w *Writer) add(msgType, flags uint16, what string, encode func(ae *netlink.AttributeEncoder)) {
-	w.flushElements()
+func (w *Writer) add(msgType, flags uint16, what string, encode func(ae *netlink.AttributeEncoder)) error {
+	if err := w.flushElements(); err != nil {
+		return err
+	}
 	ae := netlink.NewAttributeEncoder()
 	ae.ByteOrder = bigEndian
 	encode(ae)
 	data, err := ae.Encode()
 	if err != nil {
-		// Only attributes too long to encode fail, which no name is.
-		panic(fmt.Sprintf("encoding %s: %v", what, err))
+		// An attribute longer than 64 KiB.
+		return unsupported("%s: %v", what, err)
 	}
 	w.batch.Add(msgType, flags, data, what)
+	return nil
 }
 
 // userdata is a comment as nft keeps it in userdata (the type of a
@@ -109,18 +123,17 @@ func (w *Writer) AddTable(comment string) error {
 	if len(comment) > 250 {
 		return unsupported("a table comment of %d bytes", len(comment))
 	}
-	w.add(unix.NFT_MSG_NEWTABLE, unix.NLM_F_CREATE, "adding table "+w.table, func(ae *netlink.AttributeEncoder) {
+	return w.add(unix.NFT_MSG_NEWTABLE, unix.NLM_F_CREATE, "adding table "+w.table, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_TABLE_NAME, w.table)
 		if comment != "" {
 			ae.Bytes(nftaTableUserdata, userdata(0, comment))
 		}
 	})
-	return nil
 }
 
 // DeleteTable deletes the table.
-func (w *Writer) DeleteTable() {
-	w.add(unix.NFT_MSG_DELTABLE, 0, "deleting table "+w.table, func(ae *netlink.AttributeEncoder) {
+func (w *Writer) DeleteTable() error {
+	return w.add(unix.NFT_MSG_DELTABLE, 0, "deleting table "+w.table, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_TABLE_NAME, w.table)
 	})
 }
@@ -141,7 +154,7 @@ func (w *Writer) AddChain(c Chain) error {
 	if len(c.Comment) > 250 {
 		return unsupported("chain %s: a comment of %d bytes", c.Name, len(c.Comment))
 	}
-	w.add(unix.NFT_MSG_NEWCHAIN, unix.NLM_F_CREATE, "adding chain "+c.Name, func(ae *netlink.AttributeEncoder) {
+	return w.add(unix.NFT_MSG_NEWCHAIN, unix.NLM_F_CREATE, "adding chain "+c.Name, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_CHAIN_TABLE, w.table)
 		ae.String(unix.NFTA_CHAIN_NAME, c.Name)
 		if c.Base != nil {
@@ -156,7 +169,6 @@ func (w *Writer) AddChain(c Chain) error {
 			ae.Bytes(nftaChainUserdata, userdata(0, c.Comment))
 		}
 	})
-	return nil
 }
 
 // parsePriority reads a base chain's priority as nft takes it in the ip
@@ -187,16 +199,16 @@ func parsePriority(text string) (int32, error) {
 }
 
 // FlushChain deletes every rule of a chain.
-func (w *Writer) FlushChain(name string) {
-	w.add(unix.NFT_MSG_DELRULE, 0, "flushing chain "+name, func(ae *netlink.AttributeEncoder) {
+func (w *Writer) FlushChain(name string) error {
+	return w.add(unix.NFT_MSG_DELRULE, 0, "flushing chain "+name, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_RULE_TABLE, w.table)
 		ae.String(unix.NFTA_RULE_CHAIN, name)
 	})
 }
 
 // DeleteChain deletes a chain.
-func (w *Writer) DeleteChain(name string) {
-	w.add(unix.NFT_MSG_DELCHAIN, 0, "deleting chain "+name, func(ae *netlink.AttributeEncoder) {
+func (w *Writer) DeleteChain(name string) error {
+	return w.add(unix.NFT_MSG_DELCHAIN, 0, "deleting chain "+name, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_CHAIN_TABLE, w.table)
 		ae.String(unix.NFTA_CHAIN_NAME, name)
 	})
@@ -228,7 +240,7 @@ func (w *Writer) AddRule(chain, rule string) error {
 			return fmt.Errorf("chain %s: rule %q: %w", chain, rule, err)
 		}
 	}
-	w.add(unix.NFT_MSG_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_APPEND, fmt.Sprintf("adding rule %q to chain %s", rule, chain), func(ae *netlink.AttributeEncoder) {
+	return w.add(unix.NFT_MSG_NEWRULE, unix.NLM_F_CREATE|unix.NLM_F_APPEND, fmt.Sprintf("adding rule %q to chain %s", rule, chain), func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_RULE_TABLE, w.table)
 		ae.String(unix.NFTA_RULE_CHAIN, chain)
 		ae.Bytes(unix.NLA_F_NESTED|unix.NFTA_RULE_EXPRESSIONS, exprData)
@@ -236,7 +248,6 @@ func (w *Writer) AddRule(chain, rule string) error {
 			ae.Bytes(unix.NFTA_RULE_USERDATA, userdata(0, comment))
 		}
 	})
-	return nil
 }
 
 // typeID is the kernel's id of a type or concatenation of types.
@@ -279,17 +290,21 @@ func (w *Writer) addAnonymous(set *anonSet, chain string) error {
 			return err
 		}
 	}
-	var list []byte
+	// Elements in messages of at most maxElementList bytes each.
+	var lists [][]byte
 	n := 0
 	for _, e := range set.elements {
 		b, count, err := w.element(info, e, true)
 		if err != nil {
 			return err
 		}
-		list, n = append(list, b...), n+count
+		if len(lists) == 0 || len(lists[len(lists)-1])+len(b) > maxElementList {
+			lists = append(lists, nil)
+		}
+		lists[len(lists)-1], n = append(lists[len(lists)-1], b...), n+count
 	}
 	what := "adding an anonymous set to a rule of chain " + chain
-	w.add(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, what, func(ae *netlink.AttributeEncoder) {
+	if err := w.add(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, what, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_SET_TABLE, w.table)
 		ae.String(unix.NFTA_SET_NAME, name)
 		ae.Uint32(unix.NFTA_SET_FLAGS, flags)
@@ -309,13 +324,19 @@ func (w *Writer) addAnonymous(set *anonSet, chain string) error {
 			return nil
 		})
 		ae.Bytes(unix.NFTA_SET_USERDATA, byteorder(udataSetKeyByteorder, set.hostKey))
-	})
-	w.add(unix.NFT_MSG_NEWSETELEM, unix.NLM_F_CREATE, what, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, w.table)
-		ae.String(unix.NFTA_SET_ELEM_LIST_SET, name)
-		ae.Uint32(unix.NFTA_SET_ELEM_LIST_SET_ID, set.id)
-		ae.Bytes(unix.NLA_F_NESTED|unix.NFTA_SET_ELEM_LIST_ELEMENTS, list)
-	})
+	}); err != nil {
+		return err
+	}
+	for _, list := range lists {
+		if err := w.add(unix.NFT_MSG_NEWSETELEM, unix.NLM_F_CREATE, what, func(ae *netlink.AttributeEncoder) {
+			ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, w.table)
+			ae.String(unix.NFTA_SET_ELEM_LIST_SET, name)
+			ae.Uint32(unix.NFTA_SET_ELEM_LIST_SET_ID, set.id)
+			ae.Bytes(unix.NLA_F_NESTED|unix.NFTA_SET_ELEM_LIST_ELEMENTS, list)
+		}); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -348,7 +369,8 @@ func (w *Writer) AddSet(s Set) error {
 	if len(s.Comment) > 250 || slices.Contains(info.keyTypes, typeInteger) {
 		return unsupported("set %s of %s with a comment of %d bytes", s.Name, s.Type, len(s.Comment))
 	}
-	w.add(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, "adding set "+s.Name, func(ae *netlink.AttributeEncoder) {
+	w.sets[s.Name] = info
+	return w.add(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, "adding set "+s.Name, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_SET_TABLE, w.table)
 		ae.String(unix.NFTA_SET_NAME, s.Name)
 		ae.Uint32(unix.NFTA_SET_FLAGS, flags)
@@ -374,17 +396,15 @@ func (w *Writer) AddSet(s Set) error {
 		}
 		ae.Bytes(unix.NFTA_SET_USERDATA, udata)
 	})
-	w.sets[s.Name] = info
-	return nil
 }
 
 // DeleteSet deletes a named set or map.
-func (w *Writer) DeleteSet(name string) {
-	w.add(unix.NFT_MSG_DELSET, 0, "deleting set "+name, func(ae *netlink.AttributeEncoder) {
+func (w *Writer) DeleteSet(name string) error {
+	delete(w.sets, name)
+	return w.add(unix.NFT_MSG_DELSET, 0, "deleting set "+name, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_SET_TABLE, w.table)
 		ae.String(unix.NFTA_SET_NAME, name)
 	})
-	delete(w.sets, name)
 }
 
 // parseSetType reads a set's type as nft lists it.
@@ -468,7 +488,9 @@ func (w *Writer) elementOp(msgType uint16, set string, e Element) error {
 	}
 	g := &w.elems
 	if g.n > 0 && (g.msgType != msgType || g.set != set || len(g.list)+len(b) > maxElementList) {
-		w.flushElements()
+		if err := w.flushElements(); err != nil {
+			return err
+		}
 	}
 	if g.n == 0 {
 		*g = elementGroup{msgType: msgType, set: set, first: e.Key}
@@ -478,10 +500,10 @@ func (w *Writer) elementOp(msgType uint16, set string, e Element) error {
 }
 
 // flushElements puts the element operations gathered into the batch.
-func (w *Writer) flushElements() {
+func (w *Writer) flushElements() error {
 	g := w.elems
 	if g.n == 0 {
-		return
+		return nil
 	}
 	w.elems = elementGroup{}
 	verb := map[uint16]string{unix.NFT_MSG_NEWSETELEM: "adding", unix.NFT_MSG_DELSETELEM: "deleting"}[g.msgType]
@@ -493,7 +515,7 @@ func (w *Writer) flushElements() {
 	if g.msgType == unix.NFT_MSG_NEWSETELEM {
 		flags = unix.NLM_F_CREATE
 	}
-	w.add(g.msgType, flags, what, func(ae *netlink.AttributeEncoder) {
+	return w.add(g.msgType, flags, what, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_SET_ELEM_LIST_TABLE, w.table)
 		ae.String(unix.NFTA_SET_ELEM_LIST_SET, g.set)
 		ae.Bytes(unix.NLA_F_NESTED|unix.NFTA_SET_ELEM_LIST_ELEMENTS, g.list)
@@ -640,4 +662,3 @@ func addrRange(text string, size int) (lo, hi []byte, err error) {
 	}
 	return lo, hi, nil
 }
-
