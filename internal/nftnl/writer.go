@@ -284,8 +284,6 @@ func (w *Writer) addAnonymous(set *anonSet, chain string) error {
 	}
 	if set.interval {
 		flags |= setInterval
-	}
-	if set.interval {
 		if err := disjoint(set.elements, info.keyLen); err != nil {
 			return err
 		}
@@ -304,21 +302,7 @@ func (w *Writer) addAnonymous(set *anonSet, chain string) error {
 		lists[len(lists)-1], n = append(lists[len(lists)-1], b...), n+count
 	}
 	what := "adding an anonymous set to a rule of chain " + chain
-	if err := w.add(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, what, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_SET_TABLE, w.table)
-		ae.String(unix.NFTA_SET_NAME, name)
-		ae.Uint32(unix.NFTA_SET_FLAGS, flags)
-		ae.Uint32(unix.NFTA_SET_KEY_TYPE, typeID(set.keyTypes))
-		ae.Uint32(unix.NFTA_SET_KEY_LEN, uint32(info.keyLen))
-		if info.Map {
-			if set.dataTypes[0] == typeVerdict {
-				ae.Uint32(unix.NFTA_SET_DATA_TYPE, verdictData)
-			} else {
-				ae.Uint32(unix.NFTA_SET_DATA_TYPE, typeID(set.dataTypes))
-				ae.Uint32(unix.NFTA_SET_DATA_LEN, uint32(valueLen(set.dataTypes)))
-			}
-		}
-		ae.Uint32(unix.NFTA_SET_ID, set.id)
+	if err := w.newSet(what, name, set.id, flags, info, func(ae *netlink.AttributeEncoder) {
 		ae.Nested(unix.NFTA_SET_DESC, func(nae *netlink.AttributeEncoder) error {
 			nae.Uint32(unix.NFTA_SET_DESC_SIZE, uint32(n))
 			return nil
@@ -370,23 +354,9 @@ func (w *Writer) AddSet(s Set) error {
 		return unsupported("set %s of %s with a comment of %d bytes", s.Name, s.Type, len(s.Comment))
 	}
 	w.sets[s.Name] = info
-	return w.add(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, "adding set "+s.Name, func(ae *netlink.AttributeEncoder) {
-		ae.String(unix.NFTA_SET_TABLE, w.table)
-		ae.String(unix.NFTA_SET_NAME, s.Name)
-		ae.Uint32(unix.NFTA_SET_FLAGS, flags)
-		ae.Uint32(unix.NFTA_SET_KEY_TYPE, typeID(info.keyTypes))
-		ae.Uint32(unix.NFTA_SET_KEY_LEN, uint32(info.keyLen))
-		if s.Map {
-			if info.dataTypes[0] == typeVerdict {
-				ae.Uint32(unix.NFTA_SET_DATA_TYPE, verdictData)
-			} else {
-				ae.Uint32(unix.NFTA_SET_DATA_TYPE, typeID(info.dataTypes))
-				ae.Uint32(unix.NFTA_SET_DATA_LEN, uint32(valueLen(info.dataTypes)))
-			}
-		}
-		// The kernel wants an id for every new set.
-		w.nextID++
-		ae.Uint32(unix.NFTA_SET_ID, w.nextID)
+	// The kernel wants an id for every new set.
+	w.nextID++
+	return w.newSet("adding set "+s.Name, s.Name, w.nextID, flags, info, func(ae *netlink.AttributeEncoder) {
 		if s.Timeout != 0 {
 			ae.Uint64(unix.NFTA_SET_TIMEOUT, uint64(s.Timeout/time.Millisecond))
 		}
@@ -395,6 +365,28 @@ func (w *Writer) AddSet(s Set) error {
 			udata = append(udata, userdata(udataSetComment, s.Comment)...)
 		}
 		ae.Bytes(unix.NFTA_SET_USERDATA, udata)
+	})
+}
+
+// newSet adds a set of the types, flags and id, with the attributes more
+// writes.
+func (w *Writer) newSet(what, name string, id, flags uint32, info *setInfo, more func(ae *netlink.AttributeEncoder)) error {
+	return w.add(unix.NFT_MSG_NEWSET, unix.NLM_F_CREATE, what, func(ae *netlink.AttributeEncoder) {
+		ae.String(unix.NFTA_SET_TABLE, w.table)
+		ae.String(unix.NFTA_SET_NAME, name)
+		ae.Uint32(unix.NFTA_SET_FLAGS, flags)
+		ae.Uint32(unix.NFTA_SET_KEY_TYPE, typeID(info.keyTypes))
+		ae.Uint32(unix.NFTA_SET_KEY_LEN, uint32(info.keyLen))
+		if info.Map {
+			if info.dataTypes[0] == typeVerdict {
+				ae.Uint32(unix.NFTA_SET_DATA_TYPE, verdictData)
+			} else {
+				ae.Uint32(unix.NFTA_SET_DATA_TYPE, typeID(info.dataTypes))
+				ae.Uint32(unix.NFTA_SET_DATA_LEN, uint32(valueLen(info.dataTypes)))
+			}
+		}
+		ae.Uint32(unix.NFTA_SET_ID, id)
+		more(ae)
 	})
 }
 

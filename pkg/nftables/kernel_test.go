@@ -164,10 +164,7 @@ func TestKernelSyncs(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
-	params := v4(nil)(t)
-	h, k := kernelHarness(t, v1.IPv4Protocol, params)
-	h.apply(sampleObjects()...)
-	h.full()
+	h, k, params := kernelSample(t)
 
 	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.11"), ep("10.244.1.12", "node=node-2"), ep("10.244.1.15")))
 	n, overNetlink := len(k.txs), k.overNetlink
@@ -184,7 +181,7 @@ func TestKernelSyncs(t *testing.T) {
 	time.Sleep(staleChainDelay + 100*time.Millisecond)
 	h.changed = nil
 	h.partial()
-	if last := k.txs[len(k.txs)-1]; strings.Count(last, "delete chain") != 8 {
+	if last := k.txs[len(k.txs)-1]; strings.Count(last, "deleting chain") != 8 {
 		t.Errorf("the removed service's chains were not deleted:\n%s", last)
 	}
 	compareWithFresh(t, h, params)
@@ -215,6 +212,17 @@ func TestKernelSyncs(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "10.244.1.100") {
 		t.Errorf("affinity entry lost: %v: %s", err, out)
 	}
+}
+
+// kernelSample is a kernel harness after a full sync of the sample
+// services.
+func kernelSample(t *testing.T) (*harness, *kernelNFT, Params) {
+	t.Helper()
+	params := v4(nil)(t)
+	h, k := kernelHarness(t, v1.IPv4Protocol, params)
+	h.apply(sampleObjects()...)
+	h.full()
+	return h, k, params
 }
 
 // compareWithFresh compares the kernel's table with what one full sync of
@@ -408,10 +416,7 @@ func TestKernelUnknownRuleShapeFallsBackToListing(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
-	params := v4(nil)(t)
-	h, k := kernelHarness(t, v1.IPv4Protocol, params)
-	h.apply(sampleObjects()...)
-	h.full()
+	h, k, params := kernelSample(t)
 	const chain = "service-DMA2WJPR-hx-conf/fid-a/tcp/http"
 	if out, err := exec.Command("nft", "insert", "rule", "ip", TableName, chain, "counter").CombinedOutput(); err != nil {
 		t.Fatalf("nft insert rule: %v: %s", err, out)
@@ -635,10 +640,7 @@ func TestKernelUnencodedTransactionGoesToNFT(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
-	params := v4(nil)(t)
-	h, k := kernelHarness(t, v1.IPv4Protocol, params)
-	h.apply(sampleObjects()...)
-	h.full()
+	h, k, _ := kernelSample(t)
 	c := &Chain{Chain: knftables.Chain{Name: "other"}, Rules: []string{"counter", "drop"}}
 	plan := txPlan{{objectOps(addOp, []knftables.Object{&c.Chain}), 0, 1}, {ruleOps("ip", []ruleRef{{c, 0}, {c, 1}}), 0, 2}}
 	n, overNetlink := len(k.txs), k.overNetlink
