@@ -123,8 +123,9 @@ type ruleEncoder struct {
 	sets   []*anonSet
 	// nextID numbers the anonymous sets of the transaction.
 	nextID *uint32
-	// relation is set once a "meta l4proto" match with a protocol was
-	// written, after which nft would print "th dport" otherwise.
+	// l4proto is set once a "meta l4proto" match with a protocol was
+	// written, after which nft would print "th dport" otherwise (the
+	// reader refuses it).
 	l4proto bool
 }
 

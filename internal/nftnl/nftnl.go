@@ -77,14 +77,9 @@ type Element struct {
 // thread's network namespace. An error wrapping fs.ErrNotExist means there
 // is no such table.
 func Read(ctx context.Context, family, table string) (*Table, error) {
-	var fam byte
-	switch family {
-	case "ip":
-		fam = unix.NFPROTO_IPV4
-	case "ip6":
-		fam = unix.NFPROTO_IPV6
-	default:
-		return nil, fmt.Errorf("nftables family %q: not supported", family)
+	fam, err := familyOf(family)
+	if err != nil {
+		return nil, err
 	}
 	before, err := nfgen.Generation()
 	if err != nil {
