@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rapidproxy/rapidproxy/internal/nfgen"
+	"github.com/rapidproxy/rapidproxy/internal/nfnetlink"
 )
 
 // Table is what a table holds, as `nft list table` prints it.
@@ -76,24 +77,19 @@ type Element struct {
 // thread's network namespace. An error wrapping fs.ErrNotExist means there
 // is no such table.
 func Read(ctx context.Context, family, table string) (*Table, error) {
-	var fam byte
-	switch family {
-	case "ip":
-		fam = unix.NFPROTO_IPV4
-	case "ip6":
-		fam = unix.NFPROTO_IPV6
-	default:
-		return nil, fmt.Errorf("nftables family %q: not supported", family)
+	fam, err := familyOf(family)
+	if err != nil {
+		return nil, err
 	}
 	before, err := nfgen.Generation()
 	if err != nil {
 		return nil, err
 	}
-	sock, err := dial()
+	sock, err := nfnetlink.Dial()
 	if err != nil {
 		return nil, err
 	}
-	defer sock.close()
+	defer sock.Close()
 	r := &reader{sock: sock, family: fam, table: table}
 	t, err := r.read(ctx)
 	if err != nil {
@@ -122,7 +118,7 @@ const (
 )
 
 type reader struct {
-	sock   *socket
+	sock   *nfnetlink.Socket
 	family byte
 	table  string
 }
@@ -134,7 +130,7 @@ func (r *reader) request(msgType uint16, dump bool, attrs ...netlink.Attribute) 
 	if err != nil {
 		return nil, err
 	}
-	return r.sock.request(msgType, r.family, dump, data)
+	return r.sock.Request(msgType, r.family, dump, data)
 }
 
 func str(s string) []byte { return append([]byte(s), 0) }
@@ -316,11 +312,11 @@ func priority(hook uint32, prio int32) string {
 // kernel's dumps and our decoding take about the same time. The second
 // socket is opened by the calling thread, in its network namespace.
 func (r *reader) allRules(ctx context.Context, chains []Chain, sets map[string]*setInfo) error {
-	second, err := dial()
+	second, err := nfnetlink.Dial()
 	if err != nil {
 		return err
 	}
-	defer second.close()
+	defer second.Close()
 	readers := []*reader{r, {sock: second, family: r.family, table: r.table}}
 	errs := make([]error, len(readers))
 	var wg sync.WaitGroup

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/knftables"
 
+	"github.com/rapidproxy/rapidproxy/internal/nfgen"
 	"github.com/rapidproxy/rapidproxy/internal/nftnl"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
@@ -30,12 +32,22 @@ func inNetns(t *testing.T) bool {
 	return testutil.RerunInNetns(t, [][2]string{{"fresh namespace", ""}})
 }
 
-// kernelNFT is the real nft, streamed to as the syncer's is, keeping
-// each transaction it ran and counting chain listings.
+// kernelNFT is the real nft, streamed to as the syncer's is, and the
+// netlink writer, keeping each transaction either ran (nft's text, or
+// the writer's operations, a line each) and counting chain listings and
+// transactions over netlink.
 type kernelNFT struct {
 	*Streamer
-	txs   []string
-	lists atomic.Int32
+	txs         []string
+	lists       atomic.Int32
+	overNetlink int
+}
+
+// send is the syncer's Config.Send.
+func (k *kernelNFT) send(w *nftnl.Writer) error {
+	k.txs = append(k.txs, w.String())
+	k.overNetlink++
+	return w.Send()
 }
 
 func (k *kernelNFT) ListRules(ctx context.Context, chain string) ([]*knftables.Rule, error) {
@@ -97,7 +109,7 @@ func (t teeCloser) Write(p []byte) (int, error) {
 }
 
 func (h *harness) kernelSyncer(family v1.IPFamily, params Params, k *kernelNFT) *Syncer {
-	s, err := New(Config{Family: family, NFT: k, Params: params})
+	s, err := New(Config{Family: family, NFT: k, Send: k.send, Params: params})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -152,17 +164,14 @@ func TestKernelSyncs(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
-	params := v4(nil)(t)
-	h, k := kernelHarness(t, v1.IPv4Protocol, params)
-	h.apply(sampleObjects()...)
-	h.full()
+	h, k, params := kernelSample(t)
 
 	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.11"), ep("10.244.1.12", "node=node-2"), ep("10.244.1.15")))
-	n := len(k.txs)
+	n, overNetlink := len(k.txs), k.overNetlink
 	h.partial()
 	// Two chains flushed, their five rules, the hairpin element.
-	if len(k.txs) != n+1 || len(operations(k.txs[n])) != 8 {
-		t.Errorf("one endpoint change wrote:\n%s", strings.Join(k.txs[n:], "\n"))
+	if len(k.txs) != n+1 || len(operations(k.txs[n])) != 8 || k.overNetlink != overNetlink+1 {
+		t.Errorf("one endpoint change wrote (over netlink: %d):\n%s", k.overNetlink-overNetlink, strings.Join(k.txs[n:], "\n"))
 	}
 	compareWithFresh(t, h, params)
 
@@ -172,7 +181,7 @@ func TestKernelSyncs(t *testing.T) {
 	time.Sleep(staleChainDelay + 100*time.Millisecond)
 	h.changed = nil
 	h.partial()
-	if last := k.txs[len(k.txs)-1]; strings.Count(last, "delete chain") != 8 {
+	if last := k.txs[len(k.txs)-1]; strings.Count(last, "deleting chain") != 8 {
 		t.Errorf("the removed service's chains were not deleted:\n%s", last)
 	}
 	compareWithFresh(t, h, params)
@@ -203,6 +212,17 @@ func TestKernelSyncs(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "10.244.1.100") {
 		t.Errorf("affinity entry lost: %v: %s", err, out)
 	}
+}
+
+// kernelSample is a kernel harness after a full sync of the sample
+// services.
+func kernelSample(t *testing.T) (*harness, *kernelNFT, Params) {
+	t.Helper()
+	params := v4(nil)(t)
+	h, k := kernelHarness(t, v1.IPv4Protocol, params)
+	h.apply(sampleObjects()...)
+	h.full()
+	return h, k, params
 }
 
 // compareWithFresh compares the kernel's table with what one full sync of
@@ -312,6 +332,33 @@ func TestKernelNetlinkReadMatchesListing(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
+	scripts := tableScripts(t)
+	for _, name := range sortedKeys(scripts) {
+		t.Run(name, func(t *testing.T) {
+			family := knftables.IPv4Family
+			if strings.Contains(strings.SplitN(scripts[name], "\n", 2)[0], " ip6 ") {
+				family = knftables.IPv6Family
+			}
+			loadTable(t, family, scripts[name])
+			listed, err := readTable(t.Context(), lister(family), "table", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			nt, err := nftnl.Read(t.Context(), string(family), TableName)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want, got := tableText(listed), tableText(fromNetlink(nt)); want != got {
+				t.Errorf("read over netlink (+), listed by nft (-):\n%s", testutil.LineDiff(want, got))
+			}
+		})
+	}
+}
+
+// tableScripts are nft scripts of every golden table, the tables upstream
+// v1.36.3 wrote, and further shapes, by name.
+func tableScripts(t *testing.T) map[string]string {
+	t.Helper()
 	scripts := map[string]string{}
 	goldens, err := filepath.Glob("testdata/*.golden")
 	if err != nil || len(goldens) == 0 {
@@ -360,26 +407,7 @@ func TestKernelNetlinkReadMatchesListing(t *testing.T) {
 	}
 }
 `
-	for _, name := range sortedKeys(scripts) {
-		t.Run(name, func(t *testing.T) {
-			family := knftables.IPv4Family
-			if strings.Contains(strings.SplitN(scripts[name], "\n", 2)[0], " ip6 ") {
-				family = knftables.IPv6Family
-			}
-			loadTable(t, family, scripts[name])
-			listed, err := readTable(t.Context(), lister(family), "table", "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			nt, err := nftnl.Read(t.Context(), string(family), TableName)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want, got := tableText(listed), tableText(fromNetlink(nt)); want != got {
-				t.Errorf("read over netlink (+), listed by nft (-):\n%s", testutil.LineDiff(want, got))
-			}
-		})
-	}
+	return scripts
 }
 
 // A rule of a shape the netlink reader does not decode makes a full sync
@@ -388,10 +416,7 @@ func TestKernelUnknownRuleShapeFallsBackToListing(t *testing.T) {
 	if !inNetns(t) {
 		return
 	}
-	params := v4(nil)(t)
-	h, k := kernelHarness(t, v1.IPv4Protocol, params)
-	h.apply(sampleObjects()...)
-	h.full()
+	h, k, params := kernelSample(t)
 	const chain = "service-DMA2WJPR-hx-conf/fid-a/tcp/http"
 	if out, err := exec.Command("nft", "insert", "rule", "ip", TableName, chain, "counter").CombinedOutput(); err != nil {
 		t.Fatalf("nft insert rule: %v: %s", err, out)
@@ -463,4 +488,175 @@ func tableText(tb *table) string {
 		}
 	}
 	return b.String()
+}
+
+// scriptFamily is the family of the table an nft script writes.
+func scriptFamily(script string) knftables.Family {
+	if strings.Contains(strings.SplitN(script, "\n", 2)[0], " ip6 ") {
+		return knftables.IPv6Family
+	}
+	return knftables.IPv4Family
+}
+
+// Every table of tableScripts written over netlink (nftnl.Writer: the
+// table, its chains and sets, then their rules and elements, in one
+// batch) lists as nft -f of the script does: the writer makes what nft
+// makes of every rule shape and element type.
+func TestKernelNetlinkWriteMatchesNFT(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	scripts := tableScripts(t)
+	for _, name := range sortedKeys(scripts) {
+		t.Run(name, func(t *testing.T) {
+			family := scriptFamily(scripts[name])
+			loadTable(t, family, scripts[name])
+			want, err := readTable(t.Context(), lister(family), "table", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := Cleanup(t.Context(), realStreamer(t, family)); err != nil {
+				t.Fatal(err)
+			}
+			if err := writerOf(t, family, want).Send(); err != nil {
+				t.Fatal(err)
+			}
+			got, err := readTable(t.Context(), lister(family), "table", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want, got := tableText(want), tableText(got); want != got {
+				t.Errorf("written over netlink (+), by nft -f (-):\n%s", testutil.LineDiff(want, got))
+			}
+		})
+	}
+}
+
+// writerOf is a netlink transaction that makes the table tb.
+func writerOf(t *testing.T, family knftables.Family, tb *table) *nftnl.Writer {
+	t.Helper()
+	w, err := nftnl.NewWriter(string(family), TableName, func(string) (string, []string, bool) { return "", nil, false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	check(w.AddTable(tb.comment))
+	for _, name := range sortedKeys(tb.chains) {
+		c := tb.chains[name]
+		nc := nftnl.Chain{Name: name}
+		if c.Comment != nil {
+			nc.Comment = *c.Comment
+		}
+		if c.Hook != nil {
+			nc.Base = &nftnl.BaseChain{Type: string(*c.Type), Hook: string(*c.Hook), Priority: string(*c.Priority)}
+		}
+		check(w.AddChain(nc))
+	}
+	for _, name := range sortedKeys(tb.sets) {
+		s := tb.sets[name]
+		ns := nftnl.Set{Name: name, Map: s.Map, Type: s.Type, Timeout: s.Timeout, Comment: s.Comment}
+		for _, f := range s.Flags {
+			ns.Flags = append(ns.Flags, string(f))
+		}
+		check(w.AddSet(ns))
+	}
+	for _, name := range sortedKeys(tb.chains) {
+		for _, rule := range tb.chains[name].Rules {
+			check(w.AddRule(name, rule))
+		}
+	}
+	for _, name := range sortedKeys(tb.sets) {
+		s := tb.sets[name]
+		for _, key := range sortedKeys(s.elements) {
+			check(w.AddElement(name, nftnl.Element{Key: key, Value: s.elements[key], Comment: s.comments[key]}))
+		}
+	}
+	return w
+}
+
+// A netlink batch the kernel refuses part of applies none of it, moves no
+// generation, and its error names the operation refused: a rule jumping
+// to a missing chain, an element of a set that is not there.
+func TestKernelRefusedNetlinkBatchAppliesNothing(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	loadTable(t, knftables.IPv4Family, "table ip kube-proxy {\n\tset s { type ipv4_addr; }\n\tchain c { }\n}\n")
+	before, err := readTable(t.Context(), lister(knftables.IPv4Family), "table", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		bad  func(w *nftnl.Writer) error
+		want string
+	}{
+		{"a jump to a missing chain", func(w *nftnl.Writer) error { return w.AddRule("c", "jump missing") },
+			`adding rule "jump missing" to chain c: no such file or directory`},
+		{"an element of a missing set", func(w *nftnl.Writer) error { return w.AddElement("gone", nftnl.Element{Key: "10.0.0.2"}) },
+			"adding element 10.0.0.2 of gone: no such file or directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The writer takes "gone" for a set the table holds, as a
+			// syncer whose view of the table is stale would.
+			w, err := nftnl.NewWriter("ip", TableName, func(string) (string, []string, bool) { return "ipv4_addr", nil, true })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := errors.Join(w.AddChain(nftnl.Chain{Name: "d"}), w.AddRule("c", "ip daddr 10.0.0.1 jump d"),
+				w.AddElement("s", nftnl.Element{Key: "10.0.0.1"}), tc.bad(w), w.AddRule("c", "drop")); err != nil {
+				t.Fatal(err)
+			}
+			gen, err := nfgen.Generation()
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = w.Send()
+			if err == nil || err.Error() != tc.want {
+				t.Errorf("got %v, want %q", err, tc.want)
+			}
+			after, err := readTable(t.Context(), lister(knftables.IPv4Family), "table", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want, got := tableText(before), tableText(after); want != got {
+				t.Errorf("the refused batch changed the table (+):\n%s", testutil.LineDiff(want, got))
+			}
+			if moved, err := nfgen.Generation(); err != nil || moved != gen {
+				t.Errorf("the generation moved from %d to %d (%v)", gen, moved, err)
+			}
+		})
+	}
+}
+
+// A transaction with an operation the netlink writer does not encode (a
+// counter) goes whole to nft, and the syncer says so once.
+func TestKernelUnencodedTransactionGoesToNFT(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	h, k, _ := kernelSample(t)
+	c := &Chain{Chain: knftables.Chain{Name: "other"}, Rules: []string{"counter", "drop"}}
+	plan := txPlan{{objectOps(addOp, []knftables.Object{&c.Chain}), 0, 1}, {ruleOps("ip", []ruleRef{{c, 0}, {c, 1}}), 0, 2}}
+	n, overNetlink := len(k.txs), k.overNetlink
+	for range 2 {
+		if err := h.syncer.send(plan); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if k.overNetlink != overNetlink || len(k.txs) != n+2 || !strings.Contains(k.txs[n], "add rule ip kube-proxy other counter") {
+		t.Errorf("over netlink: %d; transactions:\n%s", k.overNetlink-overNetlink, strings.Join(k.txs[n:], "\n"))
+	}
+	if !h.syncer.encodeFailed {
+		t.Error("the fallback was not logged")
+	}
+	rules, err := k.ListRules(t.Context(), "other")
+	if err != nil || len(rules) != 4 {
+		t.Errorf("chain other holds %d rules (%v), want 4", len(rules), err)
+	}
 }

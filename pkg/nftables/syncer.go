@@ -40,6 +40,11 @@ type Config struct {
 	// List when it fails. Nil when List is given (the Fake); nftnl.Read
 	// when neither is.
 	Read func(ctx context.Context) (*nftnl.Table, error)
+	// Send sends a transaction over netlink, as the writer given holds it
+	// (nftnl.Writer.Send); one the writer does not encode goes to NFT.
+	// Nil when List is given (the Fake): every transaction goes to NFT.
+	// (*nftnl.Writer).Send when neither is.
+	Send func(w *nftnl.Writer) error
 	// Generation reads the kernel's nftables ruleset generation; nil
 	// reads it over netlink, less our own transactions' moves
 	// (nfgen.ForeignGeneration), which are then run through nfgen.Write.
@@ -65,8 +70,9 @@ type Syncer struct {
 	// the generation.
 	genFailed bool
 	// readFailed is set once a full sync logged that it could not read
-	// the table over netlink.
-	readFailed bool
+	// the table over netlink; encodeFailed once a sync logged that it
+	// could not encode a transaction for netlink.
+	readFailed, encodeFailed bool
 	// writeTx runs one of our transactions: through nfgen.Write when the
 	// generation is nfgen's.
 	writeTx func(func() error) error
@@ -124,6 +130,9 @@ func New(cfg Config) (*Syncer, error) {
 		if cfg.Read == nil {
 			family := string(Family(cfg.Family))
 			cfg.Read = func(ctx context.Context) (*nftnl.Table, error) { return nftnl.Read(ctx, family, TableName) }
+		}
+		if cfg.Send == nil {
+			cfg.Send = (*nftnl.Writer).Send
 		}
 	}
 	writeTx := func(write func() error) error { return write() }
