@@ -739,111 +739,88 @@ func TestDriftListsTheNatChainOnlyWhenItsGenerationMoved(t *testing.T) {
 	}
 }
 
-// The drift check reads the kernel without the syncer's lock: a sync that
-// starts while the check reads runs at once, and the check drops what it
-// read, from before the sync, instead of taking the real server the sync
-// added for one another program deleted.
+// The drift check reads the kernel without the syncer's lock, and takes it
+// only to compare each virtual server as it is listed. A sync that starts
+// right after the listing runs at once, while the check waits; a full sync
+// that starts during the listing, which holds the lock and must list the
+// virtual servers itself, is not deadlocked by the check, which gives up.
+// Either way the check drops what it read before the sync instead of
+// taking the real server the sync added for one another program deleted.
 func TestDriftCheckNeitherHoldsUpNorMisreadsASync(t *testing.T) {
-	n := newNode()
-	core, mode := n.proxier(t)
-	feedServices(core)
-	sync(t, core)
-	synced := make(chan error, 1)
-	duringCheck := func() {
-		endpoints(core, "web", v1.ProtocolTCP, "10.244.0.5@local", "10.244.1.5", "10.244.1.9")
-		done := make(chan error, 1)
-		go func() { done <- core.SyncOnce() }()
-		select {
-		case err := <-done:
-			synced <- err
-		case <-time.After(5 * time.Second):
-			synced <- errors.New("the sync waited for the drift check")
-		}
-	}
-	n.afterListing.Store(&duringCheck)
-	var resyncs atomic.Int32
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		mode.Watch(ctx, func() { resyncs.Add(1) })
-	}()
-	defer func() { cancel(); <-done }()
-	select {
-	case err := <-synced:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no drift check listed the real servers")
-	}
-	time.Sleep(50 * time.Millisecond) // more checks, of the state after the sync
-	if got := resyncs.Load(); got != 0 {
-		t.Errorf("%d resyncs asked for, want none: the check compared what it read before a sync with what the sync wrote", got)
-	}
-	if !realServer(n.kernel.Dump(), "10.244.1.9:8080", 1, 0) {
-		t.Errorf("the sync during the check did not add its real server:\n%s", n.kernel.Dump())
-	}
-}
-
-// The drift check compares each virtual server as it is listed, taking
-// the syncer's lock for each: a full sync that starts meanwhile, which
-// holds that lock and lists the virtual servers itself, is not deadlocked
-// by the check (the check gives up), and the check takes nothing the sync
-// changed for drift.
-func TestFullSyncDuringTheDriftChecksListingRuns(t *testing.T) {
-	n := newNode()
-	core, mode := n.proxier(t)
-	feedServices(core)
-	sync(t, core)
-	synced := make(chan error, 1)
-	duringListing := func() {
-		endpoints(core, "web", v1.ProtocolTCP, "10.244.0.5@local", "10.244.1.5", "10.244.1.9")
-		core.RequestFullSync()
-		done := make(chan error, 1)
-		go func() { done <- core.SyncOnce() }()
-		// The check goes on reading while the sync waits for its listing;
-		// the sync must get it.
-		go func() {
-			select {
-			case err := <-done:
-				synced <- err
-			case <-time.After(5 * time.Second):
-				synced <- errors.New("the full sync waited for the drift check")
+	for _, tc := range []struct {
+		name string
+		// during starts the sync during the listing (after its first
+		// virtual server), else right after it, the check waiting for the
+		// sync's end.
+		during, full bool
+	}{
+		{"partial sync after the listing", false, false},
+		{"full sync during the listing", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode()
+			core, mode := n.proxier(t)
+			feedServices(core)
+			sync(t, core)
+			synced := make(chan error, 1)
+			startSync := func() {
+				endpoints(core, "web", v1.ProtocolTCP, "10.244.0.5@local", "10.244.1.5", "10.244.1.9")
+				if tc.full {
+					core.RequestFullSync()
+				}
+				done := make(chan error, 1)
+				go func() { done <- core.SyncOnce() }()
+				wait := func() {
+					select {
+					case err := <-done:
+						synced <- err
+					case <-time.After(5 * time.Second):
+						synced <- errors.New("the sync waited for the drift check")
+					}
+				}
+				if tc.during {
+					go wait()
+					time.Sleep(20 * time.Millisecond) // the sync holds the lock now
+				} else {
+					wait()
+				}
 			}
-		}()
-		time.Sleep(20 * time.Millisecond) // the sync holds the lock now
-	}
-	n.duringListing.Store(&duringListing)
-	var resyncs atomic.Int32
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		mode.Watch(ctx, func() { resyncs.Add(1) })
-	}()
-	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			t.Error("the drift check never ended: deadlocked with the sync")
-		}
-	}()
-	select {
-	case err := <-synced:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no drift check listed the real servers")
-	}
-	time.Sleep(50 * time.Millisecond)
-	if got := resyncs.Load(); got != 0 {
-		t.Errorf("%d resyncs asked for, want none", got)
-	}
-	if !realServer(n.kernel.Dump(), "10.244.1.9:8080", 1, 0) {
-		t.Errorf("the full sync during the check did not add its real server:\n%s", n.kernel.Dump())
+			if tc.during {
+				n.duringListing.Store(&startSync)
+			} else {
+				n.afterListing.Store(&startSync)
+			}
+			var resyncs atomic.Int32
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				mode.Watch(ctx, func() { resyncs.Add(1) })
+			}()
+			defer func() {
+				cancel()
+				select {
+				case <-done:
+				case <-time.After(5 * time.Second):
+					t.Error("the drift check never ended: deadlocked with the sync")
+				}
+			}()
+			select {
+			case err := <-synced:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("no drift check listed the real servers")
+			}
+			time.Sleep(50 * time.Millisecond) // more checks, of the state after the sync
+			if got := resyncs.Load(); got != 0 {
+				t.Errorf("%d resyncs asked for, want none: the check compared what it read before a sync with what the sync wrote", got)
+			}
+			if !realServer(n.kernel.Dump(), "10.244.1.9:8080", 1, 0) {
+				t.Errorf("the sync during the check did not add its real server:\n%s", n.kernel.Dump())
+			}
+		})
 	}
 }
 
