@@ -2,13 +2,11 @@ package ipvs
 
 import (
 	"bufio"
-	"encoding/hex"
+	"bytes"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
-	"strconv"
-	"strings"
 
 	v1 "k8s.io/api/core/v1"
 
@@ -38,7 +36,8 @@ func (t *table) AllRealServers() (map[ipvsmode.VirtualServerKey][]ipvsmode.RealS
 	if _, err := t.proc.Seek(0, io.SeekStart); err != nil {
 		return nil, fmt.Errorf("reading %s: %w", procIPVS, err)
 	}
-	all, err := parseProcIPVS(bufio.NewReaderSize(t.proc, 1<<20), t.ipv6)
+	// The kernel hands out at most a page per read, whatever the buffer.
+	all, err := parseProcIPVS(t.proc, t.ipv6)
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", procIPVS, err)
 	}
@@ -54,81 +53,147 @@ var procProtocols = map[string]v1.Protocol{"TCP": v1.ProtocolTCP, "UDP": v1.Prot
 // followed by its destinations ("  -> 0AF40005:1F90 Masq 1 0 0":
 // address, forwarding, weight, active and inactive connections). Virtual
 // servers of the other family, firewall-mark ones and other protocols
-// are left out.
+// are left out. It reads the lines in place, without a string or slice
+// per line: at 10,000 services under emulation the parse cost as much as
+// the kernel's printing of the listing. The real servers of all virtual
+// servers share one array, in the listing's order.
 func parseProcIPVS(r io.Reader, ipv6 bool) (map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer, error) {
 	all := map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer{}
+	var reals []ipvsmode.RealServer
 	sc := bufio.NewScanner(r)
-	var current *ipvsmode.VirtualServerKey // nil while skipping a virtual server
+	var current ipvsmode.VirtualServerKey
+	listing, first := false, 0 // whether current's real servers are read, from reals[first]
+	done := func() {
+		if listing {
+			all[current] = reals[first:len(reals):len(reals)]
+		}
+		listing = false
+	}
+	var fields [8][]byte
 	for line := 0; sc.Scan(); line++ {
-		fields := strings.Fields(sc.Text())
-		if line < 3 || len(fields) < 2 { // the three header lines
+		f := splitFields(sc.Bytes(), fields[:0])
+		if line < 3 || len(f) < 2 { // the three header lines
 			continue
 		}
-		if fields[0] != "->" {
-			current = nil
-			proto, ok := procProtocols[fields[0]]
+		if string(f[0]) != "->" {
+			done()
+			proto, ok := procProtocols[string(f[0])]
 			if !ok {
 				continue
 			}
-			addr, err := parseProcAddrPort(fields[1])
+			addr, err := parseProcAddrPort(f[1])
 			if err != nil {
 				return nil, fmt.Errorf("line %d: %w", line+1, err)
 			}
 			if addr.Addr().Is6() != ipv6 {
 				continue
 			}
-			key := ipvsmode.VirtualServerKey{Addr: addr.Addr(), Port: addr.Port(), Protocol: proto}
-			current = &key
-			all[key] = nil
+			current = ipvsmode.VirtualServerKey{Addr: addr.Addr(), Port: addr.Port(), Protocol: proto}
+			listing, first = true, len(reals)
 			continue
 		}
-		if current == nil {
+		if !listing {
 			continue
 		}
-		if len(fields) != 6 {
+		if len(f) != 6 {
 			return nil, fmt.Errorf("line %d: %q is not a destination", line+1, sc.Text())
 		}
-		addr, err := parseProcAddrPort(fields[1])
+		addr, err := parseProcAddrPort(f[1])
 		if err != nil {
 			return nil, fmt.Errorf("line %d: %w", line+1, err)
 		}
 		var counts [3]int
-		for i, f := range fields[3:] {
-			if counts[i], err = strconv.Atoi(f); err != nil {
+		for i, c := range f[3:] {
+			if counts[i], err = atoi(c); err != nil {
 				return nil, fmt.Errorf("line %d: %q is not a destination", line+1, sc.Text())
 			}
 		}
-		all[*current] = append(all[*current], ipvsmode.RealServer{
+		reals = append(reals, ipvsmode.RealServer{
 			Addr: addr.Addr(), Port: addr.Port(), Weight: counts[0], ActiveConns: counts[1], InactiveConns: counts[2],
 		})
 	}
+	done()
 	return all, sc.Err()
+}
+
+// splitFields appends the space-separated fields of line to fields,
+// which it returns; the listing's fields are at most 8 (IPv4 persistent
+// virtual servers with "ops").
+func splitFields(line []byte, fields [][]byte) [][]byte {
+	for i := 0; i < len(line); {
+		if line[i] == ' ' || line[i] == '\t' {
+			i++
+			continue
+		}
+		j := i
+		for j < len(line) && line[j] != ' ' && line[j] != '\t' {
+			j++
+		}
+		fields = append(fields, line[i:j])
+		i = j
+	}
+	return fields
+}
+
+// atoi reads a non-negative decimal number.
+func atoi(b []byte) (int, error) {
+	if len(b) == 0 || len(b) > 18 {
+		return 0, fmt.Errorf("%q is not a number", b)
+	}
+	n := 0
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, fmt.Errorf("%q is not a number", b)
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, nil
 }
 
 // parseProcAddrPort reads "0A600001:0050" (IPv4 in hex, network order)
 // or "[fd00:0000:0000:0000:0000:0000:0000:0001]:0050", the port in hex.
-func parseProcAddrPort(s string) (netip.AddrPort, error) {
-	i := strings.LastIndexByte(s, ':')
+func parseProcAddrPort(s []byte) (netip.AddrPort, error) {
+	i := bytes.LastIndexByte(s, ':')
 	if i < 0 {
 		return netip.AddrPort{}, fmt.Errorf("%q is not an address and port", s)
 	}
-	port, err := strconv.ParseUint(s[i+1:], 16, 16)
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("%q has no port: %w", s, err)
+	port, ok := parseHex(s[i+1:], 4)
+	if !ok {
+		return netip.AddrPort{}, fmt.Errorf("%q has no port", s)
 	}
 	var addr netip.Addr
-	if a, ok := strings.CutPrefix(s[:i], "["); ok {
-		addr, err = netip.ParseAddr(strings.TrimSuffix(a, "]"))
+	var err error
+	if a, isV6 := bytes.CutPrefix(s[:i], []byte("[")); isV6 {
+		addr, err = netip.ParseAddr(string(bytes.TrimSuffix(a, []byte("]"))))
+	} else if v4, ok := parseHex(s[:i], 8); ok {
+		addr = netip.AddrFrom4([4]byte{byte(v4 >> 24), byte(v4 >> 16), byte(v4 >> 8), byte(v4)})
 	} else {
-		var b []byte
-		if b, err = hex.DecodeString(s[:i]); err == nil && len(b) == 4 {
-			addr = netip.AddrFrom4([4]byte(b))
-		} else if err == nil {
-			err = fmt.Errorf("%d bytes", len(b))
-		}
+		err = fmt.Errorf("%d hex digits", i)
 	}
 	if err != nil {
 		return netip.AddrPort{}, fmt.Errorf("%q has no address: %w", s, err)
 	}
 	return netip.AddrPortFrom(addr, uint16(port)), nil
+}
+
+// parseHex reads exactly digits hex digits.
+func parseHex(b []byte, digits int) (uint32, bool) {
+	if len(b) != digits {
+		return 0, false
+	}
+	var n uint32
+	for _, c := range b {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		n = n<<4 | uint32(c)
+	}
+	return n, true
 }
