@@ -19,8 +19,8 @@ import (
 )
 
 // ipsets is the ipset part of Kernel, in the network namespace of the
-// calling thread: one ipset process per call, but for SetSizes and an
-// EnsureSets with nothing to create (netlink).
+// calling thread: one ipset process per change or creation; the reads
+// (SetSizes, SetEntries, EnsureSets with nothing to create) over netlink.
 type ipsets struct{}
 
 // createArgs are the arguments upstream's createSet passes to
@@ -85,10 +85,11 @@ func (ipsets) ChangeSets(changes []ipvsmode.SetChange) error {
 	}, "-exist")
 }
 
-// SetEntries reads every set with one `ipset save` (`ipset list` takes
+// savedEntries reads every set with one `ipset save` (`ipset list` takes
 // one set per process) and keeps the named ones, entries as ipset prints
-// them, sorted; a named set that does not exist has no key.
-func (ipsets) SetEntries(names []string) (map[string][]string, error) {
+// them, sorted; a named set that does not exist has no key. SetEntries'
+// fallback.
+func savedEntries(names []string) (map[string][]string, error) {
 	out, err := run(exec.Command("ipset", "save"))
 	if err != nil {
 		return nil, fmt.Errorf("ipset save: %w", err)

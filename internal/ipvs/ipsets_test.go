@@ -3,6 +3,7 @@ package ipvs
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -332,6 +333,64 @@ func TestEnsuringSetsInPlaceStartsNoProcess(t *testing.T) {
 		}
 		if n := starts(); n != 1 {
 			t.Errorf("a set of another size started %d ipset processes, want 1", n)
+		}
+	})
+}
+
+// TestSetEntriesOverNetlinkAreWhatIpsetSaves lists sets of every type and
+// family, with entries of every shape and one set large enough to take
+// many netlink messages, over netlink and with `ipset save`: the same
+// entries in the same words. A set with an extension the decoder does not
+// know (comments) goes to `ipset save`.
+func TestSetEntriesOverNetlinkAreWhatIpsetSaves(t *testing.T) {
+	sets := testSets(t)
+	commented := sets[1].Name + "-C"
+	ns := setsNetns(t, append(sets, ipvsmode.SetSpec{Name: commented})...)
+	var names []string
+	for _, s := range sets {
+		names = append(names, s.Name)
+	}
+	var kernel ipsets
+	testutil.DoInNetns(t, ns, func() {
+		if err := kernel.EnsureSets(sets); err != nil {
+			t.Fatal(err)
+		}
+		changes := testChanges(sets)
+		for i := range 5000 {
+			changes = append(changes, ipvsmode.SetChange{Set: sets[2].Name, Entry: fmt.Sprintf("10.244.%d.%d,udp:%d,10.244.%d.%d", i>>8, i&0xff, i, i>>8, i&0xff)})
+		}
+		if err := kernel.ChangeSets(changes); err != nil {
+			t.Fatal(err)
+		}
+		listed, err := listedEntries(append(names, "RPXT-MISSING"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		saved, err := savedEntries(names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(listed, saved) {
+			t.Errorf("netlink lists\n%v\nipset save\n%v", listed, saved)
+		}
+		for _, n := range names {
+			if len(listed[n]) == 0 {
+				t.Errorf("netlink lists no entries of %s", n)
+			}
+		}
+		if len(listed[sets[2].Name]) < 5000 {
+			t.Errorf("netlink lists %d entries of %s, want over 5000", len(listed[sets[2].Name]), sets[2].Name)
+		}
+
+		testutil.InNetns(t, ns, "ipset", "create", commented, "hash:ip,port", "comment")
+		testutil.InNetns(t, ns, "ipset", "add", commented, "10.96.0.1,tcp:80", "comment", "hello")
+		if _, err := listedEntries([]string{commented}); !errors.Is(err, errUndecoded) {
+			t.Errorf("a set with comments listed over netlink: %v, want it undecoded", err)
+		}
+		got, err := kernel.SetEntries([]string{sets[0].Name, commented})
+		want := map[string][]string{sets[0].Name: saved[sets[0].Name], commented: {"10.96.0.1,tcp:80"}}
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("with a set of comments, SetEntries lists %v (%v), want ipset save's %v", got, err, want)
 		}
 	})
 }

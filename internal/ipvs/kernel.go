@@ -47,19 +47,27 @@ func New(ipv6 bool) (*Kernel, error) {
 		h.Close()
 		return nil, err
 	}
-	l, err := newLinks(ipv6)
+	dump, err := openServiceDump()
 	if err != nil {
 		h.Close()
 		proc.Close()
 		return nil, err
 	}
-	return &Kernel{table: table{h: h, proc: proc, ipv6: ipv6}, links: l}, nil
+	l, err := newLinks(ipv6)
+	if err != nil {
+		h.Close()
+		proc.Close()
+		dump.close()
+		return nil, err
+	}
+	return &Kernel{table: table{h: h, proc: proc, dump: dump, ipv6: ipv6}, links: l}, nil
 }
 
 // Close releases the netlink sockets and the IPVS listing.
 func (k *Kernel) Close() {
 	k.table.h.Close()
 	k.table.proc.Close()
+	k.table.dump.close()
 	k.links.close()
 }
 
@@ -110,7 +118,9 @@ type table struct {
 	// emulation, without holding up the netlink requests.
 	procMu sync.Mutex
 	proc   *os.File
-	ipv6   bool
+	// dump lists the virtual servers (under mu too).
+	dump *serviceDump
+	ipv6 bool
 }
 
 // The protocol numbers IPVS keys virtual servers by.
@@ -120,25 +130,14 @@ var protocolNumbers = map[v1.Protocol]uint16{
 	v1.ProtocolSCTP: unix.IPPROTO_SCTP,
 }
 
+// VirtualServers lists the family's virtual servers; firewall-mark ones
+// have no address, port or protocol, and kube-proxy makes none.
 func (t *table) VirtualServers() ([]ipvsmode.VirtualServer, error) {
 	t.mu.Lock()
-	services, err := t.h.GetServices()
+	vss, err := t.dump.list(t.family())
 	t.mu.Unlock()
 	if err != nil {
 		return nil, fmt.Errorf("listing IPVS virtual servers: %w", err)
-	}
-	var vss []ipvsmode.VirtualServer
-	for _, s := range services {
-		// Firewall-mark services have no address, port or protocol;
-		// kube-proxy makes none.
-		if s.AddressFamily != t.family() || s.FWMark != 0 {
-			continue
-		}
-		vs, err := fromService(s)
-		if err != nil {
-			return nil, err
-		}
-		vss = append(vss, vs)
 	}
 	return vss, nil
 }
@@ -258,26 +257,4 @@ func (t *table) toService(vs ipvsmode.VirtualServer) (*libipvs.Service, error) {
 		s.Netmask = 128
 	}
 	return s, nil
-}
-
-// fromService maps a service back, with FlagHashed, which the kernel sets
-// on every service, cleared.
-func fromService(s *libipvs.Service) (ipvsmode.VirtualServer, error) {
-	addr, ok := netip.AddrFromSlice(s.Address)
-	var proto v1.Protocol
-	for p, n := range protocolNumbers {
-		if n == s.Protocol {
-			proto = p
-		}
-	}
-	vs := ipvsmode.VirtualServer{
-		VirtualServerKey: ipvsmode.VirtualServerKey{Addr: addr.Unmap(), Port: s.Port, Protocol: proto},
-		Scheduler:        s.SchedName,
-		Flags:            s.Flags &^ ipvsmode.FlagHashed,
-		Timeout:          s.Timeout,
-	}
-	if !ok || proto == "" {
-		return vs, fmt.Errorf("IPVS virtual server %v:%d has protocol number %d, which kube-proxy does not use", s.Address, s.Port, s.Protocol)
-	}
-	return vs, nil
 }

@@ -64,3 +64,28 @@ func TestProcListingErrorsNameTheLine(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkProcListing reads a listing of 10,000 virtual servers with 5
+// real servers each, a restart's read at 10k services.
+func BenchmarkProcListing(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString("IP Virtual Server version 1.2.1 (size=4096)\nProt LocalAddress:Port Scheduler Flags\n  -> RemoteAddress:Port Forward Weight ActiveConn InActConn\n")
+	for i := range 10000 {
+		fmt.Fprintf(&sb, "TCP  0A60%04X:0050 rr \n", i)
+		for j := range 5 {
+			fmt.Fprintf(&sb, "  -> 0AF4%02X%02X:1F90      Masq    1      0          0         \n", j, i%250)
+		}
+	}
+	listing := sb.String()
+	b.ReportAllocs()
+	for b.Loop() {
+		servers := 0
+		err := parseProcIPVS(strings.NewReader(listing), false, func(ipvsmode.VirtualServerKey, []ipvsmode.RealServer) error {
+			servers++
+			return nil
+		})
+		if err != nil || servers != 10000 {
+			b.Fatal(servers, err)
+		}
+	}
+}

@@ -13,6 +13,8 @@ type ChainSet struct {
 	kernel Kernel
 	// written is the fingerprint of each chain as last written or found.
 	written map[Table]map[Chain]uint64
+	// prepared is the kernel as Prepare read it, for the next full Sync.
+	prepared *preparedKernel
 }
 
 // NewChainSet returns a chain set writing through kernel.
@@ -56,18 +58,56 @@ func (s *ChainSet) Sync(chains map[Table][]OwnChain, jumps []Jump, full bool) er
 	return nil
 }
 
+// Prepare reads the kernel's tables ahead of the next full Sync (a mode's
+// first, while the informers list), keeping what that sync keeps of
+// chains like these, so that the sync starts no iptables-save. The sync
+// takes the read only if no other program changed the tables since:
+// their generations, read before and after it, have not moved.
+func (s *ChainSet) Prepare(chains map[Table][]OwnChain) {
+	s.prepared = nil
+	before := readGenerations(s.kernel, kubeTables)
+	tables, err := saveTables(s.kernel, keptRules(chains))
+	if after := readGenerations(s.kernel, kubeTables); err == nil && sameGenerations(before, after) {
+		s.prepared = &preparedKernel{tables: tables, generations: after}
+	}
+}
+
+// readKernel takes what Prepare read if the tables have not changed since,
+// or reads them.
+func (s *ChainSet) readKernel(chains map[Table][]OwnChain) (map[Table]kernelTable, error) {
+	prepared := s.prepared
+	s.prepared = nil
+	if prepared != nil && sameGenerations(prepared.generations, readGenerations(s.kernel, kubeTables)) {
+		return prepared.tables, nil
+	}
+	return saveTables(s.kernel, keptRules(chains))
+}
+
+// keptRules keeps the text of the rules of the built-in chains, which
+// hold the jumps, and of the chains whose rules may come in any order,
+// for their comparison.
+func keptRules(chains map[Table][]OwnChain) func(Table, Chain) ruleKeeping {
+	unordered := map[Table]map[Chain]bool{}
+	for t, list := range chains {
+		unordered[t] = map[Chain]bool{}
+		for _, c := range list {
+			unordered[t][c.Name] = c.Unordered
+		}
+	}
+	return keepText(func(t Table, c Chain) bool { return builtinChains[c] || unordered[t][c] })
+}
+
 // diffKernel adds to in what turns the kernel's kube-proxy chains into
 // exactly the wanted ones.
 func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jumps []Jump) error {
 	wanted := map[Table]map[Chain]bool{}
-	unordered := map[Table]map[Chain]bool{}
 	for t, list := range chains {
-		wanted[t], unordered[t] = map[Chain]bool{}, map[Chain]bool{}
+		wanted[t] = map[Chain]bool{}
 		for _, c := range list {
-			wanted[t][c.Name], unordered[t][c.Name] = true, c.Unordered
+			wanted[t][c.Name] = true
 		}
 	}
-	kernel, err := saveTables(s.kernel, keepText(func(t Table, c Chain) bool { return builtinChains[c] || unordered[t][c] }))
+	kernel, err := s.readKernel(chains)
 	if err != nil {
 		return err
 	}

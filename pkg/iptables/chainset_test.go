@@ -6,13 +6,21 @@ import (
 	"testing"
 )
 
-// savedKernel holds fixed iptables-save output and records restores.
+// savedKernel holds fixed iptables-save output and records restores;
+// generation is every table's, saves counts the reads.
 type savedKernel struct {
 	recordingKernel
-	save string
+	save       string
+	generation uint64
+	saves      int
 }
 
-func (k *savedKernel) Save(read func(io.Reader) error) error { return read(strings.NewReader(k.save)) }
+func (k *savedKernel) Save(read func(io.Reader) error) error {
+	k.saves++
+	return read(strings.NewReader(k.save))
+}
+
+func (k *savedKernel) Generation(string) (uint64, error) { return k.generation, nil }
 
 // ListRules lists a chain's rules as the saved output holds them.
 func (k *savedKernel) ListRules(table, chain string) ([]string, error) {
@@ -58,6 +66,38 @@ func TestChainSetKeepsAnUnorderedChainInAnotherOrder(t *testing.T) {
 		}
 		if rewritten := strings.Contains(k.written.String(), "-A KUBE-IPVS-OUT-FILTER"); rewritten != tc.rewritten {
 			t.Errorf("%s: rewritten %t, want %t:\n%s", tc.name, rewritten, tc.rewritten, k.written.String())
+		}
+	}
+}
+
+// A full Sync after Prepare compares with what Prepare read, unordered
+// chains included, while the tables' generations have not moved; after
+// they moved it reads the tables again.
+func TestChainSetTakesThePreparedReadWhileTheTablesAreUnchanged(t *testing.T) {
+	drop := func(ip string) Rule {
+		return Rule("-s " + ip + "/32 -m ipvs --vproto 6 --vaddr " + ip + " --vport 80 -j DROP")
+	}
+	k := &savedKernel{save: "*filter\n:KUBE-IPVS-OUT-FILTER - [0:0]\n" +
+		"-A KUBE-IPVS-OUT-FILTER " + string(drop("10.255.3.40")) + "\n" +
+		"-A KUBE-IPVS-OUT-FILTER " + string(drop("10.255.3.30")) + "\n" +
+		"COMMIT\n"}
+	chains := map[Table][]OwnChain{TableFilter: {{Name: "KUBE-IPVS-OUT-FILTER", Rules: []Rule{drop("10.255.3.30"), drop("10.255.3.40")}, Unordered: true}}}
+	for _, moved := range []bool{false, true} {
+		k.saves = 0
+		k.written.Reset()
+		s := NewChainSet(k)
+		s.Prepare(chains)
+		if moved {
+			k.generation++
+		}
+		if err := s.Sync(chains, nil, true); err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]int{false: 1, true: 2}[moved]; k.saves != want {
+			t.Errorf("generation moved %t: %d reads of the tables, want %d", moved, k.saves, want)
+		}
+		if k.written.Len() != 0 {
+			t.Errorf("generation moved %t: the sync wrote\n%s", moved, k.written.String())
 		}
 	}
 }

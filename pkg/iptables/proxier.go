@@ -646,9 +646,18 @@ type tableGeneration struct {
 
 // generations reads each probe's table generation.
 func (w *flushWatch) generations() []tableGeneration {
-	out := make([]tableGeneration, len(w.probes))
+	tables := make([]Table, len(w.probes))
 	for i, probe := range w.probes {
-		value, err := w.p.cfg.Kernel.Generation(string(probe.table))
+		tables[i] = probe.table
+	}
+	return readGenerations(w.p.cfg.Kernel, tables)
+}
+
+// readGenerations reads each table's generation.
+func readGenerations(k Kernel, tables []Table) []tableGeneration {
+	out := make([]tableGeneration, len(tables))
+	for i, t := range tables {
+		value, err := k.Generation(string(t))
 		out[i] = tableGeneration{value: value, ok: err == nil}
 	}
 	return out

@@ -95,6 +95,8 @@ type Syncer struct {
 	// uses them.
 	jumpSeenAt uint64
 	jumpSeen   bool
+	// prepared is the kernel as Prepare read it, for the first full sync.
+	prepared *preparedKernel
 }
 
 type drainKey struct {
@@ -245,7 +247,10 @@ func (p *Syncer) fullSync(v state.View) error {
 		return err
 	}
 	p.addrs = addrs
-	current, err := p.readKernel()
+	current, err := p.takePrepared()
+	if current == nil && err == nil {
+		current, err = p.readKernel()
+	}
 	if err != nil {
 		return err
 	}
@@ -274,6 +279,74 @@ type kernelObjects struct {
 	reals   map[VirtualServerKey][]RealServer
 	bound   map[netip.Addr]bool
 	entries map[string]map[string]bool
+}
+
+// preparedKernel is what Prepare read, with the sets' sizes and the time
+// when it started reading, by which the first full sync judges whether it
+// still holds.
+type preparedKernel struct {
+	objects *kernelObjects
+	sizes   map[string]int
+	at      time.Time
+}
+
+// maxPreparedAge is how old a read Prepare made may be for the first sync
+// to take it: the informers' lists take seconds; a start that waited
+// longer (the API server out of reach) reads again.
+const maxPreparedAge = time.Minute
+
+// Prepare reads the kernel while the informers list, before the first
+// sync: a restart at 10,000 services spends seconds reading every real
+// server (under emulation), the sets' entries and the iptables tables.
+// The first full sync takes the read if it still holds (takePrepared).
+// It writes nothing: a first start's sets and link are made by the sync.
+func (p *Syncer) Prepare() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	at := time.Now()
+	sizes, err := p.cfg.Kernel.SetSizes(p.setNames())
+	if err != nil {
+		return
+	}
+	objects, err := p.readKernel()
+	if err != nil {
+		return
+	}
+	p.chains.Prepare(p.cfg.Params.Chains(func(string) bool { return false }, nil))
+	p.prepared = &preparedKernel{objects: objects, sizes: sizes, at: at}
+}
+
+// takePrepared returns what Prepare read if it still holds, else nil; only
+// the first full sync gets it. The iptables tables have generations, which
+// ChainSet checks. IPVS, the link's addresses and ipsets have none: the
+// sets' entry counts (one netlink dump of their headers, no process) must
+// be those Prepare saw and the read at most maxPreparedAge old; another
+// program's change to the virtual servers, real servers or addresses in
+// those seconds is not seen then, as one landing just after any full
+// sync's read is not, and the drift check's listings repair it later
+// (docs/reliability.md).
+func (p *Syncer) takePrepared() (*kernelObjects, error) {
+	prepared := p.prepared
+	p.prepared = nil
+	if prepared == nil || time.Since(prepared.at) > maxPreparedAge {
+		return nil, nil
+	}
+	sizes, err := p.cfg.Kernel.SetSizes(p.setNames())
+	if err != nil {
+		return nil, fmt.Errorf("listing the ipsets' headers: %w", err)
+	}
+	if !maps.Equal(sizes, prepared.sizes) {
+		return nil, nil
+	}
+	return prepared.objects, nil
+}
+
+func (p *Syncer) setNames() []string {
+	var names []string
+	for _, s := range p.cfg.Params.Sets() {
+		names = append(names, s.Name)
+	}
+	return names
 }
 
 func (p *Syncer) readKernel() (*kernelObjects, error) {
@@ -307,11 +380,7 @@ func (p *Syncer) readKernel() (*kernelObjects, error) {
 	for _, a := range bound {
 		current.bound[a] = true
 	}
-	var names []string
-	for _, s := range p.cfg.Params.Sets() {
-		names = append(names, s.Name)
-	}
-	entries, err := k.SetEntries(names)
+	entries, err := k.SetEntries(p.setNames())
 	if err != nil {
 		return nil, fmt.Errorf("listing the ipsets: %w", err)
 	}
@@ -895,11 +964,7 @@ func (p *Syncer) readView(syncs uint64, servers, addresses bool) (kernelView, li
 		cost = listingsCost{cpu: threadCPU() - startCPU, took: time.Since(start)}
 		runtime.UnlockOSThread()
 	}
-	var names []string
-	for _, s := range p.cfg.Params.Sets() {
-		names = append(names, s.Name)
-	}
-	sizes, err := p.cfg.Kernel.SetSizes(names)
+	sizes, err := p.cfg.Kernel.SetSizes(p.setNames())
 	if err != nil {
 		v.errs = append(v.errs, "ipsets unreadable: "+err.Error())
 	}

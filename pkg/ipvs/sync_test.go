@@ -41,6 +41,7 @@ type fakeIPTables struct {
 	flushed    atomic.Bool
 	generation atomic.Uint64
 	lists      atomic.Int32
+	saves      atomic.Int32
 }
 
 // flush empties the nat table, as another program's iptables -F would.
@@ -54,7 +55,10 @@ func (k *fakeIPTables) Restore(in io.Reader) error {
 	_, err := io.Copy(io.Discard, in)
 	return err
 }
-func (k *fakeIPTables) Save(read func(io.Reader) error) error { return read(strings.NewReader("")) }
+func (k *fakeIPTables) Save(read func(io.Reader) error) error {
+	k.saves.Add(1)
+	return read(strings.NewReader(""))
+}
 func (k *fakeIPTables) ListRules(string, string) ([]string, error) {
 	k.lists.Add(1)
 	if k.flushed.Load() {
@@ -310,6 +314,57 @@ func TestRestartOverStateInPlaceChangesNothing(t *testing.T) {
 	}
 	if after := n.kernel.Dump(); after != before {
 		t.Errorf("the restart changed the kernel:\n%s\nwas:\n%s", after, before)
+	}
+}
+
+// A restart that read the kernel while the informers listed (Prepare)
+// takes that read in its first sync when it still holds: the sync reads
+// only the sets' headers and the node's addresses, and changes nothing.
+// A set or iptables table another program changed in between is read
+// again, and the set repaired.
+func TestRestartTakesWhatItReadWhileTheInformersListed(t *testing.T) {
+	n := newNode()
+	first, _ := n.proxier(t)
+	feedServices(first)
+	sync(t, first)
+	before := n.kernel.Dump()
+
+	second, mode := n.proxier(t)
+	mode.Prepare()
+	n.kernel.ResetCalls()
+	saves := n.iptables.saves.Load()
+	feedServices(second)
+	sync(t, second)
+	for method, count := range n.kernel.Calls() {
+		if !strings.HasPrefix(method, "Ensure") && method != "SetSizes" && method != "NodeAddresses" {
+			t.Errorf("the restart's sync called %s %d times after Prepare", method, count)
+		}
+	}
+	if got := n.iptables.saves.Load() - saves; got != 0 {
+		t.Errorf("the restart's sync read the iptables tables %d times after Prepare, want none", got)
+	}
+	if after := n.kernel.Dump(); after != before {
+		t.Errorf("the restart changed the kernel:\n%s\nwas:\n%s", after, before)
+	}
+
+	third, mode := n.proxier(t)
+	mode.Prepare()
+	if err := n.kernel.ChangeSets([]ipvs.SetChange{{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.10,tcp:80", Delete: true}}); err != nil {
+		t.Fatal(err)
+	}
+	n.iptables.generation.Add(1)
+	n.kernel.ResetCalls()
+	saves = n.iptables.saves.Load()
+	feedServices(third)
+	sync(t, third)
+	if calls := n.kernel.Calls(); calls["SetEntries"] != 1 || calls["EachVirtualServer"] != 1 {
+		t.Errorf("after another program's change the sync read the sets %d and the real servers %d times, want once each", calls["SetEntries"], calls["EachVirtualServer"])
+	}
+	if got := n.iptables.saves.Load() - saves; got != 1 {
+		t.Errorf("after the nat table's generation moved the sync read the tables %d times, want once", got)
+	}
+	if after := n.kernel.Dump(); after != before {
+		t.Errorf("the restart did not repair the set:\n%s\nwant:\n%s", after, before)
 	}
 }
 

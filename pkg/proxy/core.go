@@ -44,7 +44,9 @@ type Watcher interface {
 
 // Preparer is a mode with work to do before its first sync while the
 // informers are still listing: the iptables mode reads the kernel's rules
-// then, so that the read's garbage is gone before the sync's peak. The
+// then, so that the read's garbage is gone before the sync's peak, and the
+// IPVS mode reads everything its first full sync compares, so that a
+// restart's sync does not wait for the reads. The
 // core calls Prepare once, before it waits for the informers, and never
 // during a sync.
 type Preparer interface {

@@ -28,7 +28,7 @@ func newIPVSMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mod
 	if scheduler == "" {
 		scheduler = ipvs.DefaultScheduler
 	}
-	if err := ipvs.CheckScheduler(kernel, scheduler, f.family == v1.IPv6Protocol); err != nil {
+	if err := ipvs.CheckScheduler(kernel, ipvs.ModulesDir, scheduler, f.family == v1.IPv6Protocol); err != nil {
 		return nil, fmt.Errorf("ipvs mode: %w", err)
 	}
 	params := ipvs.Params{
