@@ -4,7 +4,8 @@
 // kernel's whole-table rule dump is quadratic in the number of rules (each
 // batch of the dump resumes by walking every rule before it), and a dump
 // per chain is linear. Read makes one chains dump, one rules dump per
-// chain, one sets dump and one elements dump per set it needs.
+// chain, one sets dump and one elements dump per set it needs;
+// ReadObjects reads just some chains and sets of it.
 //
 // Only the rule shapes kube-proxy's tables hold are decoded (see rule.go);
 // any other, or anything else it does not know, is an error, and the
@@ -77,6 +78,20 @@ type Element struct {
 // thread's network namespace. An error wrapping fs.ErrNotExist means there
 // is no such table.
 func Read(ctx context.Context, family, table string) (*Table, error) {
+	return readConsistent(family, table, func(r *reader) (*Table, error) { return r.read(ctx) })
+}
+
+// ReadObjects reads just the named chains (one rules dump each, and the
+// sets their rules use) and the named sets and maps of the table, as Read
+// would read them; one not in the table is left out. It costs what those
+// objects hold, not what the table does.
+func ReadObjects(ctx context.Context, family, table string, chains, sets []string) (*Table, error) {
+	return readConsistent(family, table, func(r *reader) (*Table, error) { return r.objects(ctx, chains, sets) })
+}
+
+// readConsistent runs read on a socket, in the calling thread's network
+// namespace, and fails when the ruleset changed meanwhile.
+func readConsistent(family, table string, read func(*reader) (*Table, error)) (*Table, error) {
 	fam, err := familyOf(family)
 	if err != nil {
 		return nil, err
@@ -90,8 +105,7 @@ func Read(ctx context.Context, family, table string) (*Table, error) {
 		return nil, err
 	}
 	defer sock.Close()
-	r := &reader{sock: sock, family: fam, table: table}
-	t, err := r.read(ctx)
+	t, err := read(&reader{sock: sock, family: fam, table: table})
 	if err != nil {
 		return nil, fmt.Errorf("reading %s %s over netlink: %w", family, table, err)
 	}
@@ -227,58 +241,108 @@ func (r *reader) chains() ([]Chain, error) {
 	}
 	var chains []Chain
 	for _, m := range msgs {
-		ad, err := attrs(m)
+		c, table, err := parseChain(m)
 		if err != nil {
 			return nil, err
 		}
-		var c Chain
-		var table, typ string
-		var hook *uint32
-		var prio int32
-		for ad.Next() {
-			switch ad.Type() {
-			case unix.NFTA_CHAIN_TABLE:
-				table = ad.String()
-			case unix.NFTA_CHAIN_NAME:
-				c.Name = ad.String()
-			case unix.NFTA_CHAIN_TYPE:
-				typ = ad.String()
-			case nftaChainUserdata:
-				if c.Comment, err = comment(ad.Bytes()); err != nil {
-					return nil, fmt.Errorf("chain %s: %w", c.Name, err)
-				}
-			case unix.NFTA_CHAIN_HOOK:
-				ad.Nested(func(nad *netlink.AttributeDecoder) error {
-					for nad.Next() {
-						switch nad.Type() {
-						case unix.NFTA_HOOK_HOOKNUM:
-							h := nad.Uint32()
-							hook = &h
-						case unix.NFTA_HOOK_PRIORITY:
-							prio = int32(nad.Uint32())
-						case unix.NFTA_HOOK_DEV, nftaHookDevs:
-							return errors.New("a chain with devices")
-						}
-					}
-					return nil
-				})
-			}
+		if table == r.table {
+			chains = append(chains, c)
 		}
-		if err := ad.Err(); err != nil {
-			return nil, fmt.Errorf("chain %s: %w", c.Name, err)
-		}
-		if table != r.table {
-			continue
-		}
-		if hook != nil {
-			if int(*hook) >= len(hooks) {
-				return nil, fmt.Errorf("chain %s: hook %d", c.Name, *hook)
-			}
-			c.Base = &BaseChain{Type: typ, Hook: hooks[*hook], Priority: priority(*hook, prio)}
-		}
-		chains = append(chains, c)
 	}
 	return chains, nil
+}
+
+// parseChain reads a chain and the name of its table.
+func parseChain(m []byte) (Chain, string, error) {
+	var c Chain
+	ad, err := attrs(m)
+	if err != nil {
+		return c, "", err
+	}
+	var table, typ string
+	var hook *uint32
+	var prio int32
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_CHAIN_TABLE:
+			table = ad.String()
+		case unix.NFTA_CHAIN_NAME:
+			c.Name = ad.String()
+		case unix.NFTA_CHAIN_TYPE:
+			typ = ad.String()
+		case nftaChainUserdata:
+			if c.Comment, err = comment(ad.Bytes()); err != nil {
+				return c, "", fmt.Errorf("chain %s: %w", c.Name, err)
+			}
+		case unix.NFTA_CHAIN_HOOK:
+			ad.Nested(func(nad *netlink.AttributeDecoder) error {
+				for nad.Next() {
+					switch nad.Type() {
+					case unix.NFTA_HOOK_HOOKNUM:
+						h := nad.Uint32()
+						hook = &h
+					case unix.NFTA_HOOK_PRIORITY:
+						prio = int32(nad.Uint32())
+					case unix.NFTA_HOOK_DEV, nftaHookDevs:
+						return errors.New("a chain with devices")
+					}
+				}
+				return nil
+			})
+		}
+	}
+	if err := ad.Err(); err != nil {
+		return c, "", fmt.Errorf("chain %s: %w", c.Name, err)
+	}
+	if hook != nil {
+		if int(*hook) >= len(hooks) {
+			return c, "", fmt.Errorf("chain %s: hook %d", c.Name, *hook)
+		}
+		c.Base = &BaseChain{Type: typ, Hook: hooks[*hook], Priority: priority(*hook, prio)}
+	}
+	return c, table, nil
+}
+
+// objects reads the named chains and sets (see ReadObjects).
+func (r *reader) objects(ctx context.Context, chains, sets []string) (*Table, error) {
+	d := &decoder{family: r.family, sets: map[string]*setInfo{}, fetch: r.set}
+	t := &Table{}
+	for _, name := range chains {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		msgs, err := r.request(unix.NFT_MSG_GETCHAIN, false,
+			netlink.Attribute{Type: unix.NFTA_CHAIN_TABLE, Data: str(r.table)},
+			netlink.Attribute{Type: unix.NFTA_CHAIN_NAME, Data: str(name)})
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("chain %s: %w", name, err)
+		}
+		if len(msgs) != 1 {
+			return nil, fmt.Errorf("chain %s: %d answers", name, len(msgs))
+		}
+		c, _, err := parseChain(msgs[0])
+		if err != nil {
+			return nil, err
+		}
+		if c.Rules, err = r.rules(d, name); err != nil {
+			return nil, fmt.Errorf("chain %s: %w", name, err)
+		}
+		t.Chains = append(t.Chains, c)
+	}
+	for _, name := range sets {
+		s, err := d.set(name)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		t.Sets = append(t.Sets, s.Set)
+	}
+	return t, nil
 }
 
 // priority writes a base chain's priority as nft lists it in the ip and

@@ -60,6 +60,9 @@ type operand struct {
 type decoder struct {
 	family byte
 	sets   map[string]*setInfo
+	// fetch, when set, reads a set that sets lacks (ReadObjects reads
+	// only the sets its chains' rules use).
+	fetch func(name string) (*setInfo, error)
 	// regs holds operands by the first 32-bit register word they take.
 	regs map[int]*operand
 	out  []string
@@ -315,8 +318,11 @@ func (d *decoder) apply(e expr.Any) error {
 		if e.Operation != unix.NFT_DYNSET_OP_UPDATE || e.SrcRegData != 0 || e.Invert || len(e.Exprs) > 0 {
 			return fmt.Errorf("dynset %+v", *e)
 		}
-		s, ok := d.sets[e.SetName]
-		if !ok || s.anonymous {
+		s, err := d.set(e.SetName)
+		if err != nil {
+			return err
+		}
+		if s.anonymous {
 			return fmt.Errorf("dynset of set %q", e.SetName)
 		}
 		key, err := d.key(e.SrcRegKey, s)
@@ -522,10 +528,26 @@ var keyKinds = map[uint32]map[kind]bool{
 	typeInteger:     {kindInteger: true},
 }
 
+// set is the named set a rule refers to.
+func (d *decoder) set(name string) (*setInfo, error) {
+	if s, ok := d.sets[name]; ok {
+		return s, nil
+	}
+	if d.fetch == nil {
+		return nil, fmt.Errorf("set %q not in the table", name)
+	}
+	s, err := d.fetch(name)
+	if err != nil {
+		return nil, err
+	}
+	d.sets[name] = s
+	return s, nil
+}
+
 func (d *decoder) lookup(e *expr.Lookup) error {
-	s, ok := d.sets[e.SetName]
-	if !ok {
-		return fmt.Errorf("set %q not in the table", e.SetName)
+	s, err := d.set(e.SetName)
+	if err != nil {
+		return err
 	}
 	key, err := d.key(e.SourceRegister, s)
 	if err != nil {

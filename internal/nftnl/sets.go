@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/big"
 	"net/netip"
 	"slices"
@@ -188,18 +189,49 @@ func (r *reader) sets() (map[string]*setInfo, error) {
 		sets[s.Name] = s
 	}
 	for _, s := range sets {
-		if s.dynamic {
-			continue
-		}
-		elems, err := r.elements(s.Name)
-		if err != nil {
-			return nil, fmt.Errorf("set %s: %w", s.Name, err)
-		}
-		if err := s.fill(elems); err != nil {
-			return nil, fmt.Errorf("set %s: %w", s.Name, err)
+		if err := r.readElements(s); err != nil {
+			return nil, err
 		}
 	}
 	return sets, nil
+}
+
+// set reads one set or map by name, with its elements; an error wrapping
+// fs.ErrNotExist means there is no such set.
+func (r *reader) set(name string) (*setInfo, error) {
+	msgs, err := r.request(unix.NFT_MSG_GETSET, false,
+		netlink.Attribute{Type: unix.NFTA_SET_TABLE, Data: str(r.table)},
+		netlink.Attribute{Type: unix.NFTA_SET_NAME, Data: str(name)})
+	if errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("set %s: %w", name, fs.ErrNotExist)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("set %s: %w", name, err)
+	}
+	if len(msgs) != 1 {
+		return nil, fmt.Errorf("set %s: %d answers", name, len(msgs))
+	}
+	s, err := parseSet(msgs[0])
+	if err != nil {
+		return nil, err
+	}
+	return s, r.readElements(s)
+}
+
+// readElements reads a set's elements unless it is dynamic (the kernel
+// writes those).
+func (r *reader) readElements(s *setInfo) error {
+	if s.dynamic {
+		return nil
+	}
+	elems, err := r.elements(s.Name)
+	if err != nil {
+		return fmt.Errorf("set %s: %w", s.Name, err)
+	}
+	if err := s.fill(elems); err != nil {
+		return fmt.Errorf("set %s: %w", s.Name, err)
+	}
+	return nil
 }
 
 func parseSet(m []byte) (*setInfo, error) {

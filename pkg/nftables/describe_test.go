@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/knftables"
 
+	"github.com/rapidproxy/rapidproxy/internal/nftnl"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -269,6 +270,8 @@ func TestVerifyNamesMissingAndChangedSets(t *testing.T) {
 // On the real kernel, after a sync of every golden case, verify finds
 // every service port as wanted (what nft lists back compares equal to what
 // was written); after `nft delete rule` of one rule it names that rule.
+// Each verify reads the port's objects over netlink and finds what it
+// finds with nft.
 func TestKernelVerifyNamesARuleDeletedByHand(t *testing.T) {
 	if !inNetns(t) {
 		return
@@ -276,9 +279,8 @@ func TestKernelVerifyNamesARuleDeletedByHand(t *testing.T) {
 	verifyAll := func(t *testing.T, h *harness) {
 		t.Helper()
 		for name := range h.state.Services {
-			_, check := h.syncer.Describe(h.view(), name)
-			if got, err := check(); err != nil || len(got) > 0 {
-				t.Errorf("%s: %v\n%s", name, err, strings.Join(got, "\n"))
+			if got := verifyBothWays(t, h, name); len(got) > 0 {
+				t.Errorf("%s:\n%s", name, strings.Join(got, "\n"))
 			}
 		}
 	}
@@ -307,14 +309,39 @@ func TestKernelVerifyNamesARuleDeletedByHand(t *testing.T) {
 	if out, err := exec.Command("nft", "delete", "rule", "ip", TableName, chain, "handle", m[1]).CombinedOutput(); err != nil {
 		t.Fatalf("nft delete rule: %v: %s", err, out)
 	}
-	_, check := h.syncer.Describe(h.view(), httpPort("np"))
-	got, err := check()
-	if err != nil {
-		t.Fatal(err)
-	}
-	requireLines(t, "differences", got, []string{
+	requireLines(t, "differences", verifyBothWays(t, h, httpPort("np")), []string{
 		`chain ip kube-proxy ` + chain + ` lacks: fib saddr type local meta mark set meta mark | 0x00004000 comment "masquerade local traffic"`,
 	})
+}
+
+// verifyBothWays verifies a service port over netlink, which must read
+// its objects, and over nft, and requires the same differences of both.
+func verifyBothWays(t *testing.T, h *harness, name state.ServicePortName) []string {
+	t.Helper()
+	readObjects := h.syncer.cfg.ReadObjects
+	defer func() { h.syncer.cfg.ReadObjects = readObjects }()
+	h.syncer.cfg.ReadObjects = func(ctx context.Context, chains, sets []string) (*nftnl.Table, error) {
+		nt, err := readObjects(ctx, chains, sets)
+		if err != nil {
+			t.Errorf("%s: reading over netlink: %v", name, err)
+		}
+		return nt, err
+	}
+	_, check := h.syncer.Describe(h.view(), name)
+	overNetlink, err := check()
+	if err != nil {
+		t.Fatalf("%s: verify over netlink: %v", name, err)
+	}
+	h.syncer.cfg.ReadObjects = nil
+	_, check = h.syncer.Describe(h.view(), name)
+	withNFT, err := check()
+	if err != nil {
+		t.Fatalf("%s: verify with nft: %v", name, err)
+	}
+	if !slices.Equal(overNetlink, withNFT) {
+		t.Errorf("%s: verify over netlink found\n%s\nwith nft\n%s", name, strings.Join(overNetlink, "\n"), strings.Join(withNFT, "\n"))
+	}
+	return overNetlink
 }
 
 // A chain the kernel holds in upstream's form (after a takeover, which

@@ -40,6 +40,11 @@ type Config struct {
 	// List when it fails. Nil when List is given (the Fake); nftnl.Read
 	// when neither is.
 	Read func(ctx context.Context) (*nftnl.Table, error)
+	// ReadObjects reads just the named chains, sets and maps of the table
+	// as List would show them, over netlink, leaving out those not there;
+	// an explanation's verify falls back to List when it fails. Nil when
+	// List is given (the Fake); nftnl.ReadObjects when neither is.
+	ReadObjects func(ctx context.Context, chains, sets []string) (*nftnl.Table, error)
 	// Send sends a transaction over netlink, as the writer given holds it
 	// (nftnl.Writer.Send); one the writer does not encode goes to NFT.
 	// Nil when List is given (the Fake): every transaction goes to NFT.
@@ -130,6 +135,12 @@ func New(cfg Config) (*Syncer, error) {
 		if cfg.Read == nil {
 			family := string(Family(cfg.Family))
 			cfg.Read = func(ctx context.Context) (*nftnl.Table, error) { return nftnl.Read(ctx, family, TableName) }
+		}
+		if cfg.ReadObjects == nil {
+			family := string(Family(cfg.Family))
+			cfg.ReadObjects = func(ctx context.Context, chains, sets []string) (*nftnl.Table, error) {
+				return nftnl.ReadObjects(ctx, family, TableName, chains, sets)
+			}
 		}
 		if cfg.Send == nil {
 			cfg.Send = (*nftnl.Writer).Send
