@@ -168,8 +168,8 @@ func kernelSyncOnce(b *testing.B, h *harness) {
 	b.ReportMetric(float64(nft.ops), "change-ops")
 	b.ReportMetric(float64(nft.netlink), "change-netlink-txs")
 
-	// An explanation's verify of that service port lists the whole
-	// service-ips map and cluster-ips set.
+	// An explanation's verify of that service port reads its chain and the
+	// whole service-ips map and cluster-ips set over netlink.
 	_, check := s.Describe(h.view(), httpPort("svc-7"))
 	start = time.Now()
 	if differences, err := check(); err != nil || len(differences) > 0 {
