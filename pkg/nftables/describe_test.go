@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"errors"
 	"io"
 	"os/exec"
 	"regexp"
@@ -315,7 +316,8 @@ func TestKernelVerifyNamesARuleDeletedByHand(t *testing.T) {
 }
 
 // verifyBothWays verifies a service port over netlink, which must read
-// its objects, and over nft, and requires the same differences of both.
+// its objects, and with nft (where a failed read falls back to), and
+// requires the same differences of both.
 func verifyBothWays(t *testing.T, h *harness, name state.ServicePortName) []string {
 	t.Helper()
 	readObjects := h.syncer.cfg.ReadObjects
@@ -332,7 +334,9 @@ func verifyBothWays(t *testing.T, h *harness, name state.ServicePortName) []stri
 	if err != nil {
 		t.Fatalf("%s: verify over netlink: %v", name, err)
 	}
-	h.syncer.cfg.ReadObjects = nil
+	h.syncer.cfg.ReadObjects = func(context.Context, []string, []string) (*nftnl.Table, error) {
+		return nil, errors.New("a shape the reader does not decode")
+	}
 	_, check = h.syncer.Describe(h.view(), name)
 	withNFT, err := check()
 	if err != nil {
