@@ -165,11 +165,7 @@ func allExist(headers map[string]setHeader, sets []ipvsmode.SetSpec) bool {
 // of the calling thread: no process, and a cost that does not grow with
 // the entries (some 10k in KUBE-CLUSTER-IP at 10k services).
 func setHeaders() (map[string]setHeader, error) {
-	req := nl.NewNetlinkRequest(nl.IPSET_CMD_LIST|unix.NFNL_SUBSYS_IPSET<<8, unix.NLM_F_DUMP)
-	req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_NETLINK, Version: nl.NFNETLINK_V0})
-	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
-	req.AddData(nl.NewRtAttr(int(nl.IPSET_ATTR_FLAGS|nl.NLA_F_NET_BYTEORDER), nl.BEUint32Attr(listHeader)))
-	msgs, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+	msgs, err := listSets(nl.NewRtAttr(int(nl.IPSET_ATTR_FLAGS|nl.NLA_F_NET_BYTEORDER), nl.BEUint32Attr(listHeader)))
 	if err != nil {
 		return nil, fmt.Errorf("listing the ipsets' headers: %w", err)
 	}
@@ -182,6 +178,19 @@ func setHeaders() (map[string]setHeader, error) {
 		headers[name] = h
 	}
 	return headers, nil
+}
+
+// listSets dumps IPSET_CMD_LIST, what `ipset list` asks the kernel, with
+// attrs after the protocol's (a set's name, the header-only flag), in the
+// network namespace of the calling thread.
+func listSets(attrs ...*nl.RtAttr) ([][]byte, error) {
+	req := nl.NewNetlinkRequest(nl.IPSET_CMD_LIST|unix.NFNL_SUBSYS_IPSET<<8, unix.NLM_F_DUMP)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_NETLINK, Version: nl.NFNETLINK_V0})
+	req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
+	for _, a := range attrs {
+		req.AddData(a)
+	}
+	return req.Execute(unix.NETLINK_NETFILTER, 0)
 }
 
 // parseSetHeader reads a set's header: a nfgenmsg, then attributes, its

@@ -47,11 +47,7 @@ func listedEntries(names []string) (map[string][]string, error) {
 		if err := checkWord("set name", name); err != nil {
 			return nil, err
 		}
-		req := nl.NewNetlinkRequest(nl.IPSET_CMD_LIST|unix.NFNL_SUBSYS_IPSET<<8, unix.NLM_F_DUMP)
-		req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_NETLINK, Version: nl.NFNETLINK_V0})
-		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_PROTOCOL, nl.Uint8Attr(nl.IPSET_PROTOCOL)))
-		req.AddData(nl.NewRtAttr(nl.IPSET_ATTR_SETNAME, nl.ZeroTerminated(name)))
-		msgs, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+		msgs, err := listSets(nl.NewRtAttr(nl.IPSET_ATTR_SETNAME, nl.ZeroTerminated(name)))
 		if errors.Is(err, unix.ENOENT) {
 			continue // no such set
 		}
