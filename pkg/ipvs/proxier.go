@@ -314,6 +314,8 @@ func (p *Syncer) Prepare() {
 	}
 	p.chains.Prepare(p.cfg.Params.Chains(func(string) bool { return false }, nil))
 	p.prepared = &preparedKernel{objects: objects, sizes: sizes, at: at}
+	klog.V(2).InfoS("Read the kernel before the first sync", "ipFamily", p.cfg.Family,
+		"virtualServers", len(objects.servers), "elapsed", time.Since(at))
 }
 
 // takePrepared returns what Prepare read if it still holds, else nil; only

@@ -523,12 +523,12 @@ func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeP
 	factory.Start(ctx.Done())
 	nodeFactory.Start(ctx.Done())
 	go func() {
-		if cache.WaitForCacheSync(ctx.Done(), servicesHandled.HasSynced) {
+		if cache.WaitForNamedCacheSync("service config", ctx.Done(), servicesHandled.HasSynced) {
 			proxier.OnServicesSynced()
 		}
 	}()
 	go func() {
-		if cache.WaitForCacheSync(ctx.Done(), slicesHandled.HasSynced) {
+		if cache.WaitForNamedCacheSync("endpoint slice config", ctx.Done(), slicesHandled.HasSynced) {
 			proxier.OnEndpointSlicesSynced()
 		}
 	}()

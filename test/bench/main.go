@@ -76,7 +76,7 @@ func main() {
 	flag.IntVar(&opts.changes, "changes", 20, "single changes of each kind (endpoint change, service add, service delete)")
 	flag.IntVar(&opts.churnRate, "churn-rate", 20, "endpoint changes per second during the churn")
 	flag.DurationVar(&opts.churnFor, "churn-for", 30*time.Second, "how long the churn lasts")
-	flag.StringVar(&opts.profileDir, "profile-dir", "", "if set, write there CPU profiles of our first sync, restart and idle time, a heap profile after the first sync (enableProfiling), and each proxy's iptables-save (nft list ruleset in mode nftables) after its first sync")
+	flag.StringVar(&opts.profileDir, "profile-dir", "", "if set, write there CPU profiles of our first sync, restart and idle time, a heap profile after the first sync (enableProfiling), each proxy's log of its first start and restart, and each proxy's iptables-save (nft list ruleset in mode nftables) after its first sync")
 	flag.DurationVar(&opts.profileFor, "profile-for", 20*time.Second, "length of that profile, from our process start")
 	flag.IntVar(&opts.workers, "workers", 32, "parallel API writers when creating the objects")
 	flag.DurationVar(&opts.synLossGrace, "synloss-grace", 3*time.Second, "with -synloss: a removed pod's termination grace period, which it serves through; 0 removes it at once, before any proxy can know")

@@ -177,6 +177,7 @@ func (b *bench) measure(ctx context.Context, proxy, column string) (results, err
 	if err != nil {
 		return r, err
 	}
+	defer b.keepLog(kp, proxy, column, "first-start.log")
 	defer kp.Stop()
 	var profiled sync.WaitGroup
 	if profile {
@@ -265,6 +266,7 @@ func (b *bench) measure(ctx context.Context, proxy, column string) (results, err
 	if err != nil {
 		return r, err
 	}
+	defer b.keepLog(kp, proxy, column, "restart.log")
 	defer kp.Stop()
 	if profile {
 		b.profileCPU(ctx, kp, column, "restart", b.opts.profileFor, &profiled)
@@ -321,7 +323,9 @@ func (b *bench) measure(ctx context.Context, proxy, column string) (results, err
 func (b *bench) node(ctx context.Context, proxy, column string, profile bool) (startProxy func(name string) (proxyProcess, error), stop func(), err error) {
 	config := "metricsBindAddress: 0.0.0.0:10249\n"
 	if profile {
-		config += "enableProfiling: true\n"
+		// Verbosity 2 logs each sync with its time, for the logs kept
+		// beside the profiles.
+		config += "enableProfiling: true\nlogging:\n  verbosity: 2\n"
 	}
 	binary := b.cluster.KubeProxy()
 	if proxy == upstream {
@@ -831,6 +835,17 @@ func (b *bench) profileCPU(ctx context.Context, kp proxyProcess, column, what st
 }
 
 // outputPath names a file of -profile-dir for one proxy, column and shape.
+// keepLog copies the process's log into the profile directory, if one
+// was given: its timestamps tell where a start's seconds went.
+func (b *bench) keepLog(kp proxyProcess, proxy, column, name string) {
+	if b.opts.profileDir == "" {
+		return
+	}
+	if err := os.WriteFile(b.outputPath(proxy, column, name), []byte(kp.LogTail(1<<20)), 0o644); err != nil {
+		b.logf("keeping the log: %v", err)
+	}
+}
+
 func (b *bench) outputPath(proxy, column, name string) string {
 	return filepath.Join(b.opts.profileDir, fmt.Sprintf("%s-%s-N%d-E%d-%s", proxy, column, b.n, b.e, name))
 }
