@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"maps"
 	"net/netip"
 	"runtime"
@@ -86,10 +87,16 @@ type Syncer struct {
 	// drifted is what the last drift check found changed by another
 	// program, until a full sync has put it back.
 	drifted string
-	// syncs counts the syncs (each adds one under mu, as it starts): a
-	// drift check that read the kernel while one ran drops what it read.
-	// Atomic, since a check waiting for mu reads it without.
-	syncs atomic.Uint64
+	// syncs counts the syncs and fullSyncs the full ones (each adds one
+	// under mu, as it starts): a drift check drops what it read while one
+	// ran, but for the listing of the real servers, which only a full sync
+	// voids (touched). Atomic, since a check waiting for mu reads them
+	// without.
+	syncs, fullSyncs atomic.Uint64
+	// touched are the service ports partial syncs changed while a drift
+	// check listed the real servers (nil when none lists): what the
+	// listing read of them may predate the change, and is not compared.
+	touched map[state.ServicePortName]bool
 	// jumpSeenAt is the nat table's generation when the drift check last
 	// saw the jump into KUBE-SERVICES (if jumpSeen); only the drift check
 	// uses them.
@@ -202,6 +209,11 @@ func (p *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]boo
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.syncs.Add(1)
+	if p.touched != nil {
+		for name := range changed {
+			p.touched[name] = true
+		}
+	}
 	addrs, err := p.readAddresses()
 	if err != nil {
 		return err
@@ -224,6 +236,7 @@ func (p *Syncer) FullSync(v state.View) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.syncs.Add(1)
+	p.fullSyncs.Add(1)
 	err := p.fullSync(v)
 	p.written = err == nil
 	if err == nil && p.drifted != "" {
@@ -893,16 +906,21 @@ const listingsCPUShare = 100
 // kernelView is what a drift check read, without the syncer's lock.
 type kernelView struct {
 	// serversDrift is what the listing of the virtual servers found
-	// missing (if listedServers), and bound the addresses on kube-ipvs0
-	// (if listedAddresses).
-	serversDrift                   string
-	bound                          []netip.Addr
-	listedServers, listedAddresses bool
-	sizes                          map[string]int
-	// jumpFound is whether the jump into KUBE-SERVICES was seen (true if
-	// the chain was not listed: its generation had not moved).
-	jumpFound bool
-	errs      []string
+	// missing (if listedServers), and serversErr why it could not.
+	serversDrift  string
+	serversErr    error
+	listedServers bool
+	// The rest is read after that listing, quickly, when syncs was the
+	// syncer's count: bound the addresses on kube-ipvs0 (if
+	// listedAddresses), sizes each set's entries, jumpFound whether the
+	// jump into KUBE-SERVICES was seen (true if the chain was not listed:
+	// its generation had not moved).
+	syncs           uint64
+	bound           []netip.Addr
+	listedAddresses bool
+	sizes           map[string]int
+	jumpFound       bool
+	errs            []string
 }
 
 // listingsCost is what a drift check's listings took: CPU (in the kernel
@@ -913,27 +931,35 @@ type listingsCost struct {
 
 // checkDrift reads the kernel without the syncer's lock, so that a sync
 // never waits for a check, and compares what it read with what the syncs
-// wrote under it; it drops what it read when a sync ran meanwhile (the
-// next check reads again, the listings at their next turn). It remembers what it found for the full sync
-// that repairs it, and tells what the listings cost.
+// wrote under it. A full sync during the check voids all it read; a
+// partial one voids the quick reads (the next check makes them again) but
+// not the listing of the real servers, which leaves out only the service
+// ports it changed: on a busy node a listing, seconds long at 10k
+// services under emulation, would otherwise rarely see its end. It
+// remembers what it found for the full sync that repairs it, and tells
+// what the listings cost.
 func (p *Syncer) checkDrift(listings bool) (string, listingsCost) {
 	p.mu.Lock()
-	written, syncs := p.written, p.syncs.Load()
+	written, fullSyncs := p.written, p.fullSyncs.Load()
 	// A family that owns no virtual server (the IPv6 one on a node whose
 	// services are all IPv4) has none to miss: the listing holds every
 	// family's, and is not read.
-	listServers := listings && len(p.objects.servers) > 0
+	listServers := written && listings && len(p.objects.servers) > 0
+	if listServers {
+		p.touched = map[state.ServicePortName]bool{}
+	}
 	p.mu.Unlock()
 	if !written {
 		return "", listingsCost{}
 	}
-	view, cost := p.readView(syncs, listServers, listings)
+	view, cost := p.readView(fullSyncs, listServers, listings)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.syncs.Load() != syncs {
+	p.touched = nil
+	if p.fullSyncs.Load() != fullSyncs {
 		return "", cost
 	}
-	drift := p.drift(view)
+	drift := p.drift(view, p.syncs.Load() == view.syncs)
 	if drift != "" {
 		p.drifted = drift
 	}
@@ -945,26 +971,28 @@ func (p *Syncer) checkDrift(listings bool) (string, listingsCost) {
 // kube-ipvs0 (one netlink dump) when asked, whose cost it tells; the
 // number of entries in each set (one netlink dump of the sets' headers);
 // and the jump into KUBE-SERVICES (gone with an iptables flush).
-func (p *Syncer) readView(syncs uint64, servers, addresses bool) (kernelView, listingsCost) {
+func (p *Syncer) readView(fullSyncs uint64, servers, addresses bool) (kernelView, listingsCost) {
 	var v kernelView
 	var cost listingsCost
 	if servers || addresses {
 		runtime.LockOSThread()
 		start, startCPU := time.Now(), threadCPU()
 		var err error
-		v.listedServers, v.listedAddresses = servers, addresses
 		if servers {
-			if v.serversDrift, err = p.serversDrift(syncs); err != nil && !errors.Is(err, errSynced) {
-				v.errs = append(v.errs, "virtual servers unreadable: "+err.Error())
-			}
+			v.listedServers = true
+			v.serversDrift, v.serversErr = p.serversDrift(fullSyncs)
 		}
+		v.syncs = p.syncs.Load()
 		if addresses {
+			v.listedAddresses = true
 			if v.bound, err = p.cfg.Kernel.BoundAddresses(); err != nil {
 				v.errs = append(v.errs, "addresses unreadable: "+err.Error())
 			}
 		}
 		cost = listingsCost{cpu: threadCPU() - startCPU, took: time.Since(start)}
 		runtime.UnlockOSThread()
+	} else {
+		v.syncs = p.syncs.Load()
 	}
 	sizes, err := p.cfg.Kernel.SetSizes(p.setNames())
 	if err != nil {
@@ -987,19 +1015,30 @@ func threadCPU() time.Duration {
 
 // drift tells what of the mode's kernel state is not as the last sync
 // left it, from what a check read: our virtual servers with their real
-// servers and our addresses on kube-ipvs0 (when listed), the number of
-// entries in each set, the jump into KUBE-SERVICES. "" when all is in
-// place. The caller holds mu.
+// servers (when listed), and, if the quick reads still hold (no sync ran
+// since they began), our addresses on kube-ipvs0 (when listed), the
+// number of entries in each set and the jump into KUBE-SERVICES. "" when
+// all is in place. The caller holds mu.
 //
 // Another program's change that keeps a set's size (an entry deleted and
 // another added) or a real server's presence (its weight changed) is not
 // seen; the next full sync (a restart, a failure) undoes it.
-func (p *Syncer) drift(v kernelView) string {
-	if len(v.errs) > 0 {
-		return strings.Join(v.errs, "; ")
+func (p *Syncer) drift(v kernelView, quick bool) string {
+	var errs []string
+	if v.serversErr != nil && !errors.Is(v.serversErr, errSynced) {
+		errs = append(errs, "virtual servers unreadable: "+v.serversErr.Error())
+	}
+	if quick {
+		errs = append(errs, v.errs...)
+	}
+	if len(errs) > 0 {
+		return strings.Join(errs, "; ")
 	}
 	if v.listedServers && v.serversDrift != "" {
 		return v.serversDrift
+	}
+	if !quick {
+		return ""
 	}
 	if v.listedAddresses {
 		ours := 0
@@ -1042,37 +1081,40 @@ func (p *Syncer) jumpPresent() bool {
 	return true
 }
 
-// errSynced ends a drift check's listing when a sync ran meanwhile: what
-// it read is dropped.
-var errSynced = errors.New("a sync ran during the check")
+// errSynced ends a drift check's listing when a full sync ran meanwhile:
+// what it read is dropped.
+var errSynced = errors.New("a full sync ran during the check")
 
 // serversDrift tells which of our virtual servers, or of their wanted
-// real servers, the kernel lacks. It compares each virtual server as the
-// kernel lists it, so the listing is never held whole (at 10k services x
-// 5 endpoints it held 8.7 MB for seconds after each sync). The lock is
-// taken for each, but never waited on while a sync has started since the
-// check began: a full sync holding it may be waiting for the listing's own
-// lock, and the check gives up instead (errSynced), as it would after
-// that sync anyway.
-func (p *Syncer) serversDrift(syncs uint64) (string, error) {
-	found := 0
+// real servers, the kernel lacks, leaving out the service ports partial
+// syncs changed meanwhile (touched). It compares each virtual server as
+// the kernel lists it, so the listing is never held whole (at 10k
+// services x 5 endpoints it held 8.7 MB for seconds after each sync),
+// only a hash of each key it compared (for those the listing lacks). The
+// lock is taken for each, waiting out a partial sync or a drain check,
+// which never read the listing, but not a full sync: holding the lock, it
+// may be waiting for the listing's own lock, and the check gives up
+// instead (errSynced), as it would after that sync anyway.
+func (p *Syncer) serversDrift(fullSyncs uint64) (string, error) {
+	seed := maphash.MakeSeed()
+	seen := map[uint64]bool{}
 	var realsDrift string
 	err := p.cfg.Kernel.EachVirtualServer(func(key VirtualServerKey, have []RealServer) error {
 		for !p.mu.TryLock() {
-			if p.syncs.Load() != syncs {
+			if p.fullSyncs.Load() != fullSyncs {
 				return errSynced
 			}
-			time.Sleep(time.Millisecond) // a drain check or a partial sync
+			time.Sleep(time.Millisecond)
 		}
 		defer p.mu.Unlock()
-		if p.syncs.Load() != syncs {
+		if p.fullSyncs.Load() != fullSyncs {
 			return errSynced
 		}
 		name, ours := p.objects.servers[key]
-		if !ours {
+		if !ours || p.touched[name] {
 			return nil
 		}
-		found++
+		seen[maphash.Comparable(seed, key)] = true
 		if realsDrift == "" {
 			realsDrift = p.realsDrift(name, key, have)
 		}
@@ -1083,11 +1125,21 @@ func (p *Syncer) serversDrift(syncs uint64) (string, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.syncs.Load() != syncs {
+	if p.fullSyncs.Load() != fullSyncs {
 		return "", errSynced
 	}
-	if found < len(p.objects.servers) {
-		return fmt.Sprintf("%d of %d virtual servers", found, len(p.objects.servers)), nil
+	wanted, found := 0, 0
+	for key, name := range p.objects.servers {
+		if p.touched[name] {
+			continue
+		}
+		wanted++
+		if seen[maphash.Comparable(seed, key)] {
+			found++
+		}
+	}
+	if found < wanted {
+		return fmt.Sprintf("%d of %d virtual servers", found, wanted), nil
 	}
 	return realsDrift, nil
 }

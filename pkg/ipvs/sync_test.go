@@ -294,12 +294,19 @@ func TestOneEndpointChangeTouchesOneService(t *testing.T) {
 
 // A restart over what a previous run (ours or upstream's) left in place
 // reads the kernel once and changes nothing.
-func TestRestartOverStateInPlaceChangesNothing(t *testing.T) {
+// firstRun is a node whose first proxier has synced feedServices's
+// services, and the kernel as that sync left it, for a restart to start
+// over.
+func firstRun(t *testing.T) (*node, string) {
 	n := newNode()
 	first, _ := n.proxier(t)
 	feedServices(first)
 	sync(t, first)
-	before := n.kernel.Dump()
+	return n, n.kernel.Dump()
+}
+
+func TestRestartOverStateInPlaceChangesNothing(t *testing.T) {
+	n, before := firstRun(t)
 	n.kernel.ResetCalls()
 
 	second, _ := n.proxier(t)
@@ -323,11 +330,7 @@ func TestRestartOverStateInPlaceChangesNothing(t *testing.T) {
 // A set or iptables table another program changed in between is read
 // again, and the set repaired.
 func TestRestartTakesWhatItReadWhileTheInformersListed(t *testing.T) {
-	n := newNode()
-	first, _ := n.proxier(t)
-	feedServices(first)
-	sync(t, first)
-	before := n.kernel.Dump()
+	n, before := firstRun(t)
 
 	second, mode := n.proxier(t)
 	mode.Prepare()
@@ -796,11 +799,13 @@ func TestDriftListsTheNatChainOnlyWhenItsGenerationMoved(t *testing.T) {
 
 // The drift check reads the kernel without the syncer's lock, and takes it
 // only to compare each virtual server as it is listed. A sync that starts
-// right after the listing runs at once, while the check waits; a full sync
+// right after the listing runs at once, while the check waits; a partial
+// sync during the listing runs while the check waits for it; a full sync
 // that starts during the listing, which holds the lock and must list the
 // virtual servers itself, is not deadlocked by the check, which gives up.
-// Either way the check drops what it read before the sync instead of
-// taking the real server the sync added for one another program deleted.
+// Either way the check leaves out what it read of the changed service
+// before the sync instead of taking the real server the sync added for
+// one another program deleted.
 func TestDriftCheckNeitherHoldsUpNorMisreadsASync(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -810,6 +815,7 @@ func TestDriftCheckNeitherHoldsUpNorMisreadsASync(t *testing.T) {
 		during, full bool
 	}{
 		{"partial sync after the listing", false, false},
+		{"partial sync during the listing", true, false},
 		{"full sync during the listing", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -874,6 +880,63 @@ func TestDriftCheckNeitherHoldsUpNorMisreadsASync(t *testing.T) {
 			}
 			if !realServer(n.kernel.Dump(), "10.244.1.9:8080", 1, 0) {
 				t.Errorf("the sync during the check did not add its real server:\n%s", n.kernel.Dump())
+			}
+		})
+	}
+}
+
+// On a busy node partial syncs keep coming while the drift check lists the
+// real servers (seconds at 10k services under emulation): the listing
+// leaves out only the service ports they changed, and still finds what
+// another program removed from the others.
+func TestDriftListingOverlappedByPartialSyncsStillCounts(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(n *node) error
+	}{
+		{"virtual server deleted", func(n *node) error {
+			return n.kernel.DeleteVirtualServer(ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.11"), Port: 80, Protocol: v1.ProtocolUDP})
+		}},
+		{"real server deleted", func(n *node) error {
+			return n.kernel.DeleteRealServer(ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.13"), Port: 80, Protocol: v1.ProtocolTCP},
+				netip.MustParseAddrPort("10.244.1.8:8080"))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode()
+			core, mode := n.proxier(t)
+			feedServices(core)
+			sync(t, core)
+			if err := tc.change(n); err != nil {
+				t.Fatal(err)
+			}
+			// Every listing is overlapped by a partial sync of web.
+			var overlap func()
+			endpointsNow := 0
+			overlap = func() {
+				endpointsNow++
+				eps := []string{"10.244.0.5@local", "10.244.1.5"}
+				if endpointsNow%2 == 1 {
+					eps = append(eps, "10.244.1.9")
+				}
+				endpoints(core, "web", v1.ProtocolTCP, eps...)
+				if err := core.SyncOnce(); err != nil {
+					t.Error(err)
+				}
+				n.duringListing.Store(&overlap)
+			}
+			n.duringListing.Store(&overlap)
+			resyncs := make(chan struct{}, 10)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go mode.Watch(ctx, func() { resyncs <- struct{}{} })
+			select {
+			case <-resyncs:
+			case <-time.After(5 * time.Second):
+				t.Fatal("no resync was asked for: the partial syncs during the listings hid another program's change")
+			}
+			if endpointsNow == 0 {
+				t.Error("no partial sync ran during a listing")
 			}
 		})
 	}

@@ -119,19 +119,30 @@ func recordPID(pid int) {
 		return
 	}
 	defer f.Close()
-	fmt.Fprintf(f, "%d %s\n", pid, startTime(pid))
+	fmt.Fprintln(f, ProcessID(pid))
+}
+
+// ProcessID names a running process uniquely over a boot ("pid
+// starttime"), so that a record of it never matches a later process that
+// reused its PID.
+func ProcessID(pid int) string { return fmt.Sprintf("%d %s", pid, startTime(pid)) }
+
+// Running tells whether the process a ProcessID names still runs.
+func Running(id string) bool {
+	var pid int
+	var start string
+	if _, err := fmt.Sscanf(id, "%d %s", &pid, &start); err != nil || pid <= 1 {
+		return false
+	}
+	return startTime(pid) == start
 }
 
 // killRecorded kills every process a previous run recorded that still runs.
 func killRecorded() {
 	data, _ := os.ReadFile(pidFile())
 	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) != 2 {
-			continue
-		}
-		pid, _ := strconv.Atoi(f[0])
-		if pid > 1 && startTime(pid) == f[1] {
+		if Running(line) {
+			pid, _ := strconv.Atoi(strings.Fields(line)[0])
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}

@@ -103,8 +103,14 @@ func Start(cfg Config, logf func(format string, args ...any)) (_ *Machine, err e
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "rapidproxy-vm-")
+	removeOrphans(logf)
+	dir, err := os.MkdirTemp("", runDirPrefix)
 	if err != nil {
+		return nil, err
+	}
+	// Which process owns the directory, for removeOrphans.
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(framework.ProcessID(os.Getpid())), 0o644); err != nil {
+		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	m := &Machine{OutDir: filepath.Join(dir, "out"), cfg: cfg, exited: make(chan struct{}), done: make(chan struct{}),
@@ -164,6 +170,28 @@ func Start(cfg Config, logf func(format string, args ...any)) (_ *Machine, err e
 	go func() { _ = m.cmd.Wait(); close(m.exited) }()
 	go m.readSerial(serial, logf)
 	return m, nil
+}
+
+const (
+	runDirPrefix = "rapidproxy-vm-"
+	ownerFile    = "owner"
+)
+
+// removeOrphans removes the run directories (an initramfs of 80-150 MB
+// each) of VMs whose process is gone without its Stop: a test binary or
+// bench killed outright. A directory with no owner file yet is another
+// Start's, a moment old.
+func removeOrphans(logf func(format string, args ...any)) {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), runDirPrefix+"*"))
+	for _, dir := range dirs {
+		owner, err := os.ReadFile(filepath.Join(dir, ownerFile))
+		if err != nil || framework.Running(string(owner)) {
+			continue
+		}
+		if err := os.RemoveAll(dir); err == nil {
+			logf("vm: removed %s, left by a killed run", dir)
+		}
+	}
 }
 
 // Done is closed once the guest has printed its result line, or qemu has

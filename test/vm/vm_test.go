@@ -4,8 +4,13 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/rapidproxy/rapidproxy/test/framework"
 )
 
 // TestVMBootsWithIPVS checks the image on its own: IPVS, a dummy link, an
@@ -103,4 +108,40 @@ echo "client got: $(probe -connect %s:%d)"
 		}
 	}
 	t.Errorf("the guest did not print the host's answer")
+}
+
+// A VM's run directory (its initramfs, 80-150 MB) whose process was killed
+// without its Stop is removed by the next Start; a live process's, and one
+// not yet marked with its owner, stay.
+func TestOrphanedRunDirectoriesAreRemoved(t *testing.T) {
+	gone := exec.Command("true")
+	if err := gone.Start(); err != nil {
+		t.Fatal(err)
+	}
+	goneID := framework.ProcessID(gone.Process.Pid) // a zombie until Wait
+	if err := gone.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	dirs := map[string]string{"orphan": goneID, "live": framework.ProcessID(os.Getpid()), "starting": ""}
+	paths := map[string]string{}
+	for name, owner := range dirs {
+		dir, err := os.MkdirTemp("", runDirPrefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.RemoveAll(dir) })
+		if owner != "" {
+			if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(owner), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		paths[name] = dir
+	}
+	removeOrphans(t.Logf)
+	for name, dir := range paths {
+		_, err := os.Stat(dir)
+		if removed := os.IsNotExist(err); removed != (name == "orphan") {
+			t.Errorf("the %s directory: removed %v", name, removed)
+		}
+	}
 }
