@@ -555,10 +555,7 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 			core, mode := n.proxier(t)
 			feedServices(core)
 			sync(t, core)
-			resyncs := make(chan struct{}, 10)
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			go mode.Watch(ctx, func() { resyncs <- struct{}{} })
+			resyncs, stop := watch(t, mode)
 			select {
 			case <-resyncs:
 				t.Fatal("a resync was asked for while nothing changed")
@@ -567,11 +564,7 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 			if err := tc.undo(n); err != nil {
 				t.Fatal(err)
 			}
-			select {
-			case <-resyncs:
-			case <-time.After(5 * time.Second):
-				t.Fatal("no resync was asked for")
-			}
+			resynced(t, resyncs, "")
 			// The full sync it asked for puts everything back, and counts
 			// the repair.
 			repairs := ipvsRepairs(t)
@@ -581,9 +574,39 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 			if got := ipvsRepairs(t); got != repairs+1 {
 				t.Errorf("%s went from %v to %v, want one more", "sync_proxy_rules_ipvs_repairs_total", repairs, got)
 			}
-			cancel()
+			stop()
 			requireAsFirstSyncLeavesIt(t, n, "after the repair")
 		})
+	}
+}
+
+// watch runs the mode's watch until stop (which waits for its end) or
+// the test's end, and returns the resyncs it asks for.
+func watch(t *testing.T, mode *ipvs.Syncer) (resyncs <-chan struct{}, stop func()) {
+	asked := make(chan struct{}, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		mode.Watch(ctx, func() {
+			select {
+			case asked <- struct{}{}:
+			default: // enough asked
+			}
+		})
+	}()
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return asked, stop
+}
+
+// resynced waits for the watch to ask for a resync; why ends the failure.
+func resynced(t *testing.T, resyncs <-chan struct{}, why string) {
+	t.Helper()
+	select {
+	case <-resyncs:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no resync was asked for" + why)
 	}
 }
 
@@ -888,57 +911,49 @@ func TestDriftCheckNeitherHoldsUpNorMisreadsASync(t *testing.T) {
 // On a busy node partial syncs keep coming while the drift check lists the
 // real servers (seconds at 10k services under emulation): the listing
 // leaves out only the service ports they changed, and still finds what
-// another program removed from the others.
+// another program removed from the others: a real server, a whole
+// virtual server.
 func TestDriftListingOverlappedByPartialSyncsStillCounts(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		change func(n *node) error
-	}{
-		{"virtual server deleted", func(n *node) error {
-			return n.kernel.DeleteVirtualServer(ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.11"), Port: 80, Protocol: v1.ProtocolUDP})
-		}},
-		{"real server deleted", func(n *node) error {
-			return n.kernel.DeleteRealServer(ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.13"), Port: 80, Protocol: v1.ProtocolTCP},
-				netip.MustParseAddrPort("10.244.1.8:8080"))
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			n := newNode()
-			core, mode := n.proxier(t)
-			feedServices(core)
-			sync(t, core)
-			if err := tc.change(n); err != nil {
-				t.Fatal(err)
-			}
-			// Every listing is overlapped by a partial sync of web.
-			var overlap func()
-			endpointsNow := 0
-			overlap = func() {
-				endpointsNow++
-				eps := []string{"10.244.0.5@local", "10.244.1.5"}
-				if endpointsNow%2 == 1 {
-					eps = append(eps, "10.244.1.9")
-				}
-				endpoints(core, "web", v1.ProtocolTCP, eps...)
-				if err := core.SyncOnce(); err != nil {
-					t.Error(err)
-				}
-				n.duringListing.Store(&overlap)
-			}
-			n.duringListing.Store(&overlap)
-			resyncs := make(chan struct{}, 10)
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			go mode.Watch(ctx, func() { resyncs <- struct{}{} })
-			select {
-			case <-resyncs:
-			case <-time.After(5 * time.Second):
-				t.Fatal("no resync was asked for: the partial syncs during the listings hid another program's change")
-			}
-			if endpointsNow == 0 {
-				t.Error("no partial sync ran during a listing")
-			}
-		})
+	lb := ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.13"), Port: 80, Protocol: v1.ProtocolTCP}
+	t.Run("real server deleted", func(t *testing.T) {
+		resyncWhileBusy(t, func(n *node) error { return n.kernel.DeleteRealServer(lb, netip.MustParseAddrPort("10.244.1.8:8080")) })
+	})
+	t.Run("virtual server deleted", func(t *testing.T) {
+		resyncWhileBusy(t, func(n *node) error { return n.kernel.DeleteVirtualServer(lb) })
+	})
+}
+
+// resyncWhileBusy requires the drift check to ask for a resync after
+// another program's change while every listing is overlapped by a
+// partial sync of web.
+func resyncWhileBusy(t *testing.T, change func(n *node) error) {
+	n := newNode()
+	core, mode := n.proxier(t)
+	feedServices(core)
+	sync(t, core)
+	overlaps := 0
+	var overlap func()
+	overlap = func() {
+		overlaps++
+		eps := []string{"10.244.0.5@local", "10.244.1.5"}
+		if overlaps%2 == 1 {
+			eps = append(eps, "10.244.1.9")
+		}
+		endpoints(core, "web", v1.ProtocolTCP, eps...)
+		if err := core.SyncOnce(); err != nil {
+			t.Error(err)
+		}
+		n.duringListing.Store(&overlap)
+	}
+	n.duringListing.Store(&overlap)
+	if err := change(n); err != nil {
+		t.Fatal(err)
+	}
+	resyncs, stop := watch(t, mode)
+	resynced(t, resyncs, ": the partial syncs during the listings hid another program's change")
+	stop()
+	if overlaps == 0 {
+		t.Error("no partial sync ran during a listing")
 	}
 }
 
