@@ -108,8 +108,14 @@ func Start(cfg Config, logf func(format string, args ...any)) (_ *Machine, err e
 	if err != nil {
 		return nil, err
 	}
-	// Which process owns the directory, for removeOrphans.
-	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(framework.ProcessID(os.Getpid())), 0o644); err != nil {
+	// Which process owns the directory, for removeOrphans; renamed into
+	// place, so that it is never read half written.
+	owner := filepath.Join(dir, ownerFile)
+	err = os.WriteFile(owner+".new", []byte(framework.ProcessID(os.Getpid())), 0o644)
+	if err == nil {
+		err = os.Rename(owner+".new", owner)
+	}
+	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
