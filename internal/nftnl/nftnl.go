@@ -147,6 +147,25 @@ func (r *reader) request(msgType uint16, dump bool, attrs ...netlink.Attribute) 
 	return r.sock.Request(msgType, r.family, dump, data)
 }
 
+// named gets one chain or set of the table by name (msgType
+// NFT_MSG_GETCHAIN or NFT_MSG_GETSET, with its table and name
+// attributes); an error wrapping fs.ErrNotExist means there is none.
+func (r *reader) named(msgType, tableAttr, nameAttr uint16, kind, name string) ([]byte, error) {
+	msgs, err := r.request(msgType, false,
+		netlink.Attribute{Type: tableAttr, Data: str(r.table)},
+		netlink.Attribute{Type: nameAttr, Data: str(name)})
+	if errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("%s %s: %w", kind, name, fs.ErrNotExist)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", kind, name, err)
+	}
+	if len(msgs) != 1 {
+		return nil, fmt.Errorf("%s %s: %d answers", kind, name, len(msgs))
+	}
+	return msgs[0], nil
+}
+
 func str(s string) []byte { return append([]byte(s), 0) }
 
 // attrs decodes a message's attributes after its nfgenmsg.
@@ -311,19 +330,14 @@ func (r *reader) objects(ctx context.Context, chains, sets []string) (*Table, er
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		msgs, err := r.request(unix.NFT_MSG_GETCHAIN, false,
-			netlink.Attribute{Type: unix.NFTA_CHAIN_TABLE, Data: str(r.table)},
-			netlink.Attribute{Type: unix.NFTA_CHAIN_NAME, Data: str(name)})
-		if errors.Is(err, unix.ENOENT) {
+		msg, err := r.named(unix.NFT_MSG_GETCHAIN, unix.NFTA_CHAIN_TABLE, unix.NFTA_CHAIN_NAME, "chain", name)
+		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("chain %s: %w", name, err)
+			return nil, err
 		}
-		if len(msgs) != 1 {
-			return nil, fmt.Errorf("chain %s: %d answers", name, len(msgs))
-		}
-		c, _, err := parseChain(msgs[0])
+		c, _, err := parseChain(msg)
 		if err != nil {
 			return nil, err
 		}

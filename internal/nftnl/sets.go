@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math/big"
 	"net/netip"
 	"slices"
@@ -199,19 +198,11 @@ func (r *reader) sets() (map[string]*setInfo, error) {
 // set reads one set or map by name, with its elements; an error wrapping
 // fs.ErrNotExist means there is no such set.
 func (r *reader) set(name string) (*setInfo, error) {
-	msgs, err := r.request(unix.NFT_MSG_GETSET, false,
-		netlink.Attribute{Type: unix.NFTA_SET_TABLE, Data: str(r.table)},
-		netlink.Attribute{Type: unix.NFTA_SET_NAME, Data: str(name)})
-	if errors.Is(err, unix.ENOENT) {
-		return nil, fmt.Errorf("set %s: %w", name, fs.ErrNotExist)
-	}
+	msg, err := r.named(unix.NFT_MSG_GETSET, unix.NFTA_SET_TABLE, unix.NFTA_SET_NAME, "set", name)
 	if err != nil {
-		return nil, fmt.Errorf("set %s: %w", name, err)
+		return nil, err
 	}
-	if len(msgs) != 1 {
-		return nil, fmt.Errorf("set %s: %d answers", name, len(msgs))
-	}
-	s, err := parseSet(msgs[0])
+	s, err := parseSet(msg)
 	if err != nil {
 		return nil, err
 	}

@@ -1025,7 +1025,9 @@ func threadCPU() time.Duration {
 // seen; the next full sync (a restart, a failure) undoes it.
 func (p *Syncer) drift(v kernelView, quick bool) string {
 	var errs []string
-	if v.serversErr != nil && !errors.Is(v.serversErr, errSynced) {
+	// (errSynced never gets here: checkDrift drops a check a full sync
+	// overlapped.)
+	if v.serversErr != nil {
 		errs = append(errs, "virtual servers unreadable: "+v.serversErr.Error())
 	}
 	if quick {

@@ -257,10 +257,7 @@ func feedServices(c *proxy.Core) {
 
 // The whole state the mode gives the kernel for every kind of service.
 func TestFullSyncGolden(t *testing.T) {
-	n := newNode()
-	core, _ := n.proxier(t)
-	feedServices(core)
-	sync(t, core)
+	n, _, _ := fedNode(t)
 	testutil.Golden(t, filepath.Join("testdata", "sync-full.golden"), n.kernel.Dump(), os.Getenv("UPDATE_GOLDEN") != "")
 	if n.iptables.restores != 1 {
 		t.Errorf("%d iptables restores for a first sync, want 1", n.iptables.restores)
@@ -292,21 +289,20 @@ func TestOneEndpointChangeTouchesOneService(t *testing.T) {
 	}
 }
 
-// A restart over what a previous run (ours or upstream's) left in place
-// reads the kernel once and changes nothing.
-// firstRun is a node whose first proxier has synced feedServices's
-// services, and the kernel as that sync left it, for a restart to start
-// over.
-func firstRun(t *testing.T) (*node, string) {
+// fedNode is a node whose proxier has synced feedServices's services.
+func fedNode(t *testing.T) (*node, *proxy.Core, *ipvs.Syncer) {
 	n := newNode()
-	first, _ := n.proxier(t)
-	feedServices(first)
-	sync(t, first)
-	return n, n.kernel.Dump()
+	core, mode := n.proxier(t)
+	feedServices(core)
+	sync(t, core)
+	return n, core, mode
 }
 
+// A restart over what a previous run (ours or upstream's) left in place
+// reads the kernel once and changes nothing.
 func TestRestartOverStateInPlaceChangesNothing(t *testing.T) {
-	n, before := firstRun(t)
+	n, _, _ := fedNode(t)
+	before := n.kernel.Dump()
 	n.kernel.ResetCalls()
 
 	second, _ := n.proxier(t)
@@ -330,7 +326,8 @@ func TestRestartOverStateInPlaceChangesNothing(t *testing.T) {
 // A set or iptables table another program changed in between is read
 // again, and the set repaired.
 func TestRestartTakesWhatItReadWhileTheInformersListed(t *testing.T) {
-	n, before := firstRun(t)
+	n, _, _ := fedNode(t)
+	before := n.kernel.Dump()
 
 	second, mode := n.proxier(t)
 	mode.Prepare()
@@ -551,10 +548,7 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 		{"iptables flushed", func(n *node) error { n.iptables.flush(); return nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := newNode()
-			core, mode := n.proxier(t)
-			feedServices(core)
-			sync(t, core)
+			n, core, mode := fedNode(t)
 			resyncs, stop := watch(t, mode)
 			select {
 			case <-resyncs:
@@ -797,10 +791,7 @@ func TestRestartOverAFullSet(t *testing.T) {
 // only when the table's generation moved since it last saw the jump there:
 // once at first, and again after another program's change.
 func TestDriftListsTheNatChainOnlyWhenItsGenerationMoved(t *testing.T) {
-	n := newNode()
-	core, mode := n.proxier(t)
-	feedServices(core)
-	sync(t, core)
+	n, _, mode := fedNode(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -842,10 +833,7 @@ func TestDriftCheckNeitherHoldsUpNorMisreadsASync(t *testing.T) {
 		{"full sync during the listing", true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := newNode()
-			core, mode := n.proxier(t)
-			feedServices(core)
-			sync(t, core)
+			n, core, mode := fedNode(t)
 			synced := make(chan error, 1)
 			startSync := func() {
 				endpoints(core, "web", v1.ProtocolTCP, "10.244.0.5@local", "10.244.1.5", "10.244.1.9")
@@ -927,10 +915,7 @@ func TestDriftListingOverlappedByPartialSyncsStillCounts(t *testing.T) {
 // another program's change while every listing is overlapped by a
 // partial sync of web.
 func resyncWhileBusy(t *testing.T, change func(n *node) error) {
-	n := newNode()
-	core, mode := n.proxier(t)
-	feedServices(core)
-	sync(t, core)
+	n, core, mode := fedNode(t)
 	overlaps := 0
 	var overlap func()
 	overlap = func() {

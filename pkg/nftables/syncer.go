@@ -132,12 +132,11 @@ func New(cfg Config) (*Syncer, error) {
 	cfg.Params.IPv6 = cfg.Family == v1.IPv6Protocol
 	if cfg.List == nil {
 		cfg.List = lister(Family(cfg.Family))
+		family := string(Family(cfg.Family))
 		if cfg.Read == nil {
-			family := string(Family(cfg.Family))
 			cfg.Read = func(ctx context.Context) (*nftnl.Table, error) { return nftnl.Read(ctx, family, TableName) }
 		}
 		if cfg.ReadObjects == nil {
-			family := string(Family(cfg.Family))
 			cfg.ReadObjects = func(ctx context.Context, chains, sets []string) (*nftnl.Table, error) {
 				return nftnl.ReadObjects(ctx, family, TableName, chains, sets)
 			}

@@ -834,7 +834,6 @@ func (b *bench) profileCPU(ctx context.Context, kp proxyProcess, column, what st
 	}()
 }
 
-// outputPath names a file of -profile-dir for one proxy, column and shape.
 // keepLog copies the process's log into the profile directory, if one
 // was given: its timestamps tell where a start's seconds went.
 func (b *bench) keepLog(kp proxyProcess, proxy, column, name string) {
@@ -846,6 +845,7 @@ func (b *bench) keepLog(kp proxyProcess, proxy, column, name string) {
 	}
 }
 
+// outputPath names a file of -profile-dir for one proxy, column and shape.
 func (b *bench) outputPath(proxy, column, name string) string {
 	return filepath.Join(b.opts.profileDir, fmt.Sprintf("%s-%s-N%d-E%d-%s", proxy, column, b.n, b.e, name))
 }
