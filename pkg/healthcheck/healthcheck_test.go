@@ -77,6 +77,26 @@ func TestProxyHealth(t *testing.T) {
 	}
 }
 
+// A node switching modes answers /healthz 503 until the new mode's first
+// sync; /livez is not held.
+func TestProxyHealthHeldUntilDone(t *testing.T) {
+	h := NewProxyHealth(60 * time.Second)
+	h.SetNode(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}})
+	handler := h.Handler()
+	done := make(chan struct{})
+	h.HoldUntil(done)
+	if code, _ := get(t, handler, "/healthz"); code != 503 {
+		t.Errorf("held: healthz %d", code)
+	}
+	if code, _ := get(t, handler, "/livez"); code != 200 {
+		t.Errorf("held: livez %d", code)
+	}
+	close(done)
+	if code, _ := get(t, handler, "/healthz"); code != 200 {
+		t.Errorf("released: healthz %d", code)
+	}
+}
+
 func freePort(t *testing.T) int32 {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -46,6 +46,8 @@ type ProxyHealth struct {
 	lastUpdated   map[v1.IPFamily]time.Time
 	oldestPending map[v1.IPFamily]time.Time
 	node          *v1.Node
+	// held, until closed, keeps /healthz unhealthy (HoldUntil).
+	held <-chan struct{}
 }
 
 // NewProxyHealth returns a tracker with the given timeout.
@@ -97,6 +99,33 @@ func (h *ProxyHealth) Health() Health {
 	return health
 }
 
+// HoldUntil has /healthz answer 503 until done is closed. A node
+// switching proxy modes holds it until the new mode's first sync: before
+// that the rules in place are the old mode's, and a load balancer that
+// picks nodes by /healthz should wait. /livez is not held: a liveness
+// probe failing then would restart the switch.
+func (h *ProxyHealth) HoldUntil(done <-chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.held = done
+}
+
+// holding tells whether HoldUntil's channel is still open.
+func (h *ProxyHealth) holding() bool {
+	h.mu.Lock()
+	held := h.held
+	h.mu.Unlock()
+	if held == nil {
+		return false
+	}
+	select {
+	case <-held:
+		return false
+	default:
+		return true
+	}
+}
+
 // nodeEligible is false while the node is being deleted or drained by the
 // autoscaler, or before its object is known.
 func (h *ProxyHealth) nodeEligible() bool {
@@ -121,7 +150,7 @@ func (h *ProxyHealth) Handler() http.Handler {
 		health := h.Health()
 		eligible := h.nodeEligible()
 		health.NodeEligible = &eligible
-		h.write(w, health, health.Healthy && eligible, metrics.ProxyHealthzTotal)
+		h.write(w, health, health.Healthy && eligible && !h.holding(), metrics.ProxyHealthzTotal)
 	})
 	mux.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) {
 		health := h.Health()

@@ -10,17 +10,35 @@ import (
 var cleanupChains = map[Chain]bool{
 	chainServices: true, chainExternalServices: true, chainNodePorts: true, chainPostrouting: true,
 	chainMarkMasq: true, chainForward: true, chainProxyFirewall: true, chainCanary: true, chainLocalnetGuard: true,
-	// IPVS mode's chains.
+}
+
+// ipvsOnlyChains are the IPVS mode's chains the iptables mode has none of.
+var ipvsOnlyChains = map[Chain]bool{
 	"KUBE-NODE-PORT": true, "KUBE-LOAD-BALANCER": true, "KUBE-SOURCE-RANGES-FIREWALL": true,
 	"KUBE-IPVS-FILTER": true, "KUBE-IPVS-OUT-FILTER": true,
 }
 
-func isKubeProxyChain(c Chain) bool { return cleanupChains[c] || IsServiceChain(c) }
+func isKubeProxyChain(c Chain) bool {
+	return cleanupChains[c] || ipvsOnlyChains[c] || IsServiceChain(c)
+}
+
+func isIPVSOnlyChain(c Chain) bool { return ipvsOnlyChains[c] }
 
 // Cleanup removes every kube-proxy chain from the mangle, filter and nat
 // tables, and the rules of other chains that jump to them, in one restore
 // input per table. It returns how many chains it removed.
-func Cleanup(k Kernel) (int, error) {
+func Cleanup(k Kernel) (int, error) { return cleanup(k, isKubeProxyChain) }
+
+// CleanupIPVSModeChains removes the chains only the IPVS mode has, and the
+// jumps into them, which the iptables mode's sync leaves: it rewrites the
+// chains both modes name alike and so stops using these, but they still
+// use the IPVS mode's ipsets. It returns how many chains it removed.
+func CleanupIPVSModeChains(k Kernel) (int, error) { return cleanup(k, isIPVSOnlyChain) }
+
+// cleanup removes the chains of the mangle, filter and nat tables that
+// remove names, and the rules of other chains that jump to them, in one
+// restore input per table.
+func cleanup(k Kernel, remove func(Chain) bool) (int, error) {
 	tables, err := saveTables(k, keepText(func(_ Table, c Chain) bool { return !isKubeProxyChain(c) }))
 	if err != nil {
 		return 0, err
@@ -30,7 +48,7 @@ func Cleanup(k Kernel) (int, error) {
 	for _, t := range kubeTables {
 		for chain, rules := range tables[t].rules {
 			for _, r := range rules {
-				if isKubeProxyChain(jumpTarget(string(r))) {
+				if remove(jumpTarget(string(r))) {
 					in.removeShared(SharedRule{Table: t, Chain: chain, Rule: r})
 				}
 			}
@@ -40,7 +58,7 @@ func Cleanup(k Kernel) (int, error) {
 			return 0, err
 		}
 		for _, c := range slices.Concat(slices.Collect(maps.Keys(tables[t].fingerprints)), services) {
-			if isKubeProxyChain(c) {
+			if remove(c) {
 				in.deleteChain(t, c)
 				removed++
 			}

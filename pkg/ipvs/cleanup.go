@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -42,9 +43,9 @@ func isKubeProxySet(name string) bool {
 func Cleanup(excludeCIDRs []netip.Prefix) ([]string, error) {
 	var removed []string
 	var errs []error
-	// As upstream: without the ip_vs module there is no IPVS state, and
-	// asking netlink for it would only log errors.
-	if exec.Command("modprobe", "-q", "ip_vs").Run() == nil {
+	// Without the ip_vs module loaded (or built in) there is no IPVS
+	// state, and asking netlink for it would load the module.
+	if _, err := os.Stat("/sys/module/ip_vs"); err == nil {
 		if h, err := libipvs.New(""); err == nil {
 			services, err := h.GetServices()
 			if err != nil {
@@ -75,17 +76,32 @@ func Cleanup(excludeCIDRs []netip.Prefix) ([]string, error) {
 			removed = append(removed, "link "+DummyLink)
 		}
 	}
-	if out, err := exec.Command("ipset", "list", "-n").Output(); err == nil {
-		for _, name := range strings.Fields(string(out)) {
-			if !isKubeProxySet(name) {
-				continue
-			}
-			if out, err := exec.Command("ipset", "destroy", name).CombinedOutput(); err != nil {
-				errs = append(errs, fmt.Errorf("ipset destroy %s: %w: %s", name, err, strings.TrimSpace(string(out))))
-				continue
-			}
-			removed = append(removed, "ipset "+name)
+	sets, err := CleanupSets()
+	removed = append(removed, sets...)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// CleanupSets destroys the ipsets the IPVS mode leaves (in either family)
+// and says which. The iptables rules that use them must be gone first.
+func CleanupSets() ([]string, error) {
+	out, err := exec.Command("ipset", "list", "-n").Output()
+	if err != nil {
+		return nil, nil // no ipset tool or module: no sets
+	}
+	var removed []string
+	var errs []error
+	for _, name := range strings.Fields(string(out)) {
+		if !isKubeProxySet(name) {
+			continue
 		}
+		if out, err := exec.Command("ipset", "destroy", name).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("ipset destroy %s: %w: %s", name, err, strings.TrimSpace(string(out))))
+			continue
+		}
+		removed = append(removed, "ipset "+name)
 	}
 	return removed, errors.Join(errs...)
 }

@@ -75,6 +75,14 @@ var (
 	IPVSRepairsTotal      = counter("sync_proxy_rules_ipvs_repairs_total", "Times the IPVS mode's kernel state was found changed by another program and restored", "ip_family")
 	NoLocalEndpointsTotal = gauge("sync_proxy_rules_no_local_endpoints_total", "Number of services with a Local traffic policy and no endpoints", "traffic_policy", "ip_family")
 
+	// ModeSwitchInProgress and ModeSwitchDrainingVirtualServers are ours,
+	// not upstream's: a node that started in one mode over another mode's
+	// rules is switching until it has removed them (after its own first
+	// sync), and IPVS virtual servers that still carry connections stay
+	// until those end.
+	ModeSwitchInProgress             = prometheus.NewGauge(prometheus.GaugeOpts{Subsystem: subsystem, Name: "mode_switch_in_progress", Help: "1 while kube-proxy is switching from another proxy mode's rules to its own, 0 otherwise"})
+	ModeSwitchDrainingVirtualServers = prometheus.NewGauge(prometheus.GaugeOpts{Subsystem: subsystem, Name: "mode_switch_draining_ipvs_virtual_servers", Help: "IPVS virtual servers a node that left the IPVS mode keeps until their connections end"})
+
 	ProxyHealthzTotal = counter("proxy_healthz_total", "Cumulative proxy healthz HTTP status", "code")
 	ProxyLivezTotal   = counter("proxy_livez_total", "Cumulative proxy livez HTTP status", "code")
 
@@ -139,6 +147,7 @@ var Registry = func() *prometheus.Registry {
 		IPTablesRestoreFailuresTotal, IPTablesPartialRestoreFailuresTotal, IPTablesRulesTotal, IPTablesRulesLastSync, IPTablesFlushRecoveriesTotal,
 		NFTablesSyncFailuresTotal, NFTablesCleanupFailuresTotal, NFTablesRepairsTotal, IPVSRepairsTotal,
 		NoLocalEndpointsTotal, ProxyHealthzTotal, ProxyLivezTotal,
+		ModeSwitchInProgress, ModeSwitchDrainingVirtualServers,
 		ConntrackReconcilerSyncDuration, ConntrackReconcilerDeleted,
 		IPTablesCTStateInvalidDropped, IPTablesLocalhostNodePortsAccepted,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

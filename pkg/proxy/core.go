@@ -118,7 +118,9 @@ type Core struct {
 	// ready is closed once both caches are complete: syncing starts then,
 	// and not earlier, so the first sync is not held back by the minimum
 	// interval after a run that had nothing to do.
-	ready        chan struct{}
+	ready chan struct{}
+	// firstSynced is closed by the first successful sync.
+	firstSynced  chan struct{}
 	needFullSync bool
 	noLocal      noLocalEndpoints
 	// lastReconcile is when every conntrack flow was last checked.
@@ -152,6 +154,7 @@ func NewCore(cfg Config, mode Mode) *Core {
 		node:         cfg.Node,
 		needFullSync: true,
 		ready:        make(chan struct{}),
+		firstSynced:  make(chan struct{}),
 		noLocal:      noLocalEndpoints{},
 		changed:      map[types.NamespacedName]time.Time{},
 	}
@@ -298,6 +301,9 @@ func (c *Core) queue() {
 	c.runner.Run()
 }
 
+// FirstSynced is closed once the first sync has succeeded.
+func (c *Core) FirstSynced() <-chan struct{} { return c.firstSynced }
+
 // SyncOnce folds the recorded changes into the state and brings the
 // kernel in line: the changed service ports only, or everything after a
 // start, a failure or a resync request. The sync loop calls it.
@@ -364,6 +370,11 @@ func (c *Core) SyncOnce() error {
 	}
 	c.afterSync(view, changes, full)
 	c.scheduleDeferred()
+	select {
+	case <-c.firstSynced:
+	default:
+		close(c.firstSynced)
+	}
 	klog.V(2).InfoS("Synced proxy rules", "mode", c.cfg.ModeName, "ipFamily", family, "full", full, "changedServicePorts", len(changes.ServicePorts), "elapsed", time.Since(start))
 	if full {
 		// A full sync's garbage (tens of MB at 10k services) is hand back

@@ -118,6 +118,29 @@ func TestCoreFallsBackToAFullSync(t *testing.T) {
 	}
 }
 
+// FirstSynced is closed by the first sync that succeeds, not by a failed one.
+func TestCoreFirstSyncedAfterTheFirstSuccessfulSync(t *testing.T) {
+	mode := &fakeMode{fullErr: errors.New("kernel said no")}
+	c := newTestCore(mode)
+	localService(c, "a", "10.96.0.1", "node-1")
+	_ = c.SyncOnce()
+	select {
+	case <-c.FirstSynced():
+		t.Fatal("first synced after a failed sync")
+	default:
+	}
+	mode.fullErr = nil
+	if err := c.SyncOnce(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-c.FirstSynced():
+	default:
+		t.Fatal("not first synced after a successful sync")
+	}
+	_ = c.SyncOnce() // closing twice would panic
+}
+
 // The no-local-endpoints gauge counts service ports whose Local policy
 // finds no endpoint on this node while the service has some elsewhere,
 // kept up to date by partial syncs.

@@ -29,6 +29,9 @@ type Proxier interface {
 	OnServiceCIDRs(cidrs []netip.Prefix)
 	// SyncLoop programs the kernel until the context ends.
 	SyncLoop(ctx context.Context)
+	// FirstSynced is closed once the first sync has put every rule in
+	// place: what another mode left may go then.
+	FirstSynced() <-chan struct{}
 }
 
 // DualStack drives one proxier per IP family as one.
@@ -72,6 +75,18 @@ func (d DualStack) OnServiceCIDRs(cidrs []netip.Prefix) {
 	for _, p := range d {
 		p.OnServiceCIDRs(cidrs)
 	}
+}
+
+// FirstSynced is closed once every family's first sync is done.
+func (d DualStack) FirstSynced() <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		for _, p := range d {
+			<-p.FirstSynced()
+		}
+		close(done)
+	}()
+	return done
 }
 
 // SyncLoop runs every family's loop and returns when all have ended.

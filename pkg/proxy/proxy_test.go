@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -14,6 +15,7 @@ type recorder struct {
 	mu        sync.Mutex
 	events    []string
 	usesCIDRs bool
+	synced    chan struct{}
 }
 
 func (r *recorder) add(e string) { r.mu.Lock(); r.events = append(r.events, e); r.mu.Unlock() }
@@ -26,6 +28,7 @@ func (r *recorder) OnNode(*v1.Node)                                { r.add("node
 func (r *recorder) SyncLoop(ctx context.Context)                   { r.add("loop"); <-ctx.Done() }
 func (r *recorder) UsesServiceCIDRs() bool                         { return r.usesCIDRs }
 func (r *recorder) OnServiceCIDRs([]netip.Prefix)                  { r.add("cidrs") }
+func (r *recorder) FirstSynced() <-chan struct{}                   { return r.synced }
 
 func TestDualStackFansOut(t *testing.T) {
 	a, b := &recorder{}, &recorder{}
@@ -48,5 +51,23 @@ func TestDualStackFansOut(t *testing.T) {
 	}
 	if d.UsesServiceCIDRs() || !(DualStack{a, &recorder{usesCIDRs: true}}).UsesServiceCIDRs() {
 		t.Error("UsesServiceCIDRs is not whether any family uses them")
+	}
+}
+
+// A node's first sync is done once every family's is.
+func TestDualStackFirstSyncedWaitsForEveryFamily(t *testing.T) {
+	a, b := &recorder{synced: make(chan struct{})}, &recorder{synced: make(chan struct{})}
+	synced := DualStack{a, b}.FirstSynced()
+	close(a.synced)
+	select {
+	case <-synced:
+		t.Fatal("synced with one family of two")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(b.synced)
+	select {
+	case <-synced:
+	case <-time.After(5 * time.Second):
+		t.Fatal("not synced once both families were")
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
-	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
-	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
@@ -35,50 +33,15 @@ func Cleanup(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
 	return nil
 }
 
-// cleanupOtherModes removes, best effort, what the modes other than the
-// configured one left, as upstream does at start: the iptables and IPVS
-// modes' leftovers would still act on the nftables mode's traffic, and
-// the nftables mode's tables on the others'.
-func cleanupOtherModes(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) {
-	if cfg.Mode != config.ModeNFTables {
-		if removed, err := cleanupNFTables(ctx); err != nil {
-			klog.ErrorS(err, "Removing the nftables mode's leftovers")
-		} else if len(removed) > 0 {
-			klog.InfoS("Removed the nftables mode's leftovers", "removed", removed)
-		}
-		return
-	}
-	chains, removed, err := cleanupIPTablesModes(cfg)
-	if err != nil {
-		klog.ErrorS(err, "Removing the iptables and IPVS modes' leftovers")
-	}
-	if chains > 0 || len(removed) > 0 {
-		klog.InfoS("Removed the iptables and IPVS modes' leftovers", "iptablesChains", chains, "removed", removed)
-	}
-}
-
 // cleanupIPTablesModes removes what the iptables and IPVS modes leave:
 // the chains and jumps in both families and backends, the IPVS virtual
 // servers, link and ipsets, and the nfacct objects; it says how many
 // chains and what else it removed.
 func cleanupIPTablesModes(cfg *kpconfig.KubeProxyConfiguration) (int, []string, error) {
+	total, err := eachIPTables(iptables.Cleanup)
 	var errs []error
-	total := 0
-	for _, backend := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
-		for _, ipv6 := range []bool{false, true} {
-			kernel := iptablesrunner.New(ipv6, backend)
-			if kernel.Available() != nil {
-				continue
-			}
-			n, err := iptables.Cleanup(kernel)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s (ipv6=%v): %w", backend, ipv6, err))
-			}
-			if n > 0 {
-				klog.InfoS("Removed kube-proxy chains", "backend", backend, "ipv6", ipv6, "chains", n)
-			}
-			total += n
-		}
+	if err != nil {
+		errs = append(errs, err)
 	}
 	// After the iptables rules: they may still use the ipsets and the
 	// nfacct objects.

@@ -77,6 +77,7 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 
 	health := healthcheck.NewProxyHealth(2 * syncPeriod(cfg))
 	health.SetNode(node)
+	retire := switchOver(cfg, health)
 	services := &explain.Handler{}
 	servers, err := startServers(ctx, cfg, health, services, zpages.New(opts.Flags))
 	if err != nil {
@@ -89,7 +90,7 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 		return err
 	}
 	services.SetSource(proxier)
-	cleanupOtherModes(ctx, cfg)
+	retire(ctx, proxier.FirstSynced())
 	recordStartEvent(ctx, client, nodeName, cfg.Mode)
 	return watch(ctx, client, cfg, nodeName, node, proxier, health)
 }

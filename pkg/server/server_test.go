@@ -203,6 +203,8 @@ type recordingProxier struct {
 
 func (r *recordingProxier) UsesServiceCIDRs() bool { return r.usesCIDRs }
 
+func (r *recordingProxier) FirstSynced() <-chan struct{} { return nil }
+
 func (r *recordingProxier) OnServiceCIDRs(cidrs []netip.Prefix) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

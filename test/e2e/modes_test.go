@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -12,9 +14,11 @@ import (
 )
 
 // Starting in one mode removes what the others left, which would otherwise
-// still act on the traffic, as upstream does: the iptables mode removes
-// the nftables mode's tables; the nftables mode the iptables and IPVS
-// modes' chains (both backends and families), ipsets and kube-ipvs0.
+// still act on the traffic, once its own first sync is in place: the
+// iptables mode removes the nftables mode's tables and what only the IPVS
+// mode has (its chains, ipsets and kube-ipvs0); the nftables mode the
+// iptables and IPVS modes' chains (both backends and families), ipsets
+// and kube-ipvs0.
 func TestStartRemovesTheOtherModesLeftovers(t *testing.T) {
 	for _, tc := range []struct {
 		mode      string
@@ -39,6 +43,21 @@ func TestStartRemovesTheOtherModesLeftovers(t *testing.T) {
 		},
 		checks: [][]string{{"iptables-nft-save"}, {"ip6tables-nft-save"}, {"iptables-legacy-save"}, {"ipset", "list", "-n"}, {"ip", "link"}},
 		gone:   []string{"KUBE-", "kube-ipvs0"},
+	}, {
+		mode: iptablesMode,
+		leftovers: [][]string{
+			{"ipset", "create", "KUBE-NODE-PORT-TCP", "bitmap:port", "range", "0-65535"},
+			{"ip", "link", "add", "kube-ipvs0", "type", "bridge"},
+			{"iptables-nft", "-t", "nat", "-N", "KUBE-SERVICES"},
+			{"iptables-nft", "-t", "nat", "-N", "KUBE-NODE-PORT"},
+			{"iptables-nft", "-t", "nat", "-A", "KUBE-NODE-PORT", "-p", "tcp", "-m", "set", "--match-set", "KUBE-NODE-PORT-TCP", "dst", "-j", "RETURN"},
+			{"iptables-nft", "-t", "nat", "-A", "KUBE-SERVICES", "-m", "addrtype", "--dst-type", "LOCAL", "-j", "KUBE-NODE-PORT"},
+			{"iptables-nft", "-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"},
+			{"iptables-nft", "-t", "filter", "-N", "KUBE-IPVS-FILTER"},
+			{"iptables-nft", "-t", "filter", "-A", "INPUT", "-j", "KUBE-IPVS-FILTER"},
+		},
+		checks: [][]string{{"iptables-nft-save"}, {"ipset", "list", "-n"}, {"ip", "link"}},
+		gone:   []string{"KUBE-NODE-PORT", "KUBE-IPVS-FILTER", "kube-ipvs0"},
 	}} {
 		t.Run(tc.mode, func(t *testing.T) {
 			// From a node without anything of kube-proxy's, so that the
@@ -46,69 +65,134 @@ func TestStartRemovesTheOtherModesLeftovers(t *testing.T) {
 			stopProxy()
 			onNode(t, []string{cluster.KubeProxy(), "--cleanup"})
 			onNode(t, tc.leftovers...)
-			useOurProxy(t, tc.mode)
-			for _, check := range tc.checks {
-				out, err := cluster.Node.Command(check...).Output()
-				if err != nil {
-					t.Fatalf("%v: %v", check, err)
-				}
-				for _, left := range tc.gone {
-					if strings.Contains(string(out), left) {
-						t.Errorf("after a start in %s mode, %v still shows %s:\n%s", tc.mode, check, left, out)
+			switchProxy(t, true, tc.mode)
+			eventually(t, convergence, "the leftovers' removal", func() error {
+				for _, check := range tc.checks {
+					out, err := cluster.Node.Command(check...).Output()
+					if err != nil {
+						return fmt.Errorf("%v: %v", check, err)
 					}
+					for _, left := range tc.gone {
+						if strings.Contains(string(out), left) {
+							return fmt.Errorf("after a start in %s mode, %v still shows %s:\n%s", tc.mode, check, left, out)
+						}
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// A node switched from the iptables mode to the nftables mode and back
+// (SIGTERM, a start in the other mode, twice) under a client opening a
+// new connection every 20 ms to a ClusterIP, a NodePort and a
+// LoadBalancer IP, and long-lived connections opened before the first
+// switch that exchange a line every second: with ours not one fails, /healthz
+// answers only once the new mode's rules are in place, and nothing of
+// the other mode is left after each switch. Upstream goes through the
+// same switch for comparison (its start removes the other mode's rules
+// before its first sync); its figures are logged, not checked.
+func TestSwitchingModesFailsNoConnection(t *testing.T) {
+	for _, name := range []string{"a", "b"} {
+		addPod(t, "switch-"+name, framework.PodOptions{Labels: map[string]string{"app": "switch"}})
+	}
+	client := addPod(t, "switch-client", framework.PodOptions{})
+	svc := service("switch", "switch", v1.ProtocolTCP)
+	svc.Spec.Type = v1.ServiceTypeLoadBalancer
+	svc = createService(t, svc)
+	const lbIP = "10.255.3.40"
+	setLoadBalancerIP(t, svc, lbIP)
+	nodePort := net.JoinHostPort(framework.NodeIPv4, strconv.Itoa(int(svc.Spec.Ports[0].NodePort)))
+	targets := []struct {
+		what     string
+		from     *framework.Netns
+		hostPort string
+	}{
+		{"ClusterIP", client.Netns, net.JoinHostPort(svc.Spec.ClusterIP, "80")},
+		{"NodePort", cluster.External, nodePort},
+		{"LoadBalancer IP", cluster.External, net.JoinHostPort(lbIP, "80")},
+	}
+	serves := func(t *testing.T) {
+		t.Helper()
+		for _, target := range targets {
+			eventually(t, convergence, target.what, func() error {
+				_, err := target.from.Request("tcp", target.hostPort, time.Second)
+				return err
+			})
+		}
+	}
+	for _, proxy := range []string{"ours", "upstream"} {
+		ours := proxy == "ours"
+		t.Run(proxy, func(t *testing.T) {
+			switchProxy(t, ours, iptablesMode)
+			serves(t)
+			var loads []*framework.Load
+			var held []*framework.Held
+			for _, target := range targets {
+				load, err := target.from.StartLoad("tcp", target.hostPort, 10*time.Minute, 20*time.Millisecond)
+				if err != nil {
+					t.Fatal(err)
+				}
+				loads = append(loads, load)
+				h, err := target.from.HoldConnections(target.hostPort, 2)
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, h)
+			}
+			time.Sleep(2 * time.Second)
+			for _, mode := range []string{nftablesMode, iptablesMode} {
+				start := time.Now()
+				switchProxy(t, ours, mode)
+				if ours {
+					if !syncedWhenHealthy {
+						t.Errorf("switching to %s mode: /healthz answered 200 before the first sync", mode)
+					}
+					eventually(t, time.Minute, "the end of the switch to "+mode, func() error {
+						return switchDone(t, mode)
+					})
+				}
+				t.Logf("%s: switched to %s mode in %s", proxy, mode, time.Since(start).Round(time.Millisecond))
+				time.Sleep(2 * time.Second)
+			}
+			for i, target := range targets {
+				seen, err := loads[i].Stop()
+				if err != nil {
+					t.Fatal(err)
+				}
+				kept, err := held[i].Stop()
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Logf("%s, %s: new connections: %s; %s", proxy, target.what, seen, kept)
+				if ours && (seen.Failed > 0 || kept.Broken > 0) {
+					t.Errorf("%s: failed or broken connections through a switch of modes:\n%s%s", target.what, seen.Errors, kept.Errors)
 				}
 			}
 		})
 	}
 }
 
-// A node switched from the iptables mode to the nftables mode and back
-// serves its services after each start, with nothing left of the mode it
-// ran before. Requests may fail during a switch, as with upstream: a
-// start removes the other mode's rules before its first sync.
-func TestSwitchingBetweenIPTablesAndNFTablesModes(t *testing.T) {
-	useOurProxy(t, iptablesMode)
-	addPod(t, "switch-a", framework.PodOptions{Labels: map[string]string{"app": "switch"}})
-	client := addPod(t, "switch-client", framework.PodOptions{})
-	svc := service("switch", "switch", v1.ProtocolTCP)
-	svc.Spec.Type = v1.ServiceTypeNodePort
-	svc = createService(t, svc)
-	serves := func(t *testing.T) {
-		t.Helper()
-		for _, ip := range svc.Spec.ClusterIPs {
-			eventually(t, convergence, "the client pod to "+ip, func() error {
-				_, err := answeredBy(client.Netns, "tcp", ip, 80, "switch-a")
-				return err
-			})
+// switchDone says why a switch to mode is not over: the other mode's
+// rules are still there, or the metric says so.
+func switchDone(t *testing.T, mode string) error {
+	switch mode {
+	case nftablesMode:
+		if rules := nodeRules(t); strings.Contains(rules, "KUBE-") {
+			return fmt.Errorf("the iptables mode's rules are left in nftables mode:\n%s", rules)
 		}
-		eventually(t, convergence, "external to the node port", func() error {
-			_, err := answeredBy(cluster.External, "tcp", framework.NodeIPv4, svc.Spec.Ports[0].NodePort, "switch-a")
-			return err
-		})
-	}
-	serves(t)
-	for _, mode := range []string{nftablesMode, iptablesMode} {
-		load, err := client.Netns.StartLoad("tcp", net.JoinHostPort(svc.Spec.ClusterIP, "80"), 8*time.Second, 50*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(time.Second)
-		switchProxy(t, true, mode)
-		seen, err := load.Wait()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("switch to %s mode: %s", mode, seen)
-		serves(t)
-		switch mode {
-		case nftablesMode:
-			if rules := nodeRules(t); strings.Contains(rules, "KUBE-") {
-				t.Errorf("the iptables mode's rules are left in nftables mode:\n%s", rules)
-			}
-		case iptablesMode:
-			if rules := nftablesRules(t); rules != "" {
-				t.Errorf("the nftables mode's tables are left in iptables mode:\n%s", rules)
-			}
+	case iptablesMode:
+		if rules := nftablesRules(t); rules != "" {
+			return fmt.Errorf("the nftables mode's tables are left in iptables mode:\n%s", rules)
 		}
 	}
+	text, err := fetchMetrics()
+	if err != nil {
+		return err
+	}
+	if v := metricValue(text, "kubeproxy_mode_switch_in_progress"); v != 0 {
+		return fmt.Errorf("kubeproxy_mode_switch_in_progress is %v", v)
+	}
+	return nil
 }

@@ -61,6 +61,9 @@ var (
 	runningOurs bool
 	runningMode string
 	started     int
+	// syncedWhenHealthy tells whether the running kube-proxy had synced
+	// when its /healthz first answered 200 (at the latest: read just after).
+	syncedWhenHealthy bool
 )
 
 // useOurProxy makes sure our kube-proxy runs in the node namespace in
@@ -113,7 +116,9 @@ func startProxyLocked(t *testing.T, ours bool, mode string, wrapper []string, co
 		t.Fatal(err)
 	}
 	running, runningOurs, runningMode = p, ours, mode
-	// Healthy comes before the first sync; tests start after it.
+	text, err := fetchMetrics()
+	syncedWhenHealthy = err == nil && metricValue(text, `kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}`) > 0
+	// Healthy may come before the first sync; tests start after it.
 	eventually(t, time.Minute, "the first sync", func() error {
 		text, err := fetchMetrics()
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -103,6 +104,13 @@ func (r LoadResult) String() string {
 	return fmt.Sprintf("%d requests sent, %d failed, longest gap between answers %s", r.OK+r.Failed, r.Failed, r.LongestGap)
 }
 
+// Stop ends the load before its duration (SIGTERM) and returns what it
+// saw.
+func (l *Load) Stop() (LoadResult, error) {
+	_ = l.cmd.Process.Signal(syscall.SIGTERM)
+	return l.Wait()
+}
+
 // Wait waits for the load to end and returns what it saw.
 func (l *Load) Wait() (LoadResult, error) {
 	if err := l.cmd.Wait(); err != nil {
@@ -117,6 +125,51 @@ func (l *Load) Wait() (LoadResult, error) {
 	var err error
 	if r.LongestGap, err = time.ParseDuration(gap); err != nil {
 		return LoadResult{}, fmt.Errorf("load generator said %q: %w", first, err)
+	}
+	r.Errors = rest
+	return r, nil
+}
+
+// Held is a set of long-lived TCP connections running in a namespace.
+type Held struct {
+	cmd *exec.Cmd
+	out strings.Builder
+}
+
+// HoldConnections opens count TCP connections to hostPort from the
+// namespace and keeps them until Stop (at most an hour), each sending a
+// line every second that the server echoes, within 2 s.
+func (n *Netns) HoldConnections(hostPort string, count int) (*Held, error) {
+	h := &Held{cmd: n.Command(podserverPath(), "-client", "tcp://"+hostPort, "-hold", strconv.Itoa(count),
+		"-load", "1h", "-interval", "1s", "-timeout", "2s")}
+	h.cmd.Stdout, h.cmd.Stderr = &h.out, &h.out
+	if err := h.cmd.Start(); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// HeldResult is what long-lived connections saw.
+type HeldResult struct {
+	Held, Broken int
+	// Errors are the first failures, one per line with its time.
+	Errors string
+}
+
+func (r HeldResult) String() string {
+	return fmt.Sprintf("%d long-lived connections, %d broken", r.Held, r.Broken)
+}
+
+// Stop closes the connections and returns how many broke meanwhile.
+func (h *Held) Stop() (HeldResult, error) {
+	_ = h.cmd.Process.Signal(syscall.SIGTERM)
+	if err := h.cmd.Wait(); err != nil {
+		return HeldResult{}, fmt.Errorf("connection holder: %w: %s", err, h.out.String())
+	}
+	first, rest, _ := strings.Cut(h.out.String(), "\n")
+	var r HeldResult
+	if _, err := fmt.Sscanf(first, "held=%d broken=%d", &r.Held, &r.Broken); err != nil {
+		return HeldResult{}, fmt.Errorf("connection holder said %q", h.out.String())
 	}
 	r.Errors = rest
 	return r, nil

@@ -31,7 +31,12 @@ func main() {
 	load := flag.Duration("load", 0, "client: send a new request every -interval for this long or until SIGTERM, then print \"ok=N failed=M gap=D\" (D the longest time between two answered requests, or from the start to the first, or from the last to the end) and the first errors")
 	interval := flag.Duration("interval", 50*time.Millisecond, "client: the time between requests of -load or connections of -probe")
 	probe := flag.Duration("probe", 0, "client: open a new TCP connection every -interval for this long or until SIGTERM, without waiting for the previous ones, and print one line per connection (see probeConnection)")
+	hold := flag.Int("hold", 0, "client: open this many TCP connections and keep them, each sending a line every -interval and reading it back, for -load or until SIGTERM, then print \"held=N broken=M\" and the first errors")
 	flag.Parse()
+	if *client != "" && *hold > 0 {
+		holdConnections(*client, *hold, *load, *interval, *timeout)
+		return
+	}
 	if *client != "" && *probe > 0 {
 		probeConnections(*client, *probe, *interval, *timeout)
 		return
@@ -81,6 +86,15 @@ func serve(name, port string) error {
 			go func() {
 				defer conn.Close()
 				fmt.Fprintf(conn, "%s %s\n", name, conn.RemoteAddr())
+				// Then an echo of each line, until the client closes: a
+				// long-lived connection (-hold) checks that it still
+				// works.
+				lines := bufio.NewScanner(conn)
+				for lines.Scan() {
+					if _, err := fmt.Fprintf(conn, "%s\n", lines.Text()); err != nil {
+						return
+					}
+				}
 			}()
 		}
 	}()
@@ -234,4 +248,78 @@ func probeConnection(addr string, timeout time.Duration) string {
 func isTimeout(err error) bool {
 	var netErr net.Error
 	return errors.As(err, &netErr) && netErr.Timeout()
+}
+
+// holdConnections opens n TCP connections to target and keeps them for
+// duration or until SIGTERM: every interval each sends a line and reads
+// it back within timeout. A connection that fails once is broken and
+// stays so. It prints "held=N broken=M" and the first errors.
+func holdConnections(target string, n int, duration, interval, timeout time.Duration) {
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM)
+	addr := strings.TrimPrefix(target, "tcp://")
+	var (
+		mu     sync.Mutex
+		broken int
+		errs   []string
+	)
+	fail := func(i int, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		broken++
+		if len(errs) < 5 {
+			errs = append(errs, fmt.Sprintf("%s connection %d: %v", time.Now().Format("15:04:05.000"), i, err))
+		}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		conn, err := net.DialTimeout("tcp", addr, timeout)
+		if err != nil {
+			fail(i, err)
+			continue
+		}
+		wg.Go(func() {
+			defer conn.Close()
+			r := bufio.NewReader(conn)
+			_ = conn.SetDeadline(time.Now().Add(timeout))
+			if _, err := r.ReadString('\n'); err != nil {
+				fail(i, fmt.Errorf("greeting: %w", err))
+				return
+			}
+			tick := time.NewTicker(interval)
+			defer tick.Stop()
+			for seq := 0; ; seq++ {
+				select {
+				case <-done:
+					return
+				case <-tick.C:
+				}
+				_ = conn.SetDeadline(time.Now().Add(timeout))
+				want := fmt.Sprintf("line %d", seq)
+				if _, err := fmt.Fprintf(conn, "%s\n", want); err != nil {
+					fail(i, err)
+					return
+				}
+				got, err := r.ReadString('\n')
+				if err == nil && strings.TrimSpace(got) != want {
+					err = fmt.Errorf("echoed %q, want %q", strings.TrimSpace(got), want)
+				}
+				if err != nil {
+					fail(i, err)
+					return
+				}
+			}
+		})
+	}
+	select {
+	case <-stop:
+	case <-time.After(duration):
+	}
+	close(done)
+	wg.Wait()
+	fmt.Printf("held=%d broken=%d\n", n, broken)
+	for _, e := range errs {
+		fmt.Println(e)
+	}
 }

@@ -1,0 +1,59 @@
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// Retire is one round of taking the IPVS mode's objects off a node that
+// runs another mode now: IPVS keeps its own connection table, and a
+// connection it forwards breaks when its virtual server or real server
+// goes, or when the address it was sent to leaves kube-ipvs0 (the packets
+// then no longer reach IPVS at LOCAL_IN). So each virtual server stays
+// while any of its real servers has connections (all go when force), and
+// an address stays bound while a remaining virtual server uses it. The
+// new mode's rules take every new connection before routing, so what
+// stays serves only the old ones. It returns how many virtual servers
+// still drain; the link itself and the ipsets go with Cleanup once none
+// does.
+func Retire(k Kernel, excludeCIDRs []netip.Prefix, force bool) (draining int, err error) {
+	var errs []error
+	kept := map[netip.Addr]bool{}
+	var idle []VirtualServerKey
+	err = k.EachVirtualServer(func(key VirtualServerKey, reals []RealServer) error {
+		if slices.ContainsFunc(excludeCIDRs, func(p netip.Prefix) bool { return p.Contains(key.Addr) }) {
+			kept[key.Addr] = true // another program's
+			return nil
+		}
+		if !force && slices.ContainsFunc(reals, func(rs RealServer) bool { return rs.ActiveConns+rs.InactiveConns > 0 }) {
+			kept[key.Addr] = true
+			draining++
+			return nil
+		}
+		idle = append(idle, key)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("listing the IPVS virtual servers: %w", err)
+	}
+	for _, key := range idle {
+		if err := k.DeleteVirtualServer(key); err != nil {
+			errs = append(errs, fmt.Errorf("deleting virtual server %s: %w", key, err))
+		}
+	}
+	bound, err := k.BoundAddresses()
+	if err != nil {
+		// No kube-ipvs0: nothing is bound.
+		return draining, errors.Join(errs...)
+	}
+	for _, a := range bound {
+		if !kept[a] {
+			if err := k.Unbind(a); err != nil {
+				errs = append(errs, fmt.Errorf("unbinding %s from %s: %w", a, DummyLink, err))
+			}
+		}
+	}
+	return draining, errors.Join(errs...)
+}

@@ -1,0 +1,89 @@
+package ipvs_test
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+
+	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
+)
+
+// A node that left the IPVS mode keeps a virtual server, and the address
+// on kube-ipvs0 it is reached at, while any of its real servers has
+// connections; the rest goes in the first round, and everything once the
+// connections end or the bound is reached (force). Virtual servers in
+// excludeCIDRs are another program's and stay.
+func TestRetireKeepsWhatStillHasConnections(t *testing.T) {
+	n, _, _ := fedNode(t)
+	web := ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
+	webEndpoint := netip.MustParseAddrPort("10.244.1.5:8080")
+	if err := n.kernel.SetConnections(web, webEndpoint, 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	lb := ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.255.3.1"), Port: 80, Protocol: v1.ProtocolTCP}
+	if err := n.kernel.SetConnections(lb, netip.MustParseAddrPort("10.244.1.8:8080"), 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	exclude := []netip.Prefix{netip.MustParsePrefix("10.96.0.11/32")} // dns
+
+	draining, err := ipvs.Retire(n.kernel, exclude, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if draining != 2 {
+		t.Errorf("%d virtual servers draining, want 2 (web, lb)", draining)
+	}
+	assertServers(t, n, []string{"10.96.0.10:80", "10.96.0.11:80", "10.255.3.1:80"})
+	bound, err := n.kernel.BoundAddresses()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Trim(strings.Join(addrStrings(bound), " "), " "); got != "10.96.0.10 10.96.0.11 10.255.3.1" {
+		t.Errorf("bound %q, want the draining and excluded servers' addresses only", got)
+	}
+
+	// web's connection ends: it goes; lb stays.
+	if err := n.kernel.SetConnections(web, webEndpoint, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if draining, err = ipvs.Retire(n.kernel, exclude, false); err != nil || draining != 1 {
+		t.Errorf("after web's connection ended: %d draining, %v", draining, err)
+	}
+	assertServers(t, n, []string{"10.96.0.11:80", "10.255.3.1:80"})
+
+	// At the bound, whatever still has connections goes too.
+	if draining, err = ipvs.Retire(n.kernel, exclude, true); err != nil || draining != 0 {
+		t.Errorf("forced: %d draining, %v", draining, err)
+	}
+	assertServers(t, n, []string{"10.96.0.11:80"})
+	if bound, _ := n.kernel.BoundAddresses(); len(bound) != 1 {
+		t.Errorf("bound after the last virtual server went: %v, want the excluded one's only", bound)
+	}
+}
+
+func addrStrings(addrs []netip.Addr) []string {
+	var out []string
+	for _, a := range addrs {
+		out = append(out, a.String())
+	}
+	return out
+}
+
+// assertServers checks the virtual servers the kernel holds, by address
+// and port.
+func assertServers(t *testing.T, n *node, want []string) {
+	t.Helper()
+	vss, err := n.kernel.VirtualServers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, vs := range vss {
+		got = append(got, netip.AddrPortFrom(vs.Addr, vs.Port).String())
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("virtual servers %v, want %v", got, want)
+	}
+}

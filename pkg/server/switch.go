@@ -1,0 +1,245 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
+
+	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
+	"github.com/rapidproxy/rapidproxy/pkg/config"
+	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
+	"github.com/rapidproxy/rapidproxy/pkg/iptables"
+	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
+)
+
+// A start in one mode over what another mode programmed switches the
+// node's mode without failing a connection: the other mode's rules stay
+// in place until this mode's first sync has put its own there, so a new
+// connection always meets one complete rule set or the other
+// (docs/architecture.md, "Switching modes", says why both can be present
+// at once); then they go, all of them and in both families and iptables
+// backends, except IPVS virtual servers that still forward connections,
+// which stay until those end (ipvs.Retire), at most ipvs.DefaultMaxDrain.
+
+// drainCheckInterval is how often the virtual servers a node that left the
+// IPVS mode keeps are checked for their connections' end.
+var drainCheckInterval = 10 * time.Second
+
+// switchOver starts a switch: it says whether the node holds another
+// mode's objects and, when it does, has /healthz answer 503 from now on,
+// before the servers start, until the first sync. The function it
+// returns removes the other modes' objects once synced is closed,
+// returning at once.
+func switchOver(cfg *kpconfig.KubeProxyConfiguration, health *healthcheck.ProxyHealth) func(ctx context.Context, synced <-chan struct{}) {
+	from := otherModesPresent(cfg)
+	released := make(chan struct{})
+	if len(from) > 0 {
+		klog.InfoS("Switching proxy mode: what the other modes programmed stays until this mode's first sync is in place", "mode", cfg.Mode, "found", from)
+		metrics.ModeSwitchInProgress.Set(1)
+		health.HoldUntil(released)
+	}
+	return func(ctx context.Context, synced <-chan struct{}) {
+		go func() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-synced:
+			}
+			close(released)
+			retireOtherModes(ctx, cfg, from)
+			if len(from) > 0 {
+				klog.InfoS("Switched proxy mode: nothing of the other modes is left", "mode", cfg.Mode)
+			}
+			metrics.ModeSwitchInProgress.Set(0)
+		}()
+	}
+}
+
+// otherModesPresent names the other modes whose objects the node holds,
+// as cheaply as it can tell: a netlink request for the nftables tables
+// and kube-ipvs0, and in nftables mode a listing of the nat table's
+// KUBE-SERVICES chain per iptables backend and family.
+func otherModesPresent(cfg *kpconfig.KubeProxyConfiguration) []string {
+	var from []string
+	if cfg.Mode != config.ModeNFTables {
+		for _, family := range []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol} {
+			if exists, err := nftTableExists(family); err == nil && exists {
+				from = append(from, string(config.ModeNFTables))
+				break
+			}
+		}
+	}
+	if cfg.Mode != config.ModeIPVS {
+		if _, err := netlink.LinkByName(ipvs.DummyLink); err == nil {
+			from = append(from, string(config.ModeIPVS))
+		}
+	}
+	if cfg.Mode == config.ModeNFTables && iptablesChainsPresent() {
+		from = append(from, string(config.ModeIPTables))
+	}
+	return from
+}
+
+// iptablesChainsPresent tells whether any iptables backend and family
+// holds the chain both iptables-based modes make first.
+func iptablesChainsPresent() bool {
+	for _, backend := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
+		for _, ipv6 := range []bool{false, true} {
+			r := iptablesrunner.New(ipv6, backend)
+			if r.Available() != nil {
+				continue
+			}
+			if _, err := r.ListRules("nat", "KUBE-SERVICES"); err == nil {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// retireOtherModes removes what the modes other than the configured one
+// left, best effort, logging what it removed and what failed: in every
+// mode the nftables mode's tables; in nftables mode the iptables-based
+// modes' chains (both backends and families) and nfacct objects; in
+// iptables mode, when the IPVS mode was found, the chains only it has;
+// then the IPVS mode's ipsets and, as their connections end, its virtual
+// servers, addresses and kube-ipvs0. The iptables mode reads the tables
+// only when kube-ipvs0 was found: its restarts stay free of the four
+// table listings.
+func retireOtherModes(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, from []string) {
+	if cfg.Mode != config.ModeNFTables {
+		if removed, err := cleanupNFTables(ctx); err != nil {
+			klog.ErrorS(err, "Removing the nftables mode's tables")
+		} else if len(removed) > 0 {
+			klog.InfoS("Removed the nftables mode's tables", "removed", removed)
+		}
+	}
+	if cfg.Mode == config.ModeIPVS || (cfg.Mode == config.ModeIPTables && !slices.Contains(from, string(config.ModeIPVS))) {
+		return
+	}
+	removeChains := iptables.Cleanup
+	if cfg.Mode == config.ModeIPTables {
+		removeChains = iptables.CleanupIPVSModeChains
+	}
+	chains, err := eachIPTables(removeChains)
+	if err != nil {
+		klog.ErrorS(err, "Removing the other iptables-based mode's chains")
+	}
+	removed, err := ipvs.CleanupSets()
+	if err != nil {
+		klog.ErrorS(err, "Removing the IPVS mode's ipsets")
+	}
+	if cfg.Mode == config.ModeNFTables {
+		counters, err := iptables.CleanupNFAcctObjects()
+		if err != nil {
+			klog.ErrorS(err, "Removing the iptables mode's nfacct objects")
+		}
+		for _, name := range counters {
+			removed = append(removed, "nfacct object "+name)
+		}
+	}
+	if chains > 0 || len(removed) > 0 {
+		klog.InfoS("Removed the other modes' iptables chains and ipsets", "iptablesChains", chains, "removed", removed)
+	}
+	exclude, err := excludeCIDRs(cfg)
+	if err != nil {
+		klog.ErrorS(err, "Not removing the IPVS mode's virtual servers")
+		return
+	}
+	drainIPVS(ctx, exclude)
+}
+
+// eachIPTables runs remove over every iptables backend and family there
+// are tools for, and says how many chains it removed.
+func eachIPTables(remove func(iptables.Kernel) (int, error)) (int, error) {
+	var errs []error
+	total := 0
+	for _, backend := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
+		for _, ipv6 := range []bool{false, true} {
+			kernel := iptablesrunner.New(ipv6, backend)
+			if kernel.Available() != nil {
+				continue
+			}
+			n, err := remove(kernel)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s (ipv6=%v): %w", backend, ipv6, err))
+			}
+			total += n
+		}
+	}
+	return total, errors.Join(errs...)
+}
+
+// drainIPVS takes the IPVS mode's virtual servers and addresses away as
+// their connections end (every drainCheckInterval, all of them after
+// ipvs.DefaultMaxDrain), then kube-ipvs0.
+func drainIPVS(ctx context.Context, exclude []netip.Prefix) {
+	kernels := ipvsKernels()
+	defer func() {
+		for _, k := range kernels {
+			k.Close()
+		}
+	}()
+	deadline := time.Now().Add(ipvs.DefaultMaxDrain)
+	last := -1
+	for {
+		force := time.Now().After(deadline)
+		draining := 0
+		for _, k := range kernels {
+			n, err := ipvs.Retire(k, exclude, force)
+			if err != nil {
+				klog.ErrorS(err, "Removing the IPVS mode's virtual servers")
+			}
+			draining += n
+		}
+		metrics.ModeSwitchDrainingVirtualServers.Set(float64(draining))
+		if draining != last && draining > 0 {
+			klog.InfoS("IPVS virtual servers still forward connections; they stay until those end", "virtualServers", draining, "until", deadline.Format(time.RFC3339))
+		}
+		last = draining
+		if draining == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(drainCheckInterval):
+		}
+	}
+	removed, err := ipvs.Cleanup(exclude)
+	if err != nil {
+		klog.ErrorS(err, "Removing the IPVS mode's leftovers")
+	}
+	if len(removed) > 0 {
+		klog.InfoS("Removed the IPVS mode's leftovers", "removed", removed)
+	}
+}
+
+// ipvsKernels opens IPVS in each family, when the ip_vs module is loaded:
+// without it there is no IPVS state, and loading it would only add some.
+func ipvsKernels() []*ipvskernel.Kernel {
+	if _, err := os.Stat("/sys/module/ip_vs"); err != nil {
+		return nil
+	}
+	var kernels []*ipvskernel.Kernel
+	for _, ipv6 := range []bool{false, true} {
+		k, err := ipvskernel.New(ipv6)
+		if err != nil {
+			klog.ErrorS(err, "Opening IPVS to remove the IPVS mode's virtual servers", "ipv6", ipv6)
+			continue
+		}
+		kernels = append(kernels, k)
+	}
+	return kernels
+}
