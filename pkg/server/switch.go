@@ -68,8 +68,10 @@ func switchOver(cfg *kpconfig.KubeProxyConfiguration, health *healthcheck.ProxyH
 
 // otherModesPresent names the other modes whose objects the node holds,
 // as cheaply as it can tell: a netlink request for the nftables tables
-// and kube-ipvs0, and in nftables mode a listing of the nat table's
-// KUBE-SERVICES chain per iptables backend and family.
+// and kube-ipvs0, and in the nftables and IPVS modes a listing of one nat
+// chain per iptables backend and family. (An IPVS mode start removes the
+// iptables mode's chains with its own first restore, in which the nat
+// table's KUBE-SERVICES changes from one mode's to the other's at once.)
 func otherModesPresent(cfg *kpconfig.KubeProxyConfiguration) []string {
 	var from []string
 	if cfg.Mode != config.ModeNFTables {
@@ -85,22 +87,25 @@ func otherModesPresent(cfg *kpconfig.KubeProxyConfiguration) []string {
 			from = append(from, string(config.ModeIPVS))
 		}
 	}
-	if cfg.Mode == config.ModeNFTables && iptablesChainsPresent() {
+	// The chain both iptables-based modes make, and one only the
+	// iptables mode makes.
+	if (cfg.Mode == config.ModeNFTables && iptablesChainPresent("KUBE-SERVICES")) ||
+		(cfg.Mode == config.ModeIPVS && iptablesChainPresent("KUBE-NODEPORTS")) {
 		from = append(from, string(config.ModeIPTables))
 	}
 	return from
 }
 
-// iptablesChainsPresent tells whether any iptables backend and family
-// holds the chain both iptables-based modes make first.
-func iptablesChainsPresent() bool {
+// iptablesChainPresent tells whether any iptables backend and family
+// holds the nat chain.
+func iptablesChainPresent(chain string) bool {
 	for _, backend := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
 		for _, ipv6 := range []bool{false, true} {
 			r := iptablesrunner.New(ipv6, backend)
 			if r.Available() != nil {
 				continue
 			}
-			if _, err := r.ListRules("nat", "KUBE-SERVICES"); err == nil {
+			if _, err := r.ListRules("nat", chain); err == nil {
 				return true
 			}
 		}
@@ -109,48 +114,24 @@ func iptablesChainsPresent() bool {
 }
 
 // retireOtherModes removes what the modes other than the configured one
-// left, best effort, logging what it removed and what failed: in every
-// mode the nftables mode's tables; in nftables mode the iptables-based
-// modes' chains (both backends and families) and nfacct objects; in
-// iptables mode, when the IPVS mode was found, the chains only it has;
-// then the IPVS mode's ipsets and, as their connections end, its virtual
-// servers, addresses and kube-ipvs0. The iptables mode reads the tables
-// only when kube-ipvs0 was found: its restarts stay free of the four
-// table listings.
+// left: first their rules and sets (removeOtherRules), again every
+// drainCheckInterval until nothing fails, then, as their connections
+// end, the IPVS mode's virtual servers, addresses and kube-ipvs0.
 func retireOtherModes(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, from []string) {
-	if cfg.Mode != config.ModeNFTables {
-		if removed, err := cleanupNFTables(ctx); err != nil {
-			klog.ErrorS(err, "Removing the nftables mode's tables")
-		} else if len(removed) > 0 {
-			klog.InfoS("Removed the nftables mode's tables", "removed", removed)
+	for {
+		err := removeOtherRules(ctx, cfg, from)
+		if err == nil {
+			break
+		}
+		klog.ErrorS(err, "Removing what the other proxy modes left; trying again", "in", drainCheckInterval)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(drainCheckInterval):
 		}
 	}
 	if cfg.Mode == config.ModeIPVS || (cfg.Mode == config.ModeIPTables && !slices.Contains(from, string(config.ModeIPVS))) {
 		return
-	}
-	removeChains := iptables.Cleanup
-	if cfg.Mode == config.ModeIPTables {
-		removeChains = iptables.CleanupIPVSModeChains
-	}
-	chains, err := eachIPTables(removeChains)
-	if err != nil {
-		klog.ErrorS(err, "Removing the other iptables-based mode's chains")
-	}
-	removed, err := ipvs.CleanupSets()
-	if err != nil {
-		klog.ErrorS(err, "Removing the IPVS mode's ipsets")
-	}
-	if cfg.Mode == config.ModeNFTables {
-		counters, err := iptables.CleanupNFAcctObjects()
-		if err != nil {
-			klog.ErrorS(err, "Removing the iptables mode's nfacct objects")
-		}
-		for _, name := range counters {
-			removed = append(removed, "nfacct object "+name)
-		}
-	}
-	if chains > 0 || len(removed) > 0 {
-		klog.InfoS("Removed the other modes' iptables chains and ipsets", "iptablesChains", chains, "removed", removed)
 	}
 	exclude, err := excludeCIDRs(cfg)
 	if err != nil {
@@ -158,6 +139,47 @@ func retireOtherModes(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration,
 		return
 	}
 	drainIPVS(ctx, exclude)
+}
+
+// removeOtherRules removes, logging what it removed: in every mode the
+// nftables mode's tables; in nftables mode the iptables-based modes'
+// chains (both backends and families) and nfacct objects; in iptables
+// mode, when the IPVS mode was found, the chains only it has; then the
+// IPVS mode's ipsets. The iptables mode reads the tables only when
+// kube-ipvs0 was found: its restarts stay free of the four table
+// listings.
+func removeOtherRules(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, from []string) error {
+	var errs []error
+	if cfg.Mode != config.ModeNFTables {
+		removed, err := cleanupNFTables(ctx)
+		if len(removed) > 0 {
+			klog.InfoS("Removed the nftables mode's tables", "removed", removed)
+		}
+		errs = append(errs, err)
+	}
+	if cfg.Mode == config.ModeIPVS || (cfg.Mode == config.ModeIPTables && !slices.Contains(from, string(config.ModeIPVS))) {
+		return errors.Join(errs...)
+	}
+	removeChains := iptables.Cleanup
+	if cfg.Mode == config.ModeIPTables {
+		removeChains = iptables.CleanupIPVSModeChains
+	}
+	chains, err := eachIPTables(removeChains)
+	errs = append(errs, err)
+	// After the chains, which use them.
+	removed, err := ipvs.CleanupSets()
+	errs = append(errs, err)
+	if cfg.Mode == config.ModeNFTables {
+		counters, err := iptables.CleanupNFAcctObjects()
+		errs = append(errs, err)
+		for _, name := range counters {
+			removed = append(removed, "nfacct object "+name)
+		}
+	}
+	if chains > 0 || len(removed) > 0 {
+		klog.InfoS("Removed the other modes' iptables chains and ipsets", "iptablesChains", chains, "removed", removed)
+	}
+	return errors.Join(errs...)
 }
 
 // eachIPTables runs remove over every iptables backend and family there

@@ -36,8 +36,9 @@ const (
 // node-1 of the local cluster, and checks with real packets between
 // namespaces in the guest what each kind of service does on a real IPVS
 // kernel (trafficScript), then restarts, upstream's takeover and back, and
-// --cleanup (lifecycleScript), then the faults of docs/reliability.md
-// (faultsScript): one cluster, three boots. The guest asks the test for
+// --cleanup (lifecycleScript), switches to the nftables and iptables
+// modes and back (switchScript), then the faults of docs/reliability.md
+// (faultsScript): one cluster, four boots. The guest asks the test for
 // API changes over the tap (serveHostSteps).
 func TestIPVSModeWithTraffic(t *testing.T) {
 	if testing.Short() {
@@ -52,18 +53,30 @@ func TestIPVSModeWithTraffic(t *testing.T) {
 	if err := os.WriteFile(config, []byte(cluster.KubeProxyConfig("mode: ipvs\nipvs:\n  excludeCIDRs: ["+excludedCIDR+"]\n")), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	configs := map[string]string{}
+	for _, mode := range []string{"nftables", "iptables"} {
+		configs[mode] = filepath.Join(cluster.Dir, "kube-proxy-"+mode+"-traffic.yaml")
+		if err := os.WriteFile(configs[mode], []byte(cluster.KubeProxyConfig("mode: "+mode+"\n")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	files := vm.NodeFiles(cluster, cluster.KubeProxy(), config)
+	for _, c := range configs {
+		files[c] = c
+	}
 	files["/usr/local/bin/kube-proxy-upstream"] = cluster.UpstreamKubeProxy()
 	files["/usr/local/bin/podserver"] = cluster.Podserver()
 	files["/usr/local/bin/kube-proxy-explain"] = cluster.KubeProxyExplain()
 	files["/usr/local/bin/probe"] = vm.BuildStatic(t, "./probe")
-	header := fmt.Sprintf("CONFIG=%s HOST_STEPS=%s A=%s B=%s R=%s\n", config, steps.Addr(), podA, podB, podR)
+	header := fmt.Sprintf("CONFIG=%s CONFIG_NFT=%s CONFIG_IPT=%s HOST_STEPS=%s A=%s B=%s R=%s\n",
+		config, configs["nftables"], configs["iptables"], steps.Addr(), podA, podB, podR)
 	for _, run := range []struct {
 		name, script string
 		timeout      time.Duration
 	}{
 		{"services", trafficScript, 0},
 		{"restart-takeover-cleanup", lifecycleScript, 0},
+		{"switch-modes", switchScript, 0},
 		// A minute of it the API server's outage.
 		{"faults", faultsScript, 15 * time.Minute},
 	} {

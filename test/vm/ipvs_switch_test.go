@@ -1,0 +1,106 @@
+package vm_test
+
+// switchScript moves the node from the IPVS mode to the nftables mode and
+// back, then to the iptables mode and back (SIGTERM, a start in the other
+// mode), under clients opening a new connection every 20 ms to a
+// ClusterIP, a NodePort and a LoadBalancer IP, and long-lived connections
+// through IPVS opened before the first switch that exchange a line every
+// second: with ours none fails or breaks, the virtual servers carrying
+// the long-lived ones stay while the node runs another mode, and nothing
+// else of the IPVS mode does. Then upstream's binary goes through the same
+// switches; its figures are printed, not checked.
+const switchScript = `
+pod ext-in 10.255.1.2
+IPVS=$CONFIG
+
+# clients: new connections to the ClusterIP from a pod, and to a NodePort
+# and an LB IP from outside, each with a 1 s timeout; two long-lived
+# connections to each, opened now.
+clients_start() {
+	ip netns exec client podserver -client tcp://10.96.101.10:80 -load 1h -interval 20ms -timeout 1s >/tmp/new-clusterip 2>&1 &
+	CLIENTS=$!
+	ip netns exec ext-in podserver -client tcp://10.255.0.2:30180 -load 1h -interval 20ms -timeout 1s >/tmp/new-nodeport 2>&1 &
+	CLIENTS="$CLIENTS $!"
+	ip netns exec ext-in podserver -client tcp://10.255.3.40:80 -load 1h -interval 20ms -timeout 1s >/tmp/new-lb 2>&1 &
+	CLIENTS="$CLIENTS $!"
+	ip netns exec client podserver -client tcp://10.96.101.10:80 -hold 2 -load 1h -interval 1s -timeout 2s >/tmp/held-clusterip 2>&1 &
+	CLIENTS="$CLIENTS $!"
+	ip netns exec ext-in podserver -client tcp://10.255.0.2:30180 -hold 2 -load 1h -interval 1s -timeout 2s >/tmp/held-nodeport 2>&1 &
+	CLIENTS="$CLIENTS $!"
+	ip netns exec ext-in podserver -client tcp://10.255.3.40:80 -hold 2 -load 1h -interval 1s -timeout 2s >/tmp/held-lb 2>&1 &
+	CLIENTS="$CLIENTS $!"
+	sleep 2
+}
+# clients_seen WHO: ends the clients; prints what each saw, and sets
+# FAILED to the failed and broken connections of all of them.
+clients_seen() {
+	kill -TERM $CLIENTS 2>/dev/null || :
+	for pid in $CLIENTS; do wait "$pid" || :; done
+	FAILED=0
+	for f in new-clusterip new-nodeport new-lb held-clusterip held-nodeport held-lb; do
+		line=$(head -n 1 /tmp/$f)
+		echo "switch $1: $f: $line $(tail -n +2 /tmp/$f | head -n 3 | tr '\n' ' ')"
+		case $line in
+		ok=*) n=$(echo "$line" | sed 's/.*failed=\([0-9]*\).*/\1/') ;;
+		held=*) n=$(echo "$line" | sed 's/.*broken=\([0-9]*\).*/\1/') ;;
+		*) n=unknown ;;
+		esac
+		[ "$n" = 0 ] || FAILED="$FAILED+$n"
+	done
+}
+# in_mode BINARY CONFIG: stops kube-proxy, starts BINARY with CONFIG and
+# waits for its first sync.
+in_mode() {
+	stop
+	CONFIG=$2
+	start "$1"
+	sleep 3
+}
+# The removal of another mode's objects, after the first sync, reads and
+# writes each iptables backend and family: tens of seconds under TCG.
+none_of_ipvs_chains() {
+	DETAIL=$({ iptables-nft-save; ip6tables-nft-save; } | grep -e KUBE-NODE-PORT -e KUBE-LOAD-BALANCER -e KUBE-IPVS -e match-set | tr '\n' ' ')
+	[ -z "$DETAIL" ]
+}
+no_ipsets() {
+	sets=$(ipset list -n | tr '\n' ' ')
+	DETAIL="$sets; the log: $(grep -e 'Remov' /out/kube-proxy.log | tail -n 3 | tr '\n' ' ')"
+	[ -z "$sets" ]
+}
+has_vs() { ipvsadm -Ln -t "$1" >/dev/null 2>&1; }
+no_vs() { ! has_vs "$1"; }
+no_nft_tables() { DETAIL=$(nft list tables | grep kube-proxy | tr '\n' ' '); [ -z "$DETAIL" ]; }
+switching() { DETAIL=$(wget -q -O - http://127.0.0.1:10249/metrics | grep '^kubeproxy_mode_switch'| tr '\n' ' '); case $DETAIL in *"in_progress $1"*) ;; *) false ;; esac; }
+
+start kube-proxy
+check "ClusterIP in IPVS mode" serves "pod-a pod-b" client tcp://10.96.101.10:80 4
+clients_start
+in_mode kube-proxy $CONFIG_NFT
+eventually "ipvs -> nftables: the IPVS mode's chains are gone" 90 none_of_ipvs_chains
+eventually "ipvs -> nftables: its ipsets are gone" 90 no_ipsets
+check "ipvs -> nftables: a virtual server with long-lived connections stays" has_vs 10.96.101.10:80
+check "ipvs -> nftables: one without connections goes" no_vs 10.96.101.20:80
+check "ipvs -> nftables: the switch is in progress while they drain" switching 1
+in_mode kube-proxy $IPVS
+eventually "nftables -> ipvs: the nftables tables are gone" 30 no_nft_tables
+eventually "nftables -> ipvs: the switch is over" 30 switching 0
+check "nftables -> ipvs: the virtual server without connections is back" has_vs 10.96.101.20:80
+in_mode kube-proxy $CONFIG_IPT
+eventually "ipvs -> iptables: the IPVS mode's chains are gone" 90 none_of_ipvs_chains
+eventually "ipvs -> iptables: its ipsets are gone" 90 no_ipsets
+check "ipvs -> iptables: a virtual server with long-lived connections stays" has_vs 10.96.101.10:80
+in_mode kube-proxy $IPVS
+clients_seen ours
+[ "$FAILED" = 0 ] || grep -v -e nfacct -e 'Feature gate' -e reflector /out/kube-proxy.log | tail -n 120
+check "ours: no connection failed or broke through four switches" [ "$FAILED" = 0 ]
+
+in_mode kube-proxy-upstream $IPVS
+clients_start
+in_mode kube-proxy-upstream $CONFIG_NFT
+in_mode kube-proxy-upstream $IPVS
+in_mode kube-proxy-upstream $CONFIG_IPT
+in_mode kube-proxy-upstream $IPVS
+clients_seen upstream
+echo "ok: upstream through the same switches: failed or broken: $FAILED"
+stop
+`
