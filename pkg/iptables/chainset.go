@@ -112,27 +112,13 @@ func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jum
 		return err
 	}
 	unwanted := func(t Table, c Chain) bool { return isKubeProxyChain(c) && !wanted[t][c] }
-	wantedJumps := map[jumpKey]bool{}
-	for _, j := range jumps {
-		wantedJumps[jumpKey{j.Table, j.From, canonicalRule(j.Rule)}] = true
-	}
+	// A jump into a kube-proxy chain stays only when it is one of ours:
+	// the other mode jumps into some of the same chains differently.
+	removeOtherJumps(in, kernel, jumps)
 	for _, t := range kubeTables {
 		for _, c := range chains[t] {
 			if !kernel[t].holds(c) && !(c.Unordered && kernel[t].holdsInAnyOrder(c)) {
 				in.writeChain(t, c)
-			}
-		}
-		// A jump into a kube-proxy chain stays only when it is one of
-		// ours: the other mode jumps into some of the same chains
-		// differently.
-		for _, from := range slices.Sorted(maps.Keys(kernel[t].rules)) {
-			if !builtinChains[from] {
-				continue // an unordered chain's rules, kept for the comparison
-			}
-			for _, r := range kernel[t].rules[from] {
-				if isKubeProxyChain(jumpTarget(string(r))) && !wantedJumps[jumpKey{t, from, canonicalRule(r)}] {
-					in.removeShared(SharedRule{Table: t, Chain: from, Rule: r})
-				}
 			}
 		}
 		for _, c := range chains[t] {

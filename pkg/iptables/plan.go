@@ -14,6 +14,8 @@ import (
 // inserted, and unused chains are deleted last, once nothing jumps to them.
 type restoreInput struct {
 	tables map[Table]*tableInput
+	// natFirst writes the nat table before filter (see joinInputs).
+	natFirst bool
 }
 
 // tableInput holds one table's lines as text, section by section: at 10k
@@ -147,10 +149,15 @@ func (in *restoreInput) reader() io.Reader {
 
 // joinInputs renders inputs as one, each table holding their lines in
 // turn, or nil if they are all empty. filter goes before nat so that a
-// service losing its endpoints is rejected before its nat rules disappear.
+// service losing its endpoints is rejected before its nat rules disappear,
+// unless an input asks for nat first (natFirst).
 func joinInputs(inputs ...*restoreInput) io.Reader {
 	var parts []io.Reader
-	for _, t := range kubeTables {
+	order := kubeTables
+	if slices.ContainsFunc(inputs, func(in *restoreInput) bool { return in.natFirst }) {
+		order = []Table{TableMangle, TableNAT, TableFilter}
+	}
+	for _, t := range order {
 		var body []io.Reader
 		for _, in := range inputs {
 			if ti := in.tables[t]; ti != nil && ti.lines() > 0 {

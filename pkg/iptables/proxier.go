@@ -301,6 +301,11 @@ func (p *Syncer) fullSync(verifying bool) error {
 			p.noteRewritten(j.From, verifying)
 		}
 	}
+	removeOtherJumps(final, kernel, static.Jumps)
+	// Over the IPVS mode's rules (a switch), nat goes first: until nat
+	// DNATs, IPVS takes new connections at INPUT, where this mode's
+	// firewall would drop those to a load balancer's IP.
+	final.natFirst = holdsIPVSModeChains(kernel)
 	if err := writer.finish(final); err != nil {
 		return err
 	}
@@ -434,6 +439,43 @@ func (p *Syncer) removeKernelRules(in *restoreInput, t Table, c Chain, remove []
 		}
 	}
 	return nil
+}
+
+// removeOtherJumps removes the built-in chains' jumps into kube-proxy
+// chains other than this mode's, in the commit that writes those chains:
+// the IPVS mode jumps into KUBE-PROXY-FIREWALL for every packet, not just
+// a connection's first, and this mode's rules there drop what was not
+// DNATed, as the connections IPVS forwards are not.
+func removeOtherJumps(in *restoreInput, kernel map[Table]kernelTable, wanted []Jump) {
+	want := map[jumpKey]bool{}
+	for _, j := range wanted {
+		want[jumpKey{j.Table, j.From, canonicalRule(j.Rule)}] = true
+	}
+	for _, t := range kubeTables {
+		for _, from := range slices.Sorted(maps.Keys(kernel[t].rules)) {
+			if !builtinChains[from] {
+				continue // another chain's rules, kept for a comparison
+			}
+			for _, r := range kernel[t].rules[from] {
+				if isKubeProxyChain(jumpTarget(string(r))) && !want[jumpKey{t, from, canonicalRule(r)}] {
+					in.removeShared(SharedRule{Table: t, Chain: from, Rule: r})
+				}
+			}
+		}
+	}
+}
+
+// holdsIPVSModeChains tells whether the kernel holds a chain only the IPVS
+// mode makes.
+func holdsIPVSModeChains(kernel map[Table]kernelTable) bool {
+	for _, t := range kubeTables {
+		for c := range ipvsOnlyChains {
+			if kernel[t].has(c) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // builtinChains are the kernel's own chains, which hold our jumps.
