@@ -111,7 +111,7 @@ func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jum
 	if err != nil {
 		return err
 	}
-	unwanted := func(t Table, c Chain) bool { return isKubeProxyChain(c) && !wanted[t][c] }
+	unwanted := func(t Table, c Chain) bool { return IsKubeProxyChain(c) && !wanted[t][c] }
 	wantedJumps := map[jumpKey]bool{}
 	for _, j := range jumps {
 		wantedJumps[jumpKey{j.Table, j.From, canonicalRule(j.Rule)}] = true
@@ -130,7 +130,7 @@ func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jum
 				continue // an unordered chain's rules, kept for the comparison
 			}
 			for _, r := range kernel[t].rules[from] {
-				if isKubeProxyChain(jumpTarget(string(r))) && !wantedJumps[jumpKey{t, from, canonicalRule(r)}] {
+				if IsKubeProxyChain(JumpTarget(string(r))) && !wantedJumps[jumpKey{t, from, canonicalRule(r)}] {
 					in.removeShared(SharedRule{Table: t, Chain: from, Rule: r})
 				}
 			}

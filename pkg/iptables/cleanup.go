@@ -15,13 +15,15 @@ var cleanupChains = map[Chain]bool{
 	"KUBE-IPVS-FILTER": true, "KUBE-IPVS-OUT-FILTER": true,
 }
 
-func isKubeProxyChain(c Chain) bool { return cleanupChains[c] || IsServiceChain(c) }
+// IsKubeProxyChain tells whether a chain is one kube-proxy (either mode
+// using iptables, ours or upstream's) creates.
+func IsKubeProxyChain(c Chain) bool { return cleanupChains[c] || IsServiceChain(c) }
 
 // Cleanup removes every kube-proxy chain from the mangle, filter and nat
 // tables, and the rules of other chains that jump to them, in one restore
 // input per table. It returns how many chains it removed.
 func Cleanup(k Kernel) (int, error) {
-	tables, err := saveTables(k, keepText(func(_ Table, c Chain) bool { return !isKubeProxyChain(c) }))
+	tables, err := saveTables(k, keepText(func(_ Table, c Chain) bool { return !IsKubeProxyChain(c) }))
 	if err != nil {
 		return 0, err
 	}
@@ -30,7 +32,7 @@ func Cleanup(k Kernel) (int, error) {
 	for _, t := range kubeTables {
 		for chain, rules := range tables[t].rules {
 			for _, r := range rules {
-				if isKubeProxyChain(jumpTarget(string(r))) {
+				if IsKubeProxyChain(JumpTarget(string(r))) {
 					in.removeShared(SharedRule{Table: t, Chain: chain, Rule: r})
 				}
 			}
@@ -40,7 +42,7 @@ func Cleanup(k Kernel) (int, error) {
 			return 0, err
 		}
 		for _, c := range slices.Concat(slices.Collect(maps.Keys(tables[t].fingerprints)), services) {
-			if isKubeProxyChain(c) {
+			if IsKubeProxyChain(c) {
 				in.deleteChain(t, c)
 				removed++
 			}
@@ -52,8 +54,9 @@ func Cleanup(k Kernel) (int, error) {
 	return removed, k.Restore(in.reader())
 }
 
-// jumpTarget is the chain a rule jumps or goes to, "" if none.
-func jumpTarget(rule string) Chain {
+// JumpTarget is the chain a rule (its arguments after "-A CHAIN") jumps
+// or goes to, "" if none.
+func JumpTarget(rule string) Chain {
 	f := strings.Fields(rule)
 	for i := 0; i+1 < len(f); i++ {
 		if f[i] == "-j" || f[i] == "-g" {
@@ -62,3 +65,11 @@ func jumpTarget(rule string) Chain {
 	}
 	return ""
 }
+
+// SameRule tells whether two rules mean the same, each as written or as
+// iptables-save prints it.
+func SameRule(a, b Rule) bool { return canonicalRule(a) == canonicalRule(b) }
+
+// Args splits a rule as iptables-save prints it into its arguments,
+// unquoted.
+func Args(r Rule) []string { return appendArgs(nil, r) }

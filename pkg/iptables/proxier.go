@@ -509,7 +509,7 @@ func (p *Syncer) flushProbes() []flushProbe {
 	probes := []flushProbe{{table: TableMangle, chain: chainCanary, every: slow}}
 	for _, j := range p.cfg.Params.StaticRules().Jumps {
 		switch {
-		case j.Table == TableFilter && j.From == "FORWARD" && jumpTarget(string(j.Rule)) == chainForward:
+		case j.Table == TableFilter && j.From == "FORWARD" && JumpTarget(string(j.Rule)) == chainForward:
 			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: 1})
 		case j.Table == TableNAT && j.From == "PREROUTING":
 			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: slow},
