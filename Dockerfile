@@ -2,7 +2,7 @@
 # The kube-proxy image: our binary plus the tools it drives (iptables in both backends, nft,
 # ipset, conntrack, kmod). The binary picks the iptables backend (legacy or nft) the host already uses,
 # so no wrapper script is needed. kube-proxy-explain, for `kubectl exec`, prints what the node
-# does with a service. It runs as root, as upstream's image. deploy/image_test.go checks that the
+# does with a service, and with `preflight --to MODE` what would break in another mode. It runs as root, as upstream's image. deploy/image_test.go checks that the
 # runtime stage installs every program the binary may run, and that ENTRYPOINT is the path the
 # DaemonSet's command names.
 

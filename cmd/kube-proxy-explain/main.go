@@ -7,6 +7,10 @@
 //	kube-proxy-explain default/my-svc [--verify] [--address 127.0.0.1:10249]
 //
 // Without a service it lists every service port the node programs.
+//
+//	kube-proxy-explain preflight --to MODE [--output json]
+//
+// lists what would break on this node if its kube-proxy moved to MODE.
 package main
 
 import (
@@ -20,6 +24,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/rapidproxy/rapidproxy/pkg/preflight"
 )
 
 func main() {
@@ -31,11 +37,16 @@ func main() {
 const timeout = 2 * time.Minute
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "preflight" {
+		return preflight.Main(args[1:], stdout, stderr)
+	}
 	flags := pflag.NewFlagSet("kube-proxy-explain", pflag.ContinueOnError)
 	flags.SetOutput(stderr)
 	flags.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kube-proxy-explain [NAMESPACE/NAME] [--verify] [--address HOST:PORT]")
+		fmt.Fprintln(stderr, "       kube-proxy-explain preflight --to MODE [--output text|json] [--address HOST:PORT]")
 		fmt.Fprintln(stderr, "Explains what this node's kube-proxy does with a service; lists every service port without one.")
+		fmt.Fprintln(stderr, "preflight lists what would break on this node if kube-proxy moved to another mode (--help for more).")
 		flags.PrintDefaults()
 	}
 	address := flags.String("address", "127.0.0.1:10249", "kube-proxy's metrics server (metricsBindAddress)")

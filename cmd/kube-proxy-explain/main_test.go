@@ -35,6 +35,7 @@ func TestRun(t *testing.T) {
 		{[]string{"--help"}, 0, "", "", "Usage:"},
 		{[]string{"--nope"}, 2, "", "", "unknown flag: --nope"},
 		{[]string{"a/b", "--address", "127.0.0.1:1"}, 1, "", "", "is kube-proxy running here"},
+		{[]string{"preflight", "--to", "userspace", "--address", address}, 2, "", "", `kube-proxy-explain preflight: --to "userspace"`},
 	}
 	for _, tc := range cases {
 		asked = nil

@@ -263,7 +263,7 @@ func DetectBackend() (Backend, error) {
 	// Without a legacy table the legacy backend holds no marker and no
 	// rule: nft wins without a process (each costs 0.1-0.3 s under
 	// emulation, and there are up to 16).
-	if LegacyPermitted() != nil || !legacyHoldsTables() {
+	if LegacyPermitted() != nil || !LegacyHoldsTables() {
 		return NFT, nil
 	}
 	legacyMarked, nftMarked := hasMarker(Legacy), hasMarker(NFT)
@@ -280,11 +280,11 @@ func DetectBackend() (Backend, error) {
 	return NFT, nil
 }
 
-// legacyHoldsTables tells whether the legacy backend has a table in the
+// LegacyHoldsTables tells whether the legacy backend has a table in the
 // calling thread's network namespace: the kernel names them in
 // ip_tables_names and ip6_tables_names, which are missing or empty while
 // none exists (listing a chain with a legacy tool creates its table).
-func legacyHoldsTables() bool {
+func LegacyHoldsTables() bool {
 	for _, f := range []string{"/proc/thread-self/net/ip_tables_names", "/proc/thread-self/net/ip6_tables_names"} {
 		names, err := os.ReadFile(f)
 		if (err != nil && !errors.Is(err, fs.ErrNotExist)) || len(bytes.TrimSpace(names)) > 0 {

@@ -47,3 +47,33 @@ func ParseVersion(release string) (Version, error) {
 	}
 	return Version{Major: major, Minor: minor}, nil
 }
+
+// SkipNFTablesCheckEnv, set to anything, lets the nftables mode run on a
+// kernel older than NFTablesMin, as upstream's.
+const SkipNFTablesCheckEnv = "KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK"
+
+// NFTablesMin is the oldest kernel upstream runs the nftables mode on: it
+// stands for a distribution whose own nft is 1.0.1 or later, which the
+// rules kube-proxy writes do not break.
+var NFTablesMin = Version{Major: 5, Minor: 13}
+
+// CheckNFTables is upstream's kernel check for the nftables mode: skipped
+// when skip (the value of SkipNFTablesCheckEnv) is set, else the kernel
+// release must be NFTablesMin or later.
+func CheckNFTables(skip string, release func() (string, error)) error {
+	if skip != "" {
+		return nil
+	}
+	r, err := release()
+	if err != nil {
+		return fmt.Errorf("could not check kernel version: %w", err)
+	}
+	v, err := ParseVersion(r)
+	if err != nil {
+		return fmt.Errorf("could not check kernel version: %w", err)
+	}
+	if !v.AtLeast(NFTablesMin) {
+		return fmt.Errorf("kube-proxy in nftables mode requires kernel %s or later (this is %s; set %s to skip this check)", NFTablesMin, r, SkipNFTablesCheckEnv)
+	}
+	return nil
+}

@@ -111,7 +111,7 @@ func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jum
 	if err != nil {
 		return err
 	}
-	unwanted := func(t Table, c Chain) bool { return isKubeProxyChain(c) && !wanted[t][c] }
+	unwanted := func(t Table, c Chain) bool { return IsKubeProxyChain(c) && !wanted[t][c] }
 	// A jump into a kube-proxy chain stays only when it is one of ours:
 	// the other mode jumps into some of the same chains differently.
 	removeOtherJumps(in, kernel, jumps)

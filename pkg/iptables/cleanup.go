@@ -18,7 +18,9 @@ var ipvsOnlyChains = map[Chain]bool{
 	"KUBE-IPVS-FILTER": true, "KUBE-IPVS-OUT-FILTER": true,
 }
 
-func isKubeProxyChain(c Chain) bool {
+// IsKubeProxyChain tells whether a chain is one kube-proxy (either mode
+// using iptables, ours or upstream's) creates.
+func IsKubeProxyChain(c Chain) bool {
 	return cleanupChains[c] || ipvsOnlyChains[c] || IsServiceChain(c)
 }
 
@@ -27,7 +29,7 @@ func isIPVSOnlyChain(c Chain) bool { return ipvsOnlyChains[c] }
 // Cleanup removes every kube-proxy chain from the mangle, filter and nat
 // tables, and the rules of other chains that jump to them, in one restore
 // input per table. It returns how many chains it removed.
-func Cleanup(k Kernel) (int, error) { return cleanup(k, isKubeProxyChain) }
+func Cleanup(k Kernel) (int, error) { return cleanup(k, IsKubeProxyChain) }
 
 // CleanupIPVSModeChains removes the chains only the IPVS mode has, and the
 // jumps into them, which the iptables mode's sync leaves: it rewrites the
@@ -39,7 +41,7 @@ func CleanupIPVSModeChains(k Kernel) (int, error) { return cleanup(k, isIPVSOnly
 // remove names, and the rules of other chains that jump to them, in one
 // restore input per table.
 func cleanup(k Kernel, remove func(Chain) bool) (int, error) {
-	tables, err := saveTables(k, keepText(func(_ Table, c Chain) bool { return !isKubeProxyChain(c) }))
+	tables, err := saveTables(k, keepText(func(_ Table, c Chain) bool { return !IsKubeProxyChain(c) }))
 	if err != nil {
 		return 0, err
 	}
@@ -48,7 +50,7 @@ func cleanup(k Kernel, remove func(Chain) bool) (int, error) {
 	for _, t := range kubeTables {
 		for chain, rules := range tables[t].rules {
 			for _, r := range rules {
-				if remove(jumpTarget(string(r))) {
+				if remove(JumpTarget(string(r))) {
 					in.removeShared(SharedRule{Table: t, Chain: chain, Rule: r})
 				}
 			}
@@ -70,8 +72,9 @@ func cleanup(k Kernel, remove func(Chain) bool) (int, error) {
 	return removed, k.Restore(in.reader())
 }
 
-// jumpTarget is the chain a rule jumps or goes to, "" if none.
-func jumpTarget(rule string) Chain {
+// JumpTarget is the chain a rule (its arguments after "-A CHAIN") jumps
+// or goes to, "" if none.
+func JumpTarget(rule string) Chain {
 	f := strings.Fields(rule)
 	for i := 0; i+1 < len(f); i++ {
 		if f[i] == "-j" || f[i] == "-g" {
@@ -80,3 +83,11 @@ func jumpTarget(rule string) Chain {
 	}
 	return ""
 }
+
+// SameRule tells whether two rules mean the same, each as written or as
+// iptables-save prints it.
+func SameRule(a, b Rule) bool { return canonicalRule(a) == canonicalRule(b) }
+
+// Args splits a rule as iptables-save prints it into its arguments,
+// unquoted.
+func Args(r Rule) []string { return appendArgs(nil, r) }

@@ -457,7 +457,7 @@ func removeOtherJumps(in *restoreInput, kernel map[Table]kernelTable, wanted []J
 				continue // another chain's rules, kept for a comparison
 			}
 			for _, r := range kernel[t].rules[from] {
-				if isKubeProxyChain(jumpTarget(string(r))) && !want[jumpKey{t, from, canonicalRule(r)}] {
+				if IsKubeProxyChain(JumpTarget(string(r))) && !want[jumpKey{t, from, canonicalRule(r)}] {
 					in.removeShared(SharedRule{Table: t, Chain: from, Rule: r})
 				}
 			}
@@ -551,7 +551,7 @@ func (p *Syncer) flushProbes() []flushProbe {
 	probes := []flushProbe{{table: TableMangle, chain: chainCanary, every: slow}}
 	for _, j := range p.cfg.Params.StaticRules().Jumps {
 		switch {
-		case j.Table == TableFilter && j.From == "FORWARD" && jumpTarget(string(j.Rule)) == chainForward:
+		case j.Table == TableFilter && j.From == "FORWARD" && JumpTarget(string(j.Rule)) == chainForward:
 			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: 1})
 		case j.Table == TableNAT && j.From == "PREROUTING":
 			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: slow},

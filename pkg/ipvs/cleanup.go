@@ -22,9 +22,9 @@ import (
 // traffic to them.
 const DummyLink = "kube-ipvs0"
 
-// isKubeProxySet tells whether an ipset is one the IPVS mode creates, in
+// IsKubeProxySet tells whether an ipset is one the IPVS mode creates, in
 // either family.
-func isKubeProxySet(name string) bool {
+func IsKubeProxySet(name string) bool {
 	for _, ipv6 := range []bool{false, true} {
 		p := Params{IPv6: ipv6}
 		for _, s := range setTypes {
@@ -94,7 +94,7 @@ func CleanupSets() ([]string, error) {
 	var removed []string
 	var errs []error
 	for _, name := range strings.Fields(string(out)) {
-		if !isKubeProxySet(name) {
+		if !IsKubeProxySet(name) {
 			continue
 		}
 		if out, err := exec.Command("ipset", "destroy", name).CombinedOutput(); err != nil {

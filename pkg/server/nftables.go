@@ -23,15 +23,6 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 )
 
-// skipKernelCheckEnv, set to anything, lets the nftables mode run on a
-// kernel older than nftablesMinKernel, as upstream's.
-const skipKernelCheckEnv = "KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK"
-
-// nftablesMinKernel is the oldest kernel upstream runs the nftables mode
-// on: it stands for a distribution whose own nft is 1.0.1 or later, which
-// the rules kube-proxy writes do not break.
-var nftablesMinKernel = kernel.Version{Major: 5, Minor: 13}
-
 // newNFT opens a family's kube-proxy table; knftables.New checks that the
 // nft tool is there, is v1.0.1 or later, and works. The syncer streams its
 // transactions to nft (nftables.Streamer). Tests replace it.
@@ -52,7 +43,7 @@ func newNFTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy
 	if err != nil {
 		return nil, err
 	}
-	if err := checkNFTablesKernel(os.Getenv(skipKernelCheckEnv), kernel.Release); err != nil {
+	if err := kernel.CheckNFTables(os.Getenv(kernel.SkipNFTablesCheckEnv), kernel.Release); err != nil {
 		return nil, err
 	}
 	// Served from the start, at zero, as the sync failures' counter.
@@ -77,26 +68,6 @@ func openNFTables(family v1.IPFamily) (knftables.Interface, error) {
 		return nil, fmt.Errorf("nftables mode needs the nft tool (v1.0.1 or later) and nf_tables in the kernel: %w", err)
 	}
 	return nft, nil
-}
-
-// checkNFTablesKernel is upstream's kernel check: skipped when skip is
-// set, else the running kernel must be nftablesMinKernel or later.
-func checkNFTablesKernel(skip string, release func() (string, error)) error {
-	if skip != "" {
-		return nil
-	}
-	r, err := release()
-	if err != nil {
-		return fmt.Errorf("could not check kernel version: %w", err)
-	}
-	v, err := kernel.ParseVersion(r)
-	if err != nil {
-		return fmt.Errorf("could not check kernel version: %w", err)
-	}
-	if !v.AtLeast(nftablesMinKernel) {
-		return fmt.Errorf("kube-proxy in nftables mode requires kernel %s or later (this is %s; set %s to skip this check)", nftablesMinKernel, r, skipKernelCheckEnv)
-	}
-	return nil
 }
 
 // withoutLoopback drops loopback addresses from nodePortAddresses' with

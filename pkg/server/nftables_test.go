@@ -24,29 +24,6 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/nftables"
 )
 
-func TestNFTablesKernelCheck(t *testing.T) {
-	release := func(r string, err error) func() (string, error) {
-		return func() (string, error) { return r, err }
-	}
-	for _, tc := range []struct {
-		name, skip string
-		release    func() (string, error)
-		want       string // in the error; "" for none
-	}{
-		{"new enough", "", release("5.13.0-1-amd64", nil), ""},
-		{"newer", "", release("6.12.9-200.fc41.x86_64", nil), ""},
-		{"too old", "", release("5.10.0-28-amd64", nil), "requires kernel 5.13 or later (this is 5.10.0-28-amd64; set KUBE_PROXY_NFTABLES_SKIP_KERNEL_VERSION_CHECK"},
-		{"too old, check skipped", "1", release("4.19.0", nil), ""},
-		{"unreadable", "", release("", errors.New("no /proc")), "could not check kernel version: no /proc"},
-		{"unparsable", "", release("linux", nil), "could not check kernel version"},
-	} {
-		err := checkNFTablesKernel(tc.skip, tc.release)
-		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
-			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
-		}
-	}
-}
-
 // The nft tool missing or too old stops the start with knftables' reason
 // and what the mode needs.
 func TestNFTablesModeNamesWhatIsMissing(t *testing.T) {
