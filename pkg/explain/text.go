@@ -9,13 +9,14 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/rapidproxy/rapidproxy/internal/textfill"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
 // width is the terminal width the text is laid out for; only names longer
 // than anyone uses make a line longer.
-const width = 80
+const width = textfill.Width
 
 // WriteServicePorts writes the service ports as a table, one per line.
 func WriteServicePorts(w io.Writer, ports []proxy.ServicePortSummary) {
@@ -238,23 +239,5 @@ func count(n *int) string {
 	return strconv.Itoa(*n)
 }
 
-// wrap fills text's words into lines of at most width columns, the first
-// led by first and the others by rest; a word too long for a line gets a
-// line of its own.
-func wrap(text, first, rest string) string {
-	var b strings.Builder
-	line, empty := first, true
-	for _, word := range strings.Fields(text) {
-		if !empty && len(line)+1+len(word) > width {
-			b.WriteString(line + "\n")
-			line, empty = rest, true
-		}
-		if !empty {
-			line += " "
-		}
-		line += word
-		empty = false
-	}
-	b.WriteString(line + "\n")
-	return b.String()
-}
+// wrap fills text into lines for the terminal (see textfill).
+func wrap(text, first, rest string) string { return textfill.Fill(text, first, rest) }

@@ -3,12 +3,13 @@ package preflight
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/rapidproxy/rapidproxy/internal/textfill"
 	"io"
 	"strings"
 )
 
 // width is the terminal width the text report wraps for.
-const width = 80
+const width = textfill.Width
 
 // WriteJSON writes the report as one JSON object.
 func WriteJSON(w io.Writer, r Report) error {
@@ -75,20 +76,7 @@ func plural(n int, word string) string {
 	return fmt.Sprintf("%d %ss", n, word)
 }
 
-// wrap writes text in lines of at most width columns, each after indent;
-// a word longer than a line gets a line of its own, unbroken.
+// wrap writes text in lines for the terminal, each after indent.
 func wrap(b *strings.Builder, indent, text string) {
-	line, empty := indent, true
-	for _, word := range strings.Fields(text) {
-		if !empty && len(line)+1+len(word) > width {
-			b.WriteString(line + "\n")
-			line, empty = indent, true
-		}
-		if !empty {
-			line += " "
-		}
-		line += word
-		empty = false
-	}
-	b.WriteString(line + "\n")
+	b.WriteString(textfill.Fill(text, indent, indent))
 }
