@@ -22,18 +22,18 @@ import (
 // and kube-ipvs0.
 func TestStartRemovesTheOtherModesLeftovers(t *testing.T) {
 	for _, tc := range []struct {
-		mode      string
-		leftovers [][]string
+		name, mode string
+		leftovers  [][]string
 		// checks list what must no longer show any of gone.
 		checks [][]string
 		gone   []string
 	}{{
-		mode:      iptablesMode,
+		name: "iptables over nftables", mode: iptablesMode,
 		leftovers: [][]string{{"nft", "add", "table", "ip", "kube-proxy"}, {"nft", "add", "table", "ip6", "kube-proxy"}},
 		checks:    [][]string{{"nft", "list", "tables"}},
 		gone:      []string{"kube-proxy"},
 	}, {
-		mode: nftablesMode,
+		name: "nftables over iptables and IPVS", mode: nftablesMode,
 		leftovers: [][]string{
 			{"iptables-nft", "-t", "nat", "-N", "KUBE-SERVICES"},
 			{"iptables-nft", "-t", "nat", "-A", "OUTPUT", "-j", "KUBE-SERVICES"},
@@ -45,7 +45,7 @@ func TestStartRemovesTheOtherModesLeftovers(t *testing.T) {
 		checks: [][]string{{"iptables-nft-save"}, {"ip6tables-nft-save"}, {"iptables-legacy-save"}, {"ipset", "list", "-n"}, {"ip", "link"}},
 		gone:   []string{"KUBE-", "kube-ipvs0"},
 	}, {
-		mode: iptablesMode,
+		name: "iptables over IPVS", mode: iptablesMode,
 		leftovers: [][]string{
 			{"ipset", "create", "KUBE-NODE-PORT-TCP", "bitmap:port", "range", "0-65535"},
 			{"ip", "link", "add", "kube-ipvs0", "type", "bridge"},
@@ -60,7 +60,7 @@ func TestStartRemovesTheOtherModesLeftovers(t *testing.T) {
 		checks: [][]string{{"iptables-nft-save"}, {"ipset", "list", "-n"}, {"ip", "link"}},
 		gone:   []string{"KUBE-NODE-PORT", "KUBE-IPVS-FILTER", "kube-ipvs0"},
 	}} {
-		t.Run(tc.mode, func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			// From a node without anything of kube-proxy's, so that the
 			// leftovers made here are all there is.
 			stopProxy()
