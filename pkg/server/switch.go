@@ -36,27 +36,37 @@ import (
 // IPVS mode keeps are checked for their connections' end.
 var drainCheckInterval = 10 * time.Second
 
-// switchOver starts a switch: it says whether the node holds another
-// mode's objects and, when it does, has /healthz answer 503 from now on,
-// before the servers start, until the first sync. The function it
-// returns removes the other modes' objects once synced is closed,
-// returning at once.
+// switchOver starts a switch: it has /healthz answer 503 from now on,
+// before the servers start, while it looks for another mode's objects
+// (in the background: the start does not wait for the look, which takes
+// four process starts in nftables mode), and until the first sync if it
+// finds some. The function it returns removes them once synced is
+// closed, returning at once.
 func switchOver(cfg *kpconfig.KubeProxyConfiguration, health *healthcheck.ProxyHealth) func(ctx context.Context, synced <-chan struct{}) {
-	from := otherModesPresent(cfg)
 	released := make(chan struct{})
-	if len(from) > 0 {
-		klog.InfoS("Switching proxy mode: what the other modes programmed stays until this mode's first sync is in place", "mode", cfg.Mode, "found", from)
-		metrics.ModeSwitchInProgress.Set(1)
-		health.HoldUntil(released)
-	}
+	health.HoldUntil(released)
+	found := make(chan []string, 1)
+	go func() {
+		from := otherModesPresent(cfg)
+		if len(from) > 0 {
+			klog.InfoS("Switching proxy mode: what the other modes programmed stays until this mode's first sync is in place", "mode", cfg.Mode, "found", from)
+			metrics.ModeSwitchInProgress.Set(1)
+		} else {
+			close(released)
+		}
+		found <- from
+	}()
 	return func(ctx context.Context, synced <-chan struct{}) {
 		go func() {
+			from := <-found
 			select {
 			case <-ctx.Done():
 				return
 			case <-synced:
 			}
-			close(released)
+			if len(from) > 0 {
+				close(released)
+			}
 			retireOtherModes(ctx, cfg, from)
 			if len(from) > 0 {
 				klog.InfoS("Switched proxy mode: nothing of the other modes is left", "mode", cfg.Mode)
