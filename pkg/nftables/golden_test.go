@@ -158,6 +158,39 @@ var goldenCases = []goldenCase{
 		service("ns", "zonal", "10.96.0.17", http80, nil),
 		endpointSlice("ns", "zonal", ep8080, ep("10.244.1.5", "hint=zone-a"), ep("10.244.2.5", "node=node-2", "hint=zone-b"), ep("10.244.3.5", "node=node-3", "hint=zone-a")),
 	}},
+	// A family the node has no IP of (its ip table on an IPv6-only node,
+	// its ip6 table on an IPv4-only one): NodePorts on every local address
+	// but loopback, as upstream's default "primary" gives, and loopback as
+	// the node IP, which source ranges holding it let through.
+	{name: "no-node-ip-ipv4", params: v4(func(p *Params) {
+		p.NodePortAddresses, p.NodeIP = nil, netip.MustParseAddr("127.0.0.1")
+	}), objs: noNodeIPObjects("10.96.0.", "10.244.1.5", "192.0.2.20", "203.0.113.0/24", "127.0.0.0/8")},
+	{name: "no-node-ip-ipv6", family: v1.IPv6Protocol, params: func(t *testing.T) Params {
+		return Params{MasqueradeBit: 14, LocalDetector: detector(t, "ClusterCIDR", v1.IPv6Protocol, "fd00:244::/56"),
+			ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:96::/112")}, NodeIP: netip.IPv6Loopback()}
+	}, objs: noNodeIPObjects("fd00:96::", "fd00:244::5", "2001:db8::20", "2001:db8:1::/64", "::1/128")},
+}
+
+// noNodeIPObjects are a NodePort service and a load balancer whose source
+// ranges hold the family's loopback address, with ClusterIPs
+// clusterIPPrefix+"20" and +"21".
+func noNodeIPObjects(clusterIPPrefix, endpoint, lbIP string, sourceRanges ...string) []any {
+	family := v1.IPv4Protocol
+	if netip.MustParseAddr(endpoint).Is6() {
+		family = v1.IPv6Protocol
+	}
+	return []any{
+		service("ns", "np", clusterIPPrefix+"20", []port{{"http", v1.ProtocolTCP, 80, 30020}}, func(s *v1.Service) {
+			s.Spec.Type, s.Spec.IPFamilies = v1.ServiceTypeNodePort, []v1.IPFamily{family}
+		}),
+		endpointSlice("ns", "np", ep8080, ep(endpoint)),
+		service("ns", "lb", clusterIPPrefix+"21", []port{{"http", v1.ProtocolTCP, 80, 30021}}, func(s *v1.Service) {
+			s.Spec.Type, s.Spec.IPFamilies = v1.ServiceTypeLoadBalancer, []v1.IPFamily{family}
+			s.Spec.LoadBalancerSourceRanges = sourceRanges
+			s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: lbIP}}
+		}),
+		endpointSlice("ns", "lb", ep8080, ep(endpoint)),
+	}
 }
 
 // t0 stands in for a test where a detector cannot fail.

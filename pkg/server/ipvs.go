@@ -58,17 +58,17 @@ func newIPVSMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mod
 	return ipvs.New(ipvs.Config{
 		Family: f.family, Kernel: kernel, IPTables: f.iptables,
 		Params:            params,
-		NodePortAddresses: nodePortAddresses(cfg.NodePortAddresses, f.family, f.nodePortAddrs),
+		NodePortAddresses: nodePortAddresses(cfg.NodePortAddresses, f.nodePortAddrs),
 		ExcludeCIDRs:      exclude,
 	}), nil
 }
 
 // nodePortAddresses picks, from the node's current addresses of the
-// family, those the IPVS mode's NodePorts answer on: all of them unless
-// nodePortAddresses restricts the family, else those it selects (the
-// primary IP, or those in its CIDRs).
-func nodePortAddresses(setting []string, family v1.IPFamily, selected []netip.Addr) func(node []netip.Addr) []netip.Addr {
-	if !restrictsFamily(setting, family) {
+// family, those the IPVS mode's NodePorts answer on: all of them when
+// nodePortAddresses does not restrict the family (selected is nil), else
+// those it selects (the primary IP, or those in its CIDRs).
+func nodePortAddresses(setting []string, selected []netip.Addr) func(node []netip.Addr) []netip.Addr {
+	if selected == nil {
 		return func(node []netip.Addr) []netip.Addr { return node }
 	}
 	if len(setting) == 1 && setting[0] == config.NodePortAddressesPrimary {

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -409,26 +410,83 @@ func TestIPVSModeRecordsTheDeprecationEvent(t *testing.T) {
 	}
 }
 
-// nodePortAddresses restricts a family's NodePorts only with "primary" or
-// a CIDR of that family; the IPVS mode picks from the node's addresses.
+// nodePortAddresses restricts a family's NodePorts as upstream's does:
+// with "primary" when the node has an IP of the family that is not
+// loopback, else with a CIDR of that family unless one is /0. The IPVS
+// mode picks from the node's addresses.
 func TestNodePortAddressesPerFamily(t *testing.T) {
 	node := []netip.Addr{netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("192.168.1.2"), netip.MustParseAddr("fd00::2")}
+	all := fmt.Sprint(node)
+	v4IP, v6IP := netip.MustParseAddr("10.0.0.9"), netip.MustParseAddr("fd00::9")
 	for _, tc := range []struct {
 		setting []string
 		family  v1.IPFamily
+		nodeIP  netip.Addr
 		want    string
 	}{
-		{nil, v1.IPv4Protocol, "[10.0.0.2 192.168.1.2 fd00::2]"},
-		{[]string{"10.0.0.0/24"}, v1.IPv4Protocol, "[10.0.0.2]"},
-		{[]string{"10.0.0.0/24"}, v1.IPv6Protocol, "[10.0.0.2 192.168.1.2 fd00::2]"},
-		{[]string{"primary"}, v1.IPv4Protocol, "[10.0.0.9]"},
+		{nil, v1.IPv4Protocol, v4IP, all},
+		{[]string{"10.0.0.0/24"}, v1.IPv4Protocol, v4IP, "[10.0.0.2]"},
+		{[]string{"10.0.0.0/24"}, v1.IPv6Protocol, v6IP, all},
+		{[]string{"10.0.0.0/24", "0.0.0.0/0"}, v1.IPv4Protocol, v4IP, all},
+		{[]string{"fd00::/64", "::/0"}, v1.IPv6Protocol, v6IP, all},
+		{[]string{"::/0"}, v1.IPv4Protocol, v4IP, all},
+		{[]string{"primary"}, v1.IPv4Protocol, v4IP, "[10.0.0.9]"},
+		// No node IP of the family: it stands in as loopback.
+		{[]string{"primary"}, v1.IPv6Protocol, familyNodeIP(nil, v1.IPv6Protocol), all},
+		{[]string{"primary"}, v1.IPv4Protocol, familyNodeIP(nil, v1.IPv4Protocol), all},
 	} {
-		pick := nodePortAddresses(tc.setting, tc.family, []netip.Addr{netip.MustParseAddr("10.0.0.9")})
+		restricted := restrictsFamily(tc.setting, tc.family, tc.nodeIP)
+		if restricted != (tc.want != all) {
+			t.Errorf("%v, %s, node IP %s: restricts %v", tc.setting, tc.family, tc.nodeIP, restricted)
+		}
+		pick := nodePortAddresses(tc.setting, ofFamily([]netip.Addr{tc.nodeIP}, tc.family, restricted))
 		if got := fmt.Sprint(pick(node)); got != tc.want {
-			t.Errorf("%v, %s: %s, want %s", tc.setting, tc.family, got, tc.want)
+			t.Errorf("%v, %s, node IP %s: %s, want %s", tc.setting, tc.family, tc.nodeIP, got, tc.want)
 		}
-		if restricted := restrictsFamily(tc.setting, tc.family); restricted != (tc.want != "[10.0.0.2 192.168.1.2 fd00::2]") {
-			t.Errorf("%v, %s: restricts %v", tc.setting, tc.family, restricted)
+	}
+}
+
+// In the nftables mode (nodePortAddresses defaults to "primary"), a family
+// the node has no IP of answers NodePorts on all its local addresses, as
+// upstream's: its proxier gets nil and the family's loopback as node IP.
+func TestFamilyNodePortsWithoutANodeIPOfTheFamily(t *testing.T) {
+	cfg := defaultedMode(t, config.ModeNFTables)
+	v4, v6 := netip.MustParseAddr("10.0.0.9"), netip.MustParseAddr("fd00::9")
+	for _, tc := range []struct {
+		name    string
+		nodeIPs map[v1.IPFamily]netip.Addr
+		family  v1.IPFamily
+		wantIP  string
+		want    []netip.Addr
+	}{
+		{"IPv4-only node, IPv4", map[v1.IPFamily]netip.Addr{v1.IPv4Protocol: v4}, v1.IPv4Protocol, "10.0.0.9", []netip.Addr{v4}},
+		{"IPv4-only node, IPv6", map[v1.IPFamily]netip.Addr{v1.IPv4Protocol: v4}, v1.IPv6Protocol, "::1", nil},
+		{"IPv6-only node, IPv6", map[v1.IPFamily]netip.Addr{v1.IPv6Protocol: v6}, v1.IPv6Protocol, "fd00::9", []netip.Addr{v6}},
+		{"IPv6-only node, IPv4", map[v1.IPFamily]netip.Addr{v1.IPv6Protocol: v6}, v1.IPv4Protocol, "127.0.0.1", nil},
+		{"dual-stack node, IPv6", map[v1.IPFamily]netip.Addr{v1.IPv4Protocol: v4, v1.IPv6Protocol: v6}, v1.IPv6Protocol, "fd00::9", []netip.Addr{v6}},
+		{"no node IP, IPv4", map[v1.IPFamily]netip.Addr{v1.IPv4Protocol: netip.MustParseAddr("127.0.0.1")}, v1.IPv4Protocol, "127.0.0.1", nil},
+	} {
+		addrs, err := localAddresses(cfg.NodePortAddresses, tc.nodeIPs)
+		if err != nil {
+			t.Fatal(err)
 		}
+		nodeIP, got := familyNodePorts(cfg.NodePortAddresses, tc.nodeIPs, addrs, tc.family)
+		if nodeIP.String() != tc.wantIP || (got == nil) != (tc.want == nil) || !slices.Equal(got, tc.want) {
+			t.Errorf("%s: node IP %s, NodePorts on %#v; want %s, %#v", tc.name, nodeIP, got, tc.wantIP, tc.want)
+		}
+	}
+}
+
+// A family the node has no IP of gets its loopback address as node IP, as
+// upstream passes it; the node's own IP otherwise.
+func TestFamilyNodeIP(t *testing.T) {
+	ips := map[v1.IPFamily]netip.Addr{v1.IPv4Protocol: netip.MustParseAddr("10.0.0.9")}
+	for family, want := range map[v1.IPFamily]string{v1.IPv4Protocol: "10.0.0.9", v1.IPv6Protocol: "::1"} {
+		if got := familyNodeIP(ips, family); got.String() != want {
+			t.Errorf("%s: %s, want %s", family, got, want)
+		}
+	}
+	if got := familyNodeIP(map[v1.IPFamily]netip.Addr{v1.IPv6Protocol: netip.MustParseAddr("fd00::9")}, v1.IPv4Protocol); got.String() != "127.0.0.1" {
+		t.Errorf("IPv4 on an IPv6-only node: %s, want 127.0.0.1", got)
 	}
 }

@@ -254,9 +254,10 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 		if err != nil {
 			return nil, err
 		}
+		nodeIP, familyNodePortAddrs := familyNodePorts(cfg.NodePortAddresses, nodeIPs, nodePortAddrs, family)
 		mode, err := newMode(cfg, familySetup{
-			family: family, iptables: ipt, detector: detector, nodeIP: nodeIPs[family], syncPeriod: sync,
-			nodePortAddrs: ofFamily(nodePortAddrs, family, restrictsFamily(cfg.NodePortAddresses, family)),
+			family: family, iptables: ipt, detector: detector, nodeIP: nodeIP, syncPeriod: sync,
+			nodePortAddrs: familyNodePortAddrs,
 		})
 		if err != nil {
 			if family == primary {
@@ -396,19 +397,49 @@ func otherFamily(f v1.IPFamily) v1.IPFamily {
 	return v1.IPv4Protocol
 }
 
-// restrictsFamily tells whether nodePortAddresses limits the NodePorts of
-// a family: "primary" does for both, CIDRs only for their own family (as
-// upstream, a family without any answers on all its addresses).
-func restrictsFamily(setting []string, family v1.IPFamily) bool {
-	for _, c := range setting {
-		if c == config.NodePortAddressesPrimary {
-			return true
-		}
-		if p, err := netip.ParsePrefix(c); err == nil && familyOf(p.Addr()) == family {
-			return true
-		}
+// familyNodePorts is what a family's proxier is built with: the node's IP
+// of the family (familyNodeIP), and the addresses its NodePorts answer on
+// out of nodePortAddrs, those nodePortAddresses (setting) selects, nil
+// for every local address when it does not restrict the family.
+func familyNodePorts(setting []string, nodeIPs map[v1.IPFamily]netip.Addr, nodePortAddrs []netip.Addr, family v1.IPFamily) (netip.Addr, []netip.Addr) {
+	nodeIP := familyNodeIP(nodeIPs, family)
+	return nodeIP, ofFamily(nodePortAddrs, family, restrictsFamily(setting, family, nodeIP))
+}
+
+// familyNodeIP is the node's primary IP of the family, or the family's
+// loopback address when the node has none, as upstream passes it to each
+// family's proxier.
+func familyNodeIP(nodeIPs map[v1.IPFamily]netip.Addr, family v1.IPFamily) netip.Addr {
+	if a, ok := nodeIPs[family]; ok {
+		return a
 	}
-	return false
+	if family == v1.IPv6Protocol {
+		return netip.IPv6Loopback()
+	}
+	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+}
+
+// restrictsFamily tells whether nodePortAddresses limits the NodePorts of
+// a family, as upstream decides it: it does when it holds a CIDR of the
+// family and none of them is /0 (a family without any answers on all its
+// addresses); "primary" stands for the family's node IP nodeIP, so a
+// family whose node IP is loopback (the node has none) is not limited.
+func restrictsFamily(setting []string, family v1.IPFamily, nodeIP netip.Addr) bool {
+	if len(setting) == 1 && setting[0] == config.NodePortAddressesPrimary {
+		return nodeIP.IsValid() && !nodeIP.IsLoopback()
+	}
+	restricted := false
+	for _, c := range setting {
+		p, err := netip.ParsePrefix(c)
+		if err != nil || familyOf(p.Addr()) != family {
+			continue
+		}
+		if p.Bits() == 0 {
+			return false
+		}
+		restricted = true
+	}
+	return restricted
 }
 
 // ofFamily keeps the addresses of one family; nil (all local addresses)

@@ -12,6 +12,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/test/framework"
 )
 
@@ -119,4 +120,127 @@ func unallocatedServiceIP(t *testing.T) string {
 	}
 	t.Fatal("no unallocated address in 10.96.255.0/24")
 	return ""
+}
+
+// A family the Node lists no address of answers NodePorts, under the
+// nftables mode's default nodePortAddresses "primary", on every local
+// address of the family but loopback (fib daddr type local, no
+// nodeport-ips set), the other family only on its node IP; its node IP is
+// loopback, which loadBalancerSourceRanges holding it let through with the
+// LB IP. Ours writes what upstream's does, taking over its tables, for
+// either family missing.
+func TestNFTablesNodePortsOfAFamilyWithoutANodeIP(t *testing.T) {
+	defer useOurProxy(t, nftablesMode)
+	addPod(t, "nonodeip-a", framework.PodOptions{Labels: map[string]string{"app": "nonodeip"}})
+	svc := service("nonodeip", "nonodeip", v1.ProtocolTCP)
+	svc.Spec.Type = v1.ServiceTypeLoadBalancer
+	svc.Spec.LoadBalancerSourceRanges = []string{"127.0.0.0/8", "192.0.2.0/24", "::1/128", "2001:db8::/64"}
+	svc = createService(t, svc)
+	svc.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{{IP: "10.255.3.23"}, {IP: "fd00:255:3::23"}}
+	if _, err := cluster.Client.CoreV1().Services(framework.DefaultNamespace).UpdateStatus(context.Background(), svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ missing, family, kept, lbIP string }{
+		{framework.NodeIPv6, "ip6", framework.NodeIPv4, "fd00:255:3::23"},
+		{framework.NodeIPv4, "ip", framework.NodeIPv6, "10.255.3.23"},
+	} {
+		t.Run("without "+tc.missing, func(t *testing.T) {
+			stopProxy()
+			setNodeAddresses(t, tc.kept)
+			switchProxy(t, false, nftablesMode)
+			var upstream string
+			eventually(t, convergence, "upstream's NodePort rules of both families", func() error {
+				upstream = nodePortRules()
+				for _, want := range []string{
+					tc.family + " nodeport-ips: none",
+					"fib daddr type local " + tc.family + " daddr != ",
+					"nodeport-ips {", tc.kept,
+					tc.lbIP,
+				} {
+					if !strings.Contains(upstream, want) {
+						return fmt.Errorf("no %q in:\n%s", want, upstream)
+					}
+				}
+				return nil
+			})
+			switchProxy(t, true, nftablesMode)
+			eventually(t, convergence, "ours the same as upstream's", func() error {
+				if ours := nodePortRules(); ours != upstream {
+					return fmt.Errorf("upstream's (-) and ours (+) differ:\n%s", testutil.LineDiff(upstream, ours))
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// setNodeAddresses leaves the node's Node object with the internal IPs
+// given, until the test ends; no kube-proxy runs when it changes them.
+func setNodeAddresses(t *testing.T, ips ...string) {
+	t.Helper()
+	ctx := context.Background()
+	set := func(addrs []v1.NodeAddress) error {
+		node, err := cluster.Client.CoreV1().Nodes().Get(ctx, framework.NodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		node.Status.Addresses = addrs
+		_, err = cluster.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+		return err
+	}
+	node, err := cluster.Client.CoreV1().Nodes().Get(ctx, framework.NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := node.Status.Addresses
+	t.Cleanup(func() {
+		stopProxy()
+		if err := set(before); err != nil {
+			t.Errorf("restoring the node's addresses: %v", err)
+		}
+	})
+	addrs := []v1.NodeAddress{{Type: v1.NodeHostName, Address: framework.NodeName}}
+	for _, ip := range ips {
+		addrs = append(addrs, v1.NodeAddress{Type: v1.NodeInternalIP, Address: ip})
+	}
+	if err := set(addrs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nodePortRules are the nftables mode's chains that pick NodePort traffic,
+// its nodeport-ips set and its loadBalancerSourceRanges rules, both
+// families, or why nft could not list them.
+func nodePortRules() string {
+	var all strings.Builder
+	for _, family := range []string{"ip", "ip6"} {
+		table, err := cluster.Node.Command("nft", "list", "table", family, "kube-proxy").CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(&all, "%s: %v: %s", family, err, table)
+			continue
+		}
+		for _, line := range strings.Split(string(table), "\n") {
+			if strings.Contains(line, " saddr != {") {
+				fmt.Fprintln(&all, line)
+			}
+		}
+		for _, chain := range []string{"services", "nodeport-endpoints-check"} {
+			out, err := cluster.Node.Command("nft", "list", "chain", family, "kube-proxy", chain).CombinedOutput()
+			if err != nil {
+				fmt.Fprintf(&all, "%s %s: %v: %s", family, chain, err, out)
+				continue
+			}
+			all.Write(out)
+		}
+		out, err := cluster.Node.Command("nft", "list", "set", family, "kube-proxy", "nodeport-ips").CombinedOutput()
+		switch {
+		case err == nil:
+			all.Write(out)
+		case strings.Contains(string(out), "No such file or directory"):
+			fmt.Fprintf(&all, "%s nodeport-ips: none\n", family)
+		default:
+			fmt.Fprintf(&all, "%s nodeport-ips: %v: %s", family, err, out)
+		}
+	}
+	return all.String()
 }
