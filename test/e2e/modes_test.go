@@ -89,17 +89,18 @@ func TestStartRemovesTheOtherModesLeftovers(t *testing.T) {
 // (SIGTERM, a start in the other mode, twice) under a client opening a
 // new connection every 20 ms to a ClusterIP, a NodePort and a
 // LoadBalancer IP, and long-lived connections opened before the first
-// switch that exchange a line every second: with ours not one fails, /healthz
-// answers only once the new mode's rules are in place, and nothing of
-// the other mode is left after each switch. Upstream goes through the
-// same switch for comparison (its start removes the other mode's rules
-// before its first sync); its figures are logged, not checked.
+// switch that exchange a line every second: with ours not one fails, a
+// UDP flow keeps its endpoint, /healthz answers only once the new mode's
+// rules are in place, and nothing of the other mode is left after each
+// switch. Upstream goes through the same switch for comparison (its start
+// removes the other mode's rules before its first sync); its figures are
+// logged, not checked.
 func TestSwitchingModesFailsNoConnection(t *testing.T) {
 	for _, name := range []string{"a", "b"} {
 		addPod(t, "switch-"+name, framework.PodOptions{Labels: map[string]string{"app": "switch"}})
 	}
 	client := addPod(t, "switch-client", framework.PodOptions{})
-	svc := service("switch", "switch", v1.ProtocolTCP)
+	svc := service("switch", "switch", v1.ProtocolTCP, v1.ProtocolUDP)
 	svc.Spec.Type = v1.ServiceTypeLoadBalancer
 	svc = createService(t, svc)
 	const lbIP = "10.255.3.40"
@@ -142,10 +143,26 @@ func TestSwitchingModesFailsNoConnection(t *testing.T) {
 				}
 				held = append(held, h)
 			}
+			// A UDP flow: one source port, so one conntrack entry, which
+			// keeps its endpoint as long as the entry lives.
+			const flowPort = 40123
+			udpTarget := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+			flow, err := client.Netns.RequestFrom(flowPort, "udp", udpTarget, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
 			time.Sleep(2 * time.Second)
 			for _, mode := range []string{nftablesMode, iptablesMode} {
 				start := time.Now()
 				switchProxy(t, ours, mode)
+				if r, err := client.Netns.RequestFrom(flowPort, "udp", udpTarget, time.Second); err != nil || r.Pod != flow.Pod {
+					msg := fmt.Sprintf("%s: after the switch to %s mode the UDP flow answered %q (%v), before %q", proxy, mode, r.Pod, err, flow.Pod)
+					if ours {
+						t.Error(msg)
+					} else {
+						t.Log(msg)
+					}
+				}
 				if ours {
 					if !syncedWhenHealthy {
 						t.Errorf("switching to %s mode: /healthz answered 200 before the first sync", mode)
