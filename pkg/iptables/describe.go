@@ -8,8 +8,6 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
-var _ proxy.Describer = (*Syncer)(nil)
-
 // Describe names the service port's chains and its rules in the shared
 // chains, as ServiceRules decides them now, and returns a check of just
 // those against the kernel.

@@ -59,6 +59,15 @@ type Config struct {
 // best.
 const ChainRefsPerRestoreNFT = 1000
 
+// The core finds a mode's optional capabilities by type assertion: these
+// make a renamed method a compile error instead of a capability silently
+// switched off.
+var (
+	_ proxy.Describer = (*Syncer)(nil)
+	_ proxy.Preparer  = (*Syncer)(nil)
+	_ proxy.Watcher   = (*Syncer)(nil)
+)
+
 // Syncer is the iptables mode for one IP family: the proxy core hands it
 // the state to write, and it writes only what differs from what it wrote.
 type Syncer struct {

@@ -11,8 +11,6 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
-var _ proxy.Describer = (*Syncer)(nil)
-
 // Describe names the service port's virtual servers with their real
 // servers, its addresses on kube-ipvs0, its set entries and its
 // out-filter rules, as ServiceObjects decides them now, and returns a

@@ -59,6 +59,15 @@ const DefaultCheckInterval = time.Second
 // DefaultMaxDrain is upstream's former bound on graceful termination.
 const DefaultMaxDrain = 15 * time.Minute
 
+// The core finds a mode's optional capabilities by type assertion: these
+// make a renamed method a compile error instead of a capability silently
+// switched off.
+var (
+	_ proxy.Describer = (*Syncer)(nil)
+	_ proxy.Preparer  = (*Syncer)(nil)
+	_ proxy.Watcher   = (*Syncer)(nil)
+)
+
 // Syncer is the IPVS mode for one IP family: the proxy core hands it the
 // state, and it changes only the virtual servers, real servers, addresses
 // and set entries of the service ports that changed.
@@ -273,15 +282,10 @@ func (p *Syncer) fullSync(v state.View) error {
 	p.objects = newObjectCounts()
 	w := p.newWrite()
 	w.kernel = current
-	for _, name := range slices.SortedFunc(maps.Keys(v.Services), compareNames) {
+	for _, name := range slices.SortedFunc(maps.Keys(v.Services), state.ServicePortName.Compare) {
 		w.replace(name, ServiceObjects{}, p.objectsFor(v, name))
 	}
 	return w.finish(true)
-}
-
-func compareNames(a, b state.ServicePortName) int {
-	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
-		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 }
 
 // kernelObjects is what a full sync found in the kernel.
@@ -740,7 +744,7 @@ func (p *Syncer) leftOut() error {
 	}
 	var errs []error
 	for _, set := range slices.Sorted(maps.Keys(o.waitingIn)) {
-		names := slices.SortedFunc(maps.Keys(wanting[set]), compareNames)
+		names := slices.SortedFunc(maps.Keys(wanting[set]), state.ServicePortName.Compare)
 		var some []string
 		for _, n := range names[:min(len(names), 3)] {
 			some = append(some, n.String())

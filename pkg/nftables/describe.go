@@ -15,8 +15,6 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
-var _ proxy.Describer = (*Syncer)(nil)
-
 // Describe names the service port's chains, affinity sets and elements of
 // the shared sets and maps, as ServiceObjects decides them now, and
 // returns a check of just those against the kernel.

@@ -1,7 +1,6 @@
 package nftables
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,6 +61,16 @@ type Config struct {
 // keep a chain referenced for a moment after the map element pointing at
 // it goes.
 const staleChainDelay = time.Second
+
+// The core finds a mode's optional capabilities by type assertion: these
+// make a renamed method a compile error instead of a capability silently
+// switched off.
+var (
+	_ proxy.Describer       = (*Syncer)(nil)
+	_ proxy.ServiceCIDRUser = (*Syncer)(nil)
+	_ proxy.Watcher         = (*Syncer)(nil)
+	_ proxy.Deferrer        = (*Syncer)(nil)
+)
 
 // Syncer is the nftables mode for one IP family: the proxy core hands it
 // the state, and it writes what differs from what the table holds, in one
@@ -194,7 +203,7 @@ func (s *Syncer) FullSync(v state.View) error {
 	w := s.newWrite(true)
 	w.applied = applied
 	w.replaceLayout(s.cfg.Params.Layout())
-	for _, name := range slices.SortedFunc(maps.Keys(v.Services), compareNames) {
+	for _, name := range slices.SortedFunc(maps.Keys(v.Services), state.ServicePortName.Compare) {
 		w.replace(name, s.objectsFor(v, name))
 	}
 	w.removeUnwanted()
@@ -253,7 +262,7 @@ func (s *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]boo
 	w := s.newWrite(false)
 	// A handful of chains, compared in memory: catches new ServiceCIDRs.
 	w.replaceLayout(s.cfg.Params.Layout())
-	for _, name := range slices.SortedFunc(maps.Keys(changed), compareNames) {
+	for _, name := range slices.SortedFunc(maps.Keys(changed), state.ServicePortName.Compare) {
 		w.replace(name, s.objectsFor(v, name))
 	}
 	return w.run()
@@ -265,11 +274,6 @@ func (s *Syncer) objectsFor(v state.View, name state.ServicePortName) ServiceObj
 		return ServiceObjects{}
 	}
 	return s.cfg.Params.ServiceObjects(svc, sel)
-}
-
-func compareNames(a, b state.ServicePortName) int {
-	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
-		cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
 }
 
 // Watch asks for a full sync when another program changed the ruleset.
