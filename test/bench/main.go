@@ -7,7 +7,8 @@
 // namespace, with -mode ipvs in IPVS mode, each in a VM (guest.go); the
 // rows that measure iptables are left out there. -mode takes a list
 // (iptables,nftables): the modes share one cluster and its objects, each
-// with its own columns. See docs/performance.md for what each row means.
+// with its own columns. -switch times a switch of modes instead
+// (switch.go). See docs/performance.md for what each row means.
 package main
 
 import (
