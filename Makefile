@@ -68,7 +68,8 @@ demo: deps build tools
 # iptables BACKEND, with MODE=nftables in nftables mode (BACKENDS unused), or
 # with MODE=ipvs in IPVS mode, each proxy in a VM (test/vm); MODE=iptables,nftables
 # runs both in one cluster. CAP bounds any one sync wait, IDLE the idle-CPU window.
-# More flags (e.g. -profile-dir DIR): BENCH_FLAGS. See docs/performance.md.
+# More flags (e.g. -profile-dir DIR): BENCH_FLAGS; BENCH_FLAGS="-switch iptables,nftables"
+# times a mode switch instead, on the one BACKEND. See docs/performance.md.
 N        ?= 1000
 E        ?= 5
 BACKENDS ?= nft

@@ -31,31 +31,80 @@ func TestBenchSmoke(t *testing.T) {
 		changes: 2, churnRate: 5, churnFor: 2 * time.Second,
 		workers: 4,
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
+	out := runSmoke(t, opts, 60*time.Minute)
+	columns := opts.columns()
+	if want := []string{"nft", "legacy", "nftables"}; !slices.Equal(columns, want) {
+		t.Fatalf("columns %v, want %v", columns, want)
+	}
+	if got, want := len(tableRows(columns)), len(rows)-len(switchRows); got != want {
+		t.Fatalf("%v measure %d rows, want every one but the switch's, %d", columns, got, want)
+	}
+	checkTable(t, out, columns)
+}
+
+// TestSwitchSmoke runs a tiny switch, iptables (nft) -> nftables ->
+// iptables, so that it keeps working: every cell of the switch's rows is
+// filled, and the other rows are left out.
+func TestSwitchSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a local cluster")
+	}
+	testutil.RequireRoot(t)
+	testutil.RequireCommands(t, "nft", "iptables-nft", "xtables-nft-multi")
+	backends := []framework.IPTablesBackend{framework.IPTablesNFT}
+	path, err := switchPath("iptables,nftables,iptables", backends)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := options{
+		services: []int{20}, endpoints: []int{2},
+		backends: backends, proxies: []string{ours, upstream},
+		cap: 2 * time.Minute, workers: 4, switchPath: path,
+	}
+	out := runSmoke(t, opts, 20*time.Minute)
+	columns := opts.columns()
+	if want := []string{"iptables (nft) -> nftables", "nftables -> iptables (nft)"}; !slices.Equal(columns, want) {
+		t.Fatalf("columns %v, want %v", columns, want)
+	}
+	checkTable(t, out, columns)
+	if strings.Contains(out, "no switch logged") || strings.Contains(out, "old mode's chains or tables left") {
+		t.Errorf("a switch did not end as it should:\n%s", out)
+	}
+}
+
+// runSmoke runs the benchmark with opts and returns its tables; the log
+// goes into the test's, should the test fail.
+func runSmoke(t *testing.T, opts options, timeout time.Duration) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var out, log bytes.Buffer
 	if err := run(ctx, opts, &out, &log); err != nil {
 		t.Fatalf("%v\nlog:\n%s", err, log.String())
 	}
 	t.Logf("\n%s", out.String())
-	defer func() {
+	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("log:\n%s", log.String())
 		}
-	}()
+	})
+	return out.String()
+}
+
+// checkTable checks that the table in out has a row per measure its
+// columns' modes take, and that every cell a column's mode measures is
+// filled and the others are empty; never how fast anything is.
+func checkTable(t *testing.T, out string, columns []string) {
+	t.Helper()
 	var lines []string
-	for _, line := range strings.Split(out.String(), "\n") {
+	for _, line := range strings.Split(out, "\n") {
 		if strings.HasPrefix(line, "| ") && !strings.HasPrefix(line, "| ---") {
 			lines = append(lines, line)
 		}
 	}
-	columns := opts.columns()
-	if want := []string{"nft", "legacy", "nftables"}; !slices.Equal(columns, want) {
-		t.Fatalf("columns %v, want %v", columns, want)
-	}
 	want := tableRows(columns)
-	if len(want) != len(rows) || len(lines) != len(want)+1 { // and the header
-		t.Fatalf("table has %d rows, want %d:\n%s", len(lines), len(rows)+1, out.String())
+	if len(lines) != len(want)+1 { // and the header
+		t.Fatalf("table has %d rows, want %d:\n%s", len(lines), len(want)+1, out)
 	}
 	for k, line := range lines[1:] {
 		// measure, then per column group: ours, upstream, ratio (which is
@@ -122,8 +171,41 @@ func TestTableRows(t *testing.T) {
 			}
 		}
 	}
-	missing([]string{"nft", "legacy"}, "nftFloor")
-	missing([]string{"nftables"}, "natRules", "restoreFloor")
-	missing([]string{"ipvs"}, "natRules", "restoreFloor", "nftFloor", "churnP50", "churnP99")
-	missing([]string{"nft", "nftables"})
+	missing([]string{"nft", "legacy"}, append([]string{"nftFloor"}, switchRows...)...)
+	missing([]string{"nftables"}, append([]string{"natRules", "restoreFloor"}, switchRows...)...)
+	missing([]string{"ipvs"}, append([]string{"natRules", "restoreFloor", "nftFloor", "churnP50", "churnP99"}, switchRows...)...)
+	missing([]string{"nft", "nftables"}, switchRows...)
+	if got := keys(switchColumns([]string{"nft", "nftables"})...); !slices.Equal(got, switchRows) {
+		t.Errorf("a switch's rows %v, want %v", got, switchRows)
+	}
+	missing([]string{"nft", "nft -> nftables"}, "nftFloor")
+}
+
+var switchRows = []string{"switchSync", "switchEnd", "switchHealthy", "switchPeakRSS"}
+
+func TestSwitchPath(t *testing.T) {
+	nft := []framework.IPTablesBackend{framework.IPTablesNFT}
+	legacy := []framework.IPTablesBackend{framework.IPTablesLegacy}
+	for _, tc := range []struct {
+		list     string
+		backends []framework.IPTablesBackend
+		want     []string // the columns; none: an error
+	}{
+		{"iptables,nftables", nft, []string{"iptables (nft) -> nftables"}},
+		{"nftables,iptables,nftables", legacy, []string{"nftables -> iptables (legacy)", "iptables (legacy) -> nftables"}},
+		{"iptables,nftables", append(nft, legacy...), nil},
+		{"iptables", nft, nil},
+		{"nftables,nftables", nft, nil},
+		{"iptables,ipvs", nft, nil},
+	} {
+		path, err := switchPath(tc.list, tc.backends)
+		if got := (options{switchPath: path}).columns(); (err != nil) != (tc.want == nil) || (err == nil && !slices.Equal(got, tc.want)) {
+			t.Errorf("-switch %s -backends %v: columns %v, error %v; want %v", tc.list, tc.backends, got, err, tc.want)
+		}
+		for _, c := range switchColumns(path) {
+			if columnMode(c) != modeSwitch {
+				t.Errorf("column %q is in mode %s, not %s", c, columnMode(c), modeSwitch)
+			}
+		}
+	}
 }

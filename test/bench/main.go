@@ -7,7 +7,8 @@
 // namespace, with -mode ipvs in IPVS mode, each in a VM (guest.go); the
 // rows that measure iptables are left out there. -mode takes a list
 // (iptables,nftables): the modes share one cluster and its objects, each
-// with its own columns. See docs/performance.md for what each row means.
+// with its own columns. -switch times a switch of modes instead
+// (switch.go). See docs/performance.md for what each row means.
 package main
 
 import (
@@ -51,6 +52,9 @@ type options struct {
 	soak       time.Duration
 	soakRate   int
 	soakSample time.Duration
+	// switchPath, when set, are the columns a mode switch runs in, one
+	// after the other, measured instead of the benchmark (switch.go).
+	switchPath []string
 }
 
 const (
@@ -60,11 +64,13 @@ const (
 	modeIPTables = "iptables"
 	modeNFTables = "nftables"
 	modeIPVS     = "ipvs"
+	// modeSwitch is the mode of a switch's columns.
+	modeSwitch = "switch"
 )
 
 func main() {
 	var opts options
-	var modes, services, endpoints, backends, proxies string
+	var modes, services, endpoints, backends, proxies, switchModes string
 	flag.StringVar(&modes, "mode", modeIPTables, "comma-separated proxy modes: iptables (in the cluster's node namespace, on each of -backends), nftables (in the node namespace) or ipvs (in a VM)")
 	flag.StringVar(&opts.agent, "agent", "", "mode ipvs: the static binary of test/bench/agent, which the VM runs")
 	flag.StringVar(&services, "n", "1000", "comma-separated numbers of services (N)")
@@ -84,6 +90,7 @@ func main() {
 	flag.DurationVar(&opts.soak, "soak", 0, "instead of the benchmark, run the churn soak this long: our kube-proxy (iptables mode, nft) over the first -n x -e while Services and EndpointSlices change at -soak-rate, then the kernel checked against the API (docs/reliability.md)")
 	flag.IntVar(&opts.soakRate, "soak-rate", 50, "API writes per second during the soak")
 	flag.DurationVar(&opts.soakSample, "soak-sample", 10*time.Second, "how often the soak reads the proxy's RSS and goroutines")
+	flag.StringVar(&switchModes, "switch", "", "instead of the benchmark, time mode switches: comma-separated modes (iptables,nftables: from, to; more go on switching), each proxy run in the first until its first sync, then in each next over the rules the one before left (-mode unused; iptables on the one backend of -backends)")
 	flag.Parse()
 	err := func() error {
 		var err error
@@ -110,6 +117,14 @@ func main() {
 				return fmt.Errorf("unknown mode %q: -mode takes iptables, nftables, or ipvs with -agent", m)
 			}
 			opts.modes = append(opts.modes, m)
+		}
+		if switchModes != "" {
+			if opts.synLoss > 0 || opts.soak > 0 {
+				return errors.New("-switch goes with neither -synloss nor -soak")
+			}
+			if opts.switchPath, err = switchPath(switchModes, opts.backends); err != nil {
+				return err
+			}
 		}
 		if opts.profileDir != "" {
 			if err := os.MkdirAll(opts.profileDir, 0o755); err != nil {
@@ -165,8 +180,11 @@ func run(ctx context.Context, opts options, out, log io.Writer) error {
 
 // columns are the table's groups of columns, mode by mode: one per
 // iptables backend in mode iptables, one for each other mode (named after
-// it).
+// it); with -switch, one per switch.
 func (o options) columns() []string {
+	if len(o.switchPath) > 0 {
+		return switchColumns(o.switchPath)
+	}
 	modes := o.modes
 	if len(modes) == 0 {
 		modes = []string{modeIPTables}
@@ -186,9 +204,11 @@ func (o options) columns() []string {
 
 // columnMode is the proxy mode of a group of columns.
 func columnMode(column string) string {
-	switch column {
-	case modeNFTables, modeIPVS:
+	switch {
+	case column == modeNFTables || column == modeIPVS:
 		return column
+	case strings.Contains(column, " -> "):
+		return modeSwitch
 	}
 	return modeIPTables // an iptables backend
 }
@@ -232,6 +252,23 @@ func benchShape(ctx context.Context, opts options, n, e int, log io.Writer) (map
 	defer cluster.Stop()
 	all := map[string]map[string]results{}
 	var failed error
+	if len(opts.switchPath) > 0 {
+		for _, column := range opts.columns() {
+			all[column] = map[string]results{}
+		}
+		for _, proxy := range opts.proxies {
+			logf("%s kube-proxy, switching %s", proxy, strings.Join(opts.switchPath, " -> "))
+			r, err := b.measureSwitch(ctx, proxy)
+			for column, results := range r {
+				all[column][proxy] = results
+			}
+			if err != nil {
+				logf("%s, switching failed: %v", proxy, err)
+				failed = errors.Join(failed, fmt.Errorf("%s, switching: %w", proxy, err))
+			}
+		}
+		return all, failed
+	}
 	for _, column := range opts.columns() {
 		all[column] = map[string]results{}
 		for _, proxy := range opts.proxies {

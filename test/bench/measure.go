@@ -286,14 +286,9 @@ func (b *bench) measure(ctx context.Context, proxy, column string) (results, err
 	}
 	// The restart's peak, before any change: it reads every rule back,
 	// which a cold start does not.
-	if err := sleep(ctx, 5*time.Second); err != nil {
+	if r["restartPeakRSS"], err = settledPeakRSS(ctx, kp); err != nil {
 		return r, err
 	}
-	usage, err := kp.usage()
-	if err != nil {
-		return r, err
-	}
-	r["restartPeakRSS"] = cell{value: float64(usage.PeakRSS) / 1e6}
 	b.logf("  restart RSS peak %.0f MB", r["restartPeakRSS"].value)
 
 	if err := b.singleChanges(ctx, kp, r); err != nil {
@@ -321,50 +316,78 @@ func (b *bench) measure(ctx context.Context, proxy, column string) (results, err
 // serves metrics to the bench (and profiles, if profile), and returns what
 // starts it there (name tells its log apart) and what ends the node.
 func (b *bench) node(ctx context.Context, proxy, column string, profile bool) (startProxy func(name string) (proxyProcess, error), stop func(), err error) {
+	if columnMode(column) == modeIPVS {
+		binary := b.cluster.KubeProxy()
+		if proxy == upstream {
+			binary = b.cluster.UpstreamKubeProxy()
+		}
+		g, err := b.bootGuest(ctx, binary, b.cluster.KubeProxyConfig("mode: ipvs\n"+proxyConfig(profile)))
+		if err != nil {
+			return nil, nil, err
+		}
+		return g.startProxy, g.stop, nil
+	}
+	if err := b.resetNode(column); err != nil {
+		return nil, nil, err
+	}
+	var backend framework.IPTablesBackend
+	if columnMode(column) == modeIPTables {
+		backend = framework.IPTablesBackend(column)
+	}
+	start, err := b.localStarter(proxy, column, backend, profile)
+	if err != nil {
+		return nil, nil, err
+	}
+	return func(name string) (proxyProcess, error) { return start(name) }, func() {}, nil
+}
+
+// proxyConfig is the config every run adds: metrics served to the bench
+// and, if profile, profiles.
+func proxyConfig(profile bool) string {
 	config := "metricsBindAddress: 0.0.0.0:10249\n"
 	if profile {
 		// Verbosity 2 logs each sync with its time, for the logs kept
 		// beside the profiles.
 		config += "enableProfiling: true\nlogging:\n  verbosity: 2\n"
 	}
+	return config
+}
+
+// resetNode empties the node namespace's kernel for a run that starts in
+// the column's mode: no nftables table (nft flush ruleset) and no iptables
+// rule of either backend; in mode iptables, the backend is then marked
+// as the one in use.
+func (b *bench) resetNode(column string) error {
+	if err := b.cluster.Node.ResetIPTables(); err != nil {
+		return err
+	}
+	if columnMode(column) != modeIPTables {
+		return nil
+	}
+	return b.cluster.Node.PreferIPTablesBackend(framework.IPTablesBackend(column))
+}
+
+// localStarter returns what starts the proxy in the node namespace in the
+// column's mode (iptables or nftables) over whatever the kernel holds;
+// upstream's runs `iptables` of backend, if set, else the system's.
+func (b *bench) localStarter(proxy, column string, backend framework.IPTablesBackend, profile bool) (func(name string) (localProxy, error), error) {
 	binary := b.cluster.KubeProxy()
 	if proxy == upstream {
 		binary = b.cluster.UpstreamKubeProxy()
 	}
 	mode := columnMode(column)
-	if mode == modeIPVS {
-		g, err := b.bootGuest(ctx, binary, b.cluster.KubeProxyConfig("mode: ipvs\n"+config))
-		if err != nil {
-			return nil, nil, err
-		}
-		return g.startProxy, g.stop, nil
-	}
-	// Both modes start from an empty kernel: no nftables table (nft flush
-	// ruleset) and no iptables rule of either backend.
-	if err := b.cluster.Node.ResetIPTables(); err != nil {
-		return nil, nil, err
-	}
-	if mode == modeIPTables {
-		backend := framework.IPTablesBackend(column)
-		if err := b.cluster.Node.PreferIPTablesBackend(backend); err != nil {
-			return nil, nil, err
-		}
-		if proxy == upstream {
-			if binary, err = b.upstreamWrapper(backend); err != nil {
-				return nil, nil, err
-			}
+	if backend != "" && proxy == upstream {
+		var err error
+		if binary, err = b.upstreamWrapper(backend); err != nil {
+			return nil, err
 		}
 	}
 	// Inside a network namespace nf_conntrack_max is read-only: leave it.
-	config = b.cluster.KubeProxyConfig("mode: " + mode + "\n" + config + "conntrack:\n  maxPerCore: 0\n")
-	startProxy = func(name string) (proxyProcess, error) {
+	config := b.cluster.KubeProxyConfig("mode: " + mode + "\n" + proxyConfig(profile) + "conntrack:\n  maxPerCore: 0\n")
+	return func(name string) (localProxy, error) {
 		kp, err := b.cluster.StartKubeProxy(name, binary, config)
-		if err != nil {
-			return nil, err
-		}
-		return localProxy{kp}, nil
-	}
-	return startProxy, func() {}, nil
+		return localProxy{kp}, err
+	}, nil
 }
 
 // upstreamWrapper runs upstream's kube-proxy on an iptables backend. Ours
@@ -389,12 +412,24 @@ func (b *bench) upstreamWrapper(backend framework.IPTablesBackend) (string, erro
 // them. The time is the metric's own value (the end of the sync) minus
 // the process start.
 func (b *bench) firstSync(ctx context.Context, kp proxyProcess, start time.Time) (cell, error) {
+	return b.waitFor(ctx, kp, start, func() (float64, bool) {
+		m, err := framework.FetchMetrics(kp.metricsURL() + "/metrics")
+		if err != nil {
+			return 0, false
+		}
+		ts, ok := familyValue(m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
+		return kp.hostTime(ts), ok && ts > 0
+	})
+}
+
+// waitFor polls at, every 50 ms at least, until it tells when (Unix
+// seconds, of our clock) what it looks for happened, and returns that
+// time less start; at the cap, the cap, as a lower bound.
+func (b *bench) waitFor(ctx context.Context, kp proxyProcess, start time.Time, at func() (float64, bool)) (cell, error) {
 	deadline := start.Add(b.opts.cap)
 	for {
-		if m, err := framework.FetchMetrics(kp.metricsURL() + "/metrics"); err == nil {
-			if ts, ok := familyValue(m, "kubeproxy_sync_proxy_rules_last_timestamp_seconds"); ok && ts > 0 {
-				return cell{value: kp.hostTime(ts) - unixSeconds(start)}, nil
-			}
+		if t, ok := at(); ok {
+			return cell{value: t - unixSeconds(start)}, nil
 		}
 		if time.Now().After(deadline) {
 			return cell{value: b.opts.cap.Seconds(), capped: true}, nil
@@ -403,6 +438,19 @@ func (b *bench) firstSync(ctx context.Context, kp proxyProcess, start time.Time)
 			return cell{}, err
 		}
 	}
+}
+
+// settledPeakRSS is the process's peak RSS (VmHWM, MB) 5 s from now, as
+// both proxies may sync again just after a start.
+func settledPeakRSS(ctx context.Context, kp proxyProcess) (cell, error) {
+	if err := sleep(ctx, 5*time.Second); err != nil {
+		return cell{}, err
+	}
+	usage, err := kp.usage()
+	if err != nil {
+		return cell{}, err
+	}
+	return cell{value: float64(usage.PeakRSS) / 1e6}, nil
 }
 
 // firstSyncDuration is the duration a fresh process reports for its first

@@ -34,23 +34,35 @@ var rows = []row{
 	{"restartPeakRSS", "restart: peak RSS, VmHWM, before any change (MB)", 0},
 	{"steadyRSS", "steady RSS, VmRSS after idling (MB)", 0},
 	{"idleCPU", "CPU while idle, user+system incl. the commands it runs (s)", 2},
+	{"switchSync", "mode switch: start in the new mode -> its first complete sync (s)", 3},
+	{"switchEnd", "mode switch: start -> that sync in place and nothing of the old mode left (s)", 3},
+	{"switchHealthy", "mode switch: start -> /healthz answers 200 (s)", 3},
+	{"switchPeakRSS", "mode switch: peak RSS, VmHWM, 5 s after the switch's end (MB)", 0},
 }
 
 // rowModes are the modes that measure a row, for the rows that not every
-// mode measures: those of the iptables tools and rules, of nft's, and the
+// mode measures: those of the iptables tools and rules, of nft's, the
 // churn, which reads the rules in the node namespace's kernel (not the
-// VM's).
+// VM's), and the switch's.
 var rowModes = map[string][]string{
-	"natRules":     {modeIPTables},
-	"restoreFloor": {modeIPTables},
-	"nftFloor":     {modeNFTables},
-	"churnP50":     {modeIPTables, modeNFTables},
-	"churnP99":     {modeIPTables, modeNFTables},
+	"natRules":      {modeIPTables},
+	"restoreFloor":  {modeIPTables},
+	"nftFloor":      {modeNFTables},
+	"churnP50":      {modeIPTables, modeNFTables},
+	"churnP99":      {modeIPTables, modeNFTables},
+	"switchSync":    {modeSwitch},
+	"switchEnd":     {modeSwitch},
+	"switchHealthy": {modeSwitch},
+	"switchPeakRSS": {modeSwitch},
 }
 
-// measured tells whether a mode measures a row.
+// measured tells whether a mode measures a row. A switch measures its
+// rows only.
 func measured(key, mode string) bool {
 	modes, ok := rowModes[key]
+	if mode == modeSwitch {
+		return slices.Contains(modes, mode)
+	}
 	return !ok || slices.Contains(modes, mode)
 }
 
