@@ -7,7 +7,8 @@ package vm_test
 // through IPVS opened before the first switch that exchange a line every
 // second: with ours none fails or breaks, the virtual servers carrying
 // the long-lived ones stay while the node runs another mode, and nothing
-// else of the IPVS mode does. Then upstream's binary goes through the same
+// else of the IPVS mode does; a switch to the nftables mode killed midway
+// is reversed by the next start in the IPVS mode. Then upstream's binary goes through the same
 // switches; its figures are printed, not checked.
 const switchScript = `
 pod ext-in 10.255.1.2
@@ -93,9 +94,26 @@ eventually "ipvs -> iptables: the IPVS mode's chains are gone" 90 none_of_ipvs_c
 eventually "ipvs -> iptables: its ipsets are gone" 90 no_ipsets
 check "ipvs -> iptables: a virtual server with long-lived connections stays" has_vs 10.96.101.10:80
 in_mode kube-proxy $IPVS
+# Killed midway: a start in the nftables mode killed (SIGKILL) as soon as
+# its table appears; the next start, in the IPVS mode, reverses the switch.
+stop
+kube-proxy --config=$CONFIG_NFT --v=2 >>/out/kube-proxy.log 2>&1 &
+midway=$!
+i=0
+until nft list table ip kube-proxy >/dev/null 2>&1; do
+	i=$((i + 1))
+	[ $i -lt 1200 ] || fail "killed midway: no nftables table within a minute"
+	sleep 0.05
+done
+kill -9 $midway
+wait $midway || :
+CONFIG=$IPVS
+start kube-proxy
+eventually "killed midway to nftables, then started in IPVS: no nftables table left" 60 no_nft_tables
+eventually "killed midway: the switch is over" 60 switching 0
 clients_seen ours
 [ "$FAILED" = 0 ] || grep -v -e nfacct -e 'Feature gate' -e reflector /out/kube-proxy.log | tail -n 120
-check "ours: no connection failed or broke through four switches" [ "$FAILED" = 0 ]
+check "ours: no connection failed or broke through four switches and a killed one" [ "$FAILED" = 0 ]
 
 in_mode kube-proxy-upstream $IPVS
 clients_start
