@@ -8,8 +8,8 @@ package vm_test
 // second: with ours none fails or breaks, the virtual servers carrying
 // the long-lived ones stay while the node runs another mode, and nothing
 // else of the IPVS mode does; a switch to the nftables mode killed midway
-// is reversed by the next start in the IPVS mode. Then upstream's binary goes through the same
-// switches; its figures are printed, not checked.
+// is reversed by the next start in the IPVS mode. Then upstream's binary
+// goes through the same switches; its figures are printed, not checked.
 const switchScript = `
 pod ext-in 10.255.1.2
 IPVS=$CONFIG
