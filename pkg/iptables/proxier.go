@@ -310,11 +310,15 @@ func (p *Syncer) fullSync(verifying bool) error {
 			p.noteRewritten(j.From, verifying)
 		}
 	}
-	removeOtherJumps(final, kernel, static.Jumps)
-	// Over the IPVS mode's rules (a switch), nat goes first: until nat
-	// DNATs, IPVS takes new connections at INPUT, where this mode's
-	// firewall would drop those to a load balancer's IP.
-	final.natFirst = holdsIPVSModeChains(kernel)
+	// Over the IPVS mode's rules (a switch), its jumps go in this commit,
+	// and nat goes first: until nat DNATs, IPVS takes new connections at
+	// INPUT, where this mode's firewall would drop those to a load
+	// balancer's IP. Otherwise (a restart, upstream's rules) the jumps
+	// of other kube-proxies stay as they are.
+	if holdsIPVSModeChains(kernel) {
+		removeOtherJumps(final, kernel, static.Jumps)
+		final.natFirst = true
+	}
 	if err := writer.finish(final); err != nil {
 		return err
 	}

@@ -150,6 +150,17 @@ func TestNFTablesNodePortsOfAFamilyWithoutANodeIP(t *testing.T) {
 			switchProxy(t, false, nftablesMode)
 			var upstream string
 			eventually(t, convergence, "upstream's NodePort rules of both families", func() error {
+				// Both families synced: until then a family's table is
+				// the one the previous subtest left.
+				text, err := fetchMetrics()
+				if err != nil {
+					return err
+				}
+				for _, family := range []string{"IPv4", "IPv6"} {
+					if metricValue(text, `kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="`+family+`"}`) <= 0 {
+						return fmt.Errorf("upstream has not synced %s yet", family)
+					}
+				}
 				upstream = nodePortRules()
 				for _, want := range []string{
 					tc.family + " nodeport-ips: none",
