@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
@@ -107,6 +108,11 @@ func New(cfg Config) *Syncer {
 		ruleCounts: map[Table]int{},
 	}
 	p.watch = p.newFlushWatch()
+	// Served from the start, at zero: a counter that first appears at 1
+	// hides that first failure or recovery from increase() in alerts.
+	for _, c := range []*prometheus.CounterVec{metrics.IPTablesRestoreFailuresTotal, metrics.IPTablesPartialRestoreFailuresTotal, metrics.IPTablesFlushRecoveriesTotal} {
+		c.WithLabelValues(string(cfg.Family))
+	}
 	return p
 }
 
