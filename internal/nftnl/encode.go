@@ -1,3 +1,8 @@
+// Over 600 lines: the encoder of every rule shape kube-proxy's tables hold
+// (ours and upstream's), one case per expression; issue #29 asks to measure
+// google/nftables' Conn against this package before splitting or replacing
+// it.
+
 package nftnl
 
 import (

@@ -1,3 +1,7 @@
+// Over 600 lines: the sets', maps' and elements' decoding and encoding for
+// every key type kube-proxy uses, in one place so both directions stay in
+// step.
+
 package nftnl
 
 import (

@@ -1,3 +1,7 @@
+// Over 600 lines: the batch writer and the text parser of the transactions
+// it sends; splitting it waits for the google/nftables measurement of issue
+// #29.
+
 package nftnl
 
 import (

@@ -1,3 +1,7 @@
+// Over 600 lines: the syncs, the flush and tamper watch and their pacing
+// live together because they share the syncer's lock and generations; issue
+// #29 moves the watch pacing into the core.
+
 package iptables
 
 import (

@@ -1,3 +1,8 @@
+// Over 600 lines: reference counts, the early kernel read, the diff and
+// write, set capacity, the drift check and draining share the syncer's lock
+// today; issue #29 splits them into a pure plan, its apply, and drift and
+// drain files.
+
 package ipvs
 
 import (

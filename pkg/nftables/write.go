@@ -1,3 +1,7 @@
+// Over 600 lines: the transaction built from the differences with the table,
+// for partial and full syncs alike, in one file so their order of operations
+// reads in one place.
+
 package nftables
 
 import (

@@ -1,3 +1,6 @@
+// Over 600 lines: the HTTP servers, the modes' construction and the
+// informers; issue #29 splits pkg/server by concern.
+
 package server
 
 import (
