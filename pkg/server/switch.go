@@ -17,6 +17,7 @@ import (
 	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
 	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/config"
+	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
 	"github.com/rapidproxy/rapidproxy/pkg/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
@@ -229,11 +230,15 @@ func drainIPVS(ctx context.Context, exclude []netip.Prefix) {
 		force := time.Now().After(deadline)
 		draining := 0
 		for _, k := range kernels {
-			n, err := ipvs.Retire(k, exclude, force)
+			n, cut, err := ipvs.Retire(k, exclude, force)
 			if err != nil {
 				klog.ErrorS(err, "Removing the IPVS mode's virtual servers")
 			}
 			draining += n
+			if len(cut) > 0 {
+				klog.InfoS("Removed IPVS virtual servers that still forwarded connections", "virtualServers", len(cut), "bound", ipvs.DefaultMaxDrain)
+				releaseUDPFlows(cut)
+			}
 		}
 		metrics.ModeSwitchDrainingVirtualServers.Set(float64(draining))
 		if draining != last && draining > 0 {
@@ -255,6 +260,30 @@ func drainIPVS(ctx context.Context, exclude []netip.Prefix) {
 	}
 	if len(removed) > 0 {
 		klog.InfoS("Removed the IPVS mode's leftovers", "removed", removed)
+	}
+}
+
+// releaseUDPFlows deletes the conntrack entries of UDP flows IPVS was
+// forwarding through virtual servers that are gone: their packets no
+// longer reach IPVS, and while its entry lives (a client that keeps
+// sending keeps it alive) a flow would go nowhere. Without the entry the
+// next packet starts a new flow, which this mode's rules take.
+func releaseUDPFlows(cut []ipvs.VirtualServerKey) {
+	byFamily := map[v1.IPFamily][]netip.AddrPort{}
+	for _, key := range cut {
+		if key.Protocol != v1.ProtocolUDP {
+			continue
+		}
+		family := v1.IPv4Protocol
+		if key.Addr.Is6() {
+			family = v1.IPv6Protocol
+		}
+		byFamily[family] = append(byFamily[family], netip.AddrPortFrom(key.Addr, key.Port))
+	}
+	for family, destinations := range byFamily {
+		if err := conntrack.DeleteUDPFlowsTo(family, destinations); err != nil {
+			klog.ErrorS(err, "Deleting the conntrack entries of UDP flows IPVS forwarded", "ipFamily", family)
+		}
 	}
 }
 
