@@ -18,10 +18,6 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// DummyLink holds the service addresses in IPVS mode, so the node accepts
-// traffic to them.
-const DummyLink = "kube-ipvs0"
-
 // IsKubeProxySet tells whether an ipset is one the IPVS mode creates, in
 // either family.
 func IsKubeProxySet(name string) bool {
