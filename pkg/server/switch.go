@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"time"
 
@@ -254,7 +253,7 @@ func drainIPVS(ctx context.Context, exclude []netip.Prefix) {
 		case <-time.After(drainCheckInterval):
 		}
 	}
-	removed, err := ipvs.Cleanup(exclude)
+	removed, err := ipvs.Cleanup(kernelsOf(kernels), exclude)
 	if err != nil {
 		klog.ErrorS(err, "Removing the IPVS mode's leftovers")
 	}
@@ -287,10 +286,19 @@ func releaseUDPFlows(cut []ipvs.VirtualServerKey) {
 	}
 }
 
+// kernelsOf is the mode's view of the adapters.
+func kernelsOf(kernels []*ipvskernel.Kernel) []ipvs.Kernel {
+	out := make([]ipvs.Kernel, len(kernels))
+	for i, k := range kernels {
+		out[i] = k
+	}
+	return out
+}
+
 // ipvsKernels opens IPVS in each family, when the ip_vs module is loaded:
 // without it there is no IPVS state, and loading it would only add some.
 func ipvsKernels() []*ipvskernel.Kernel {
-	if _, err := os.Stat("/sys/module/ip_vs"); err != nil {
+	if !ipvskernel.Loaded() {
 		return nil
 	}
 	var kernels []*ipvskernel.Kernel
