@@ -79,7 +79,7 @@ bench: deps build tools
 	$(GO) build -o $(BIN)/bench ./test/bench
 	$(GO) build -o $(BIN)/bench-agent ./test/bench/agent
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -mode $(MODE) -agent $(BIN)/bench-agent \
-		-n $(N) -e $(E) -backends $(BACKENDS) -cap $(CAP) -idle $(IDLE) $(BENCH_FLAGS)
+		-n $(N) -e $(E) -backends $(BACKENDS) -cap $(CAP) -idle $(IDLE) -chart-dir $(OUT)/bench $(BENCH_FLAGS)
 
 # Packets during rule changes: a fresh TCP connection every 5 ms to a service
 # whose endpoints change CHANGES times, ours against upstream's, on each
