@@ -69,7 +69,8 @@ demo: deps build tools
 # with MODE=ipvs in IPVS mode, each proxy in a VM (test/vm); MODE=iptables,nftables
 # runs both in one cluster. CAP bounds any one sync wait, IDLE the idle-CPU window.
 # More flags (e.g. -profile-dir DIR): BENCH_FLAGS; BENCH_FLAGS="-switch iptables,nftables"
-# times a mode switch instead, on the one BACKEND. See docs/performance.md.
+# times a mode switch instead, on the one BACKEND. Beside each table it writes an SVG
+# chart of ours / upstream per mode and backend to _output/bench. See docs/performance.md.
 N        ?= 1000
 E        ?= 5
 BACKENDS ?= nft
