@@ -84,8 +84,13 @@ func chartFile(n, e int, column string) string {
 	if columnMode(column) == modeIPTables {
 		name = modeIPTables + "-" + column
 	}
-	name = strings.NewReplacer(" -> ", "-to-", " ", "-", "/", "-").Replace(name)
-	return fmt.Sprintf("bench-%dx%d-%s.svg", n, e, name)
+	name = strings.ReplaceAll(name, " -> ", " to ")
+	// A switch's column, e.g. "iptables (nft) -> nftables", keeps its
+	// words only: iptables-nft-to-nftables.
+	words := strings.FieldsFunc(name, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+	})
+	return fmt.Sprintf("bench-%dx%d-%s.svg", n, e, strings.Join(words, "-"))
 }
 
 // chartTitle names the shape, mode and backend.

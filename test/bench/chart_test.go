@@ -69,12 +69,12 @@ func TestChartDrawsEachMeasureOfATable(t *testing.T) {
 
 func TestChartFileNamesEachModeAndBackend(t *testing.T) {
 	for column, want := range map[string]string{
-		"nft":                   "bench-1000x5-iptables-nft.svg",
-		"legacy":                "bench-1000x5-iptables-legacy.svg",
-		"nftables":              "bench-1000x5-nftables.svg",
-		"ipvs":                  "bench-1000x5-ipvs.svg",
-		"iptables -> nftables":  "bench-1000x5-iptables-to-nftables.svg",
-		"nft -> nftables (2/3)": "bench-1000x5-nft-to-nftables-(2-3).svg",
+		"nft":                        "bench-1000x5-iptables-nft.svg",
+		"legacy":                     "bench-1000x5-iptables-legacy.svg",
+		"nftables":                   "bench-1000x5-nftables.svg",
+		"ipvs":                       "bench-1000x5-ipvs.svg",
+		"iptables (nft) -> nftables": "bench-1000x5-iptables-nft-to-nftables.svg",
+		"nftables -> iptables (nft)": "bench-1000x5-nftables-to-iptables-nft.svg",
 	} {
 		if got := chartFile(1000, 5, column); got != want {
 			t.Errorf("chartFile(%q) = %q, want %q", column, got, want)
