@@ -34,21 +34,19 @@ var (
 
 // chartBar is one measure with both proxies' values.
 type chartBar struct {
-	label  string // the measure and both values
+	label  string // the measure
 	ratio  float64
 	bound  string // ">= " or "<= " when a capped value makes the ratio a bound
-	values string
+	values string // both proxies' values, as the table prints them
 }
 
 // chartBars are the bars of a column's measures that both proxies
-// measured, in the table's order; a measure either proxy lacks, or whose
-// upstream value is 0, has no ratio and so no bar.
+// measured, in the table's order. A measure either proxy lacks, or that
+// both only bound, has no ratio, and one of 0 (idle CPU under a clock tick)
+// has no place on a log axis: those have no bar.
 func chartBars(column string, all map[string]map[string]results) []chartBar {
 	var bars []chartBar
 	for _, r := range tableRows([]string{column}) {
-		if !measured(r.key, columnMode(column)) {
-			continue
-		}
 		o, okO := all[column][ours][r.key]
 		u, okU := all[column][upstream][r.key]
 		if !okO || !okU || u.value == 0 || o.value == 0 || (o.capped && u.capped) {
