@@ -30,19 +30,24 @@ type PacketTracer interface {
 // ErrNoTracer is a mode that cannot trace.
 var ErrNoTracer = errors.New("this mode cannot trace packets")
 
+// ErrCannotVerify is a mode that traces but cannot check a trace's
+// objects against the kernel.
+var ErrCannotVerify = errors.New("cannot verify a trace against the kernel")
+
 // Trace follows a packet through this core's mode.
 func (c *Core) Trace(pkt trace.Packet, verify bool) (trace.Result, error) {
 	r, check, err := c.trace(pkt)
 	if err != nil || !verify {
 		return r, err
 	}
+	if r.Service != "" && check == nil {
+		return r, fmt.Errorf("the %s mode %w: trace without --verify", c.cfg.ModeName, ErrCannotVerify)
+	}
 	v := &trace.Verification{Differences: []string{}}
 	switch {
 	case r.Service == "":
 		// Nothing of a service to read: the fixed objects are checked by
 		// the mode's own watch.
-	case check == nil:
-		v.Error = "the " + c.cfg.ModeName + " mode cannot verify a trace against the kernel"
 	default:
 		differences, err := check()
 		if differences != nil {
