@@ -39,6 +39,9 @@ type Effect struct {
 	// Share, when above 0, is the fraction of the packets reaching the
 	// rule that it picks at random (the others go on to the next rule).
 	Share float64
+	// Note says what the rule text does not: the map element that
+	// decided, for one.
+	Note string
 	// Fork is a rule that picks one of several effects at random, each
 	// as likely (a numgen map); Verdict and the rest are then unused.
 	Fork []Effect
@@ -121,7 +124,7 @@ func (w *walker) run(chain string, from int, b Branch, stack []frame) error {
 			continue
 		}
 		taken := b
-		taken.Steps = append(slices.Clip(b.Steps), Step{Where: w.prefix + chain, What: rules[i]})
+		taken.Steps = append(slices.Clip(b.Steps), Step{Where: w.prefix + chain, What: rules[i], Note: e.Note})
 		if len(e.Fork) > 0 {
 			for _, f := range e.Fork {
 				forked := taken
