@@ -14,13 +14,13 @@ import (
 // traceCase is a packet sent into one of the golden cases' rule sets,
 // and where it must end.
 type traceCase struct {
-	name, golden                    string
+	name, golden                   string
 	src, dst, port, protocol, from string
-	local                           bool
-	verdict                         trace.Verdict
-	endpoints                       map[string]float64
-	masquerade                      bool
-	reason, affinity                string
+	local                          bool
+	verdict                        trace.Verdict
+	endpoints                      map[string]float64
+	masquerade                     bool
+	reason, affinity               string
 }
 
 // traceCases cover each outcome a person asks about; the rule sets are

@@ -45,7 +45,9 @@ func (p *Params) trace(svc *state.ServicePort, want ServiceObjects, pkt trace.Pa
 	}
 	var steps []trace.Step
 	masquerade := false
-	step := func(where, what, note string) { steps = append(steps, trace.Step{Where: where, What: what, Note: note}) }
+	step := func(where, what, note string) {
+		steps = append(steps, trace.Step{Where: where, What: what, Note: note})
+	}
 
 	// The source-range filter (filter KUBE-PROXY-FIREWALL, before IPVS
 	// sees the packet at input).
