@@ -16,7 +16,8 @@ import (
 // and the source-range filter, and the virtual server whose real servers
 // IPVS picks from. The chains match sets, not services (see Chains), so
 // each step names the set entry that decides and the rule of the chain
-// that matches it. No check against the kernel: the core refuses verify.
+// that matches it. The check reads the service port's virtual servers,
+// addresses and set entries, as an explanation's verify does.
 func (p *Syncer) Trace(v state.View, name *state.ServicePortName, pkt trace.Packet) ([]trace.Branch, func() ([]string, error), error) {
 	if name == nil {
 		// No virtual server holds the address and port: IPVS leaves the
@@ -28,7 +29,8 @@ func (p *Syncer) Trace(v state.View, name *state.ServicePortName, pkt trace.Pack
 	want := p.objectsFor(v, *name)
 	params := p.cfg.Params
 	p.mu.Unlock()
-	return params.trace(svc, want, pkt), nil, nil
+	_, check := p.Describe(v, *name)
+	return params.trace(svc, want, pkt), check, nil
 }
 
 func (p *Params) trace(svc *state.ServicePort, want ServiceObjects, pkt trace.Packet) []trace.Branch {
