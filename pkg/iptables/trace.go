@@ -19,11 +19,11 @@ import (
 // Other services' rules match other addresses or ports, so they are left
 // out.
 func (p *Params) Trace(svc *state.ServicePort, sel state.Selection, pkt trace.Packet) ([]trace.Branch, error) {
-	rs := &traceRules{params: p, packet: pkt, chains: map[string][]string{}}
+	rs := NewRuleTracer(pkt)
 	static := p.StaticRules()
 	for table, chains := range static.Chains {
 		for _, c := range chains {
-			rs.add(table, c.Name, c.Rules...)
+			rs.Add(table, c.Name, c.Rules...)
 		}
 	}
 	for table, chains := range static.Shared {
@@ -31,52 +31,68 @@ func (p *Params) Trace(svc *state.ServicePort, sel state.Selection, pkt trace.Pa
 			rs.chains[string(table)+" "+string(c.Name)] = []string{}
 		}
 	}
-	for _, hook := range []Chain{"PREROUTING", "INPUT", "FORWARD", "OUTPUT"} {
-		rs.chains[string(TableNAT)+" "+string(hook)] = []string{}
-		rs.chains[string(TableFilter)+" "+string(hook)] = []string{}
-	}
 	for _, j := range static.Jumps {
-		rs.add(j.Table, j.From, j.Rule)
+		rs.Add(j.Table, j.From, j.Rule)
 	}
 	if svc != nil {
 		rules := p.ServiceRules(svc, sel)
 		for _, c := range rules.Chains {
-			rs.add(TableNAT, c.Name, c.Rules...)
+			rs.Add(TableNAT, c.Name, c.Rules...)
 		}
 		for _, r := range rules.Shared {
-			rs.add(r.Table, r.Chain, r.Rule)
+			rs.Add(r.Table, r.Chain, r.Rule)
 		}
 	}
 	// The fixed tails (the NodePort jump ends KUBE-SERVICES) come after
 	// the services' rules.
 	for table, chains := range static.Shared {
 		for _, c := range chains {
-			rs.add(table, c.Name, c.Rules...)
+			rs.Add(table, c.Name, c.Rules...)
 		}
 	}
-	return rs.walk()
+	return rs.Hooks(rs.Packet.LocalDestination)
 }
 
-type traceRules struct {
-	params *Params
-	packet trace.Packet
-	chains map[string][]string
+// RuleTracer walks iptables chains for a trace: this mode's, and the
+// IPVS mode's around its sets. Chains are named "table CHAIN".
+type RuleTracer struct {
+	Packet trace.Packet
+	// MatchSet tells whether the packet matches an ipset with the
+	// direction flags ("dst,dst"); nil matches none.
+	MatchSet func(set, flags string) bool
+	chains   map[string][]string
 }
 
-func (rs *traceRules) add(table Table, chain Chain, rules ...Rule) {
+// NewRuleTracer is a tracer of pkt with the built-in chains, empty.
+func NewRuleTracer(pkt trace.Packet) *RuleTracer {
+	rs := &RuleTracer{Packet: pkt, chains: map[string][]string{}}
+	for _, hook := range []string{"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"} {
+		rs.chains[string(TableNAT)+" "+hook] = []string{}
+		rs.chains[string(TableFilter)+" "+hook] = []string{}
+	}
+	return rs
+}
+
+// Add appends rules to a chain, creating it.
+func (rs *RuleTracer) Add(table Table, chain Chain, rules ...Rule) {
 	key := string(table) + " " + string(chain)
+	if rs.chains[key] == nil {
+		rs.chains[key] = []string{}
+	}
 	for _, r := range rules {
 		rs.chains[key] = append(rs.chains[key], string(r))
 	}
 }
 
-// walk runs the nat hook, then the filter hook for what no DNAT took.
-func (rs *traceRules) walk() ([]trace.Branch, error) {
+// Hooks walks the nat hook (PREROUTING, or OUTPUT for the node's own
+// packets), then, for what no DNAT took, the filter hook: INPUT for a
+// local destination, FORWARD, or OUTPUT.
+func (rs *RuleTracer) Hooks(localDestination bool) ([]trace.Branch, error) {
 	natHook, filterHook := "PREROUTING", "FORWARD"
 	switch {
-	case rs.packet.From == trace.FromNode:
+	case rs.Packet.From == trace.FromNode:
 		natHook, filterHook = "OUTPUT", "OUTPUT"
-	case rs.packet.LocalDestination:
+	case localDestination:
 		filterHook = "INPUT"
 	}
 	nat, err := trace.Walk(rs, "", string(TableNAT)+" "+natHook)
@@ -85,7 +101,8 @@ func (rs *traceRules) walk() ([]trace.Branch, error) {
 	}
 	var out []trace.Branch
 	for _, b := range nat {
-		if b.Verdict != trace.PassedOn {
+		// An ACCEPT in nat ends the hook, not the packet's way.
+		if b.Verdict != trace.PassedOn && b.Verdict != trace.Accept {
 			out = append(out, b)
 			continue
 		}
@@ -103,7 +120,8 @@ func (rs *traceRules) walk() ([]trace.Branch, error) {
 	return out, nil
 }
 
-func (rs *traceRules) Rules(chain string) ([]string, bool) {
+// Rules is a chain's rules.
+func (rs *RuleTracer) Rules(chain string) ([]string, bool) {
 	rules, ok := rs.chains[chain]
 	return rules, ok
 }
@@ -111,9 +129,9 @@ func (rs *traceRules) Rules(chain string) ([]string, bool) {
 // Eval tells whether a rule matches the first packet of a new connection
 // and what it does. It knows the matches and targets this mode writes;
 // any other is an error rather than a guess.
-func (rs *traceRules) Eval(chain, rule string) (bool, trace.Effect, error) {
+func (rs *RuleTracer) Eval(chain, rule string) (bool, trace.Effect, error) {
 	table, _, _ := strings.Cut(chain, " ")
-	pkt := rs.packet
+	pkt := rs.Packet
 	args := splitArgs(Rule(rule))
 	var e trace.Effect
 	matched, negate := true, false
@@ -149,7 +167,18 @@ func (rs *traceRules) Eval(chain, rule string) (bool, trace.Effect, error) {
 				return false, e, fmt.Errorf("the trace follows no rule that clears the mark")
 			}
 			continue
-		case "--reap", "--set":
+		case "--reap", "--set", "--random-fully":
+			continue
+		case "--match-set":
+			if i+2 >= len(args) {
+				return false, e, fmt.Errorf("--match-set without a set and flags")
+			}
+			test(rs.MatchSet != nil && rs.MatchSet(args[i+1], args[i+2]))
+			i += 2
+			continue
+		case "--physdev-is-in":
+			// The node's pods are routed, not bridged.
+			test(false)
 			continue
 		case "--rcheck":
 			// A client seen before goes back to its endpoint; a new one
@@ -176,8 +205,12 @@ func (rs *traceRules) Eval(chain, rule string) (bool, trace.Effect, error) {
 				addr = pkt.Source
 			}
 			test(prefix.Contains(addr))
-		case "--dport":
+		case "--dport", "--vport":
 			test(v == strconv.Itoa(int(pkt.Port)))
+		case "--vaddr":
+			test(v == pkt.Destination.String())
+		case "--vproto":
+			test(v == map[string]string{"TCP": "6", "UDP": "17", "SCTP": "132"}[string(pkt.Protocol)])
 		case "--dst-type", "--src-type":
 			local := pkt.LocalDestination
 			if a == "--src-type" {
@@ -221,6 +254,8 @@ func (rs *traceRules) Eval(chain, rule string) (bool, trace.Effect, error) {
 			case "DNAT":
 				e.Verdict = trace.DNAT
 			case "MARK":
+			case "MASQUERADE":
+				e.Verdict, e.Masquerade = trace.Accept, true
 			default:
 				e.Verdict, e.Chain = trace.Jump, table+" "+v
 			}

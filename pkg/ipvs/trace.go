@@ -6,168 +6,159 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/rapidproxy/rapidproxy/pkg/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 	"github.com/rapidproxy/rapidproxy/pkg/trace"
 )
 
 // Trace follows a packet through what the mode keeps for the service
 // port it is addressed to (ServiceObjects, as a sync decides it now):
-// the set entries its chains match on, which decide the masquerade mark
-// and the source-range filter, and the virtual server whose real servers
-// IPVS picks from. The chains match sets, not services (see Chains), so
-// each step names the set entry that decides and the rule of the chain
-// that matches it. The check reads the service port's virtual servers,
-// addresses and set entries, as an explanation's verify does.
+// the mode's iptables chains (Chains, Jumps) matching the port's set
+// entries, which decide the masquerade mark and the source-range filter;
+// then the virtual server, whose real servers IPVS picks from; then, for
+// each, the postrouting chain (a pod sent to itself is masqueraded). The
+// check reads the service port's virtual servers, addresses and set
+// entries, as an explanation's verify does.
 func (p *Syncer) Trace(v state.View, name *state.ServicePortName, pkt trace.Packet) ([]trace.Branch, func() ([]string, error), error) {
-	if name == nil {
-		// No virtual server holds the address and port: IPVS leaves the
-		// packet alone.
-		return []trace.Branch{{Probability: 1, Verdict: trace.PassedOn}}, nil, nil
+	var want ServiceObjects
+	var svc *state.ServicePort
+	if name != nil {
+		svc, _, _ = v.Select(*name)
 	}
-	svc, _, _ := v.Select(*name)
 	p.mu.Lock()
-	want := p.objectsFor(v, *name)
+	if name != nil {
+		want = p.objectsFor(v, *name)
+	}
 	params := p.cfg.Params
 	p.mu.Unlock()
+	branches, err := params.trace(svc, want, pkt)
+	if err != nil || name == nil {
+		return branches, nil, err
+	}
 	_, check := p.Describe(v, *name)
-	return params.trace(svc, want, pkt), check, nil
+	return branches, check, nil
 }
 
-func (p *Params) trace(svc *state.ServicePort, want ServiceObjects, pkt trace.Packet) []trace.Branch {
-	proto := strings.ToLower(string(pkt.Protocol))
-	dstPort := pkt.Destination.String() + "," + proto + ":" + strconv.Itoa(int(pkt.Port))
-	entry := func(set, e string) (trace.Step, bool) {
-		name := p.setName(set)
-		for _, se := range want.Entries {
-			if se.Set == name && se.Entry == e {
-				return trace.Step{Where: "ipset " + name, What: e}, true
+func (p *Params) trace(svc *state.ServicePort, want ServiceObjects, pkt trace.Packet) ([]trace.Branch, error) {
+	entries := map[string][]string{}
+	for _, e := range want.Entries {
+		entries[e.Set] = append(entries[e.Set], e.Entry)
+	}
+	for _, a := range want.Bound {
+		entries[p.setName(setIPVSAddresses)] = append(entries[p.setName(setIPVSAddresses)], a.String())
+	}
+	// Sets only this port's entries could match the packet in: the
+	// others' rules are the same whether written or not.
+	chains := p.Chains(func(set string) bool { return len(entries[p.setName(set)]) > 0 }, want.OutFilter)
+	tracer := func(pkt trace.Packet) *iptables.RuleTracer {
+		rs := iptables.NewRuleTracer(pkt)
+		for table, cs := range chains {
+			for _, c := range cs {
+				rs.Add(table, c.Name, c.Rules...)
 			}
 		}
-		return trace.Step{}, false
+		for _, j := range Jumps() {
+			rs.Add(j.Table, j.From, j.Rule)
+		}
+		rs.MatchSet = func(set, flags string) bool { return p.matchSet(set, flags, entries[set], pkt) }
+		return rs
 	}
-	var steps []trace.Step
-	masquerade := false
-	step := func(where, what, note string) {
-		steps = append(steps, trace.Step{Where: where, What: what, Note: note})
+	// Service addresses are bound on kube-ipvs0: local to the node.
+	local := pkt.LocalDestination || slices.Contains(want.Bound, pkt.Destination)
+	branches, err := tracer(pkt).Hooks(local)
+	if err != nil {
+		return nil, err
 	}
-
-	// The source-range filter (filter KUBE-PROXY-FIREWALL, before IPVS
-	// sees the packet at input).
-	if s, ok := entry(setLoadBalancerFW, dstPort); ok {
-		steps = append(steps, s)
-		allowed := false
-		for _, r := range svc.LoadBalancerSourceRanges {
-			if s, ok := entry(setLoadBalancerSourceNet, dstPort+","+r.String()); ok && r.Contains(pkt.Source) {
-				steps = append(steps, s)
-				allowed = true
-				break
-			}
-		}
-		if s, ok := entry(setLoadBalancerSourceIP, dstPort+","+pkt.Source.String()); ok && !allowed {
-			steps = append(steps, s)
-			allowed = true
-		}
-		step("filter "+string(chainProxyFirewall), "-m set --match-set "+p.setName(setLoadBalancerFW)+" dst,dst -j "+string(chainSourceRangeFirewall), "")
-		if !allowed {
-			step("filter "+string(chainSourceRangeFirewall), "-j DROP", "the source is in no entry of "+p.setName(setLoadBalancerSourceNet))
-			return []trace.Branch{{Probability: 1, Steps: steps, Verdict: trace.Drop}}
-		}
-	}
-
-	// The masquerade mark (nat KUBE-SERVICES and the chains it leads to).
-	switch {
-	case pkt.Destination == svc.ClusterIP:
-		s, _ := entry(setClusterIP, dstPort)
-		steps = append(steps, s)
-		local := p.LocalDetector.Implemented() && localSource(p, pkt)
-		if p.MasqueradeAll || (p.LocalDetector.Implemented() && !local) {
-			masquerade = true
-			step("nat "+string(chainServices), "-m set --match-set "+p.setName(setClusterIP)+" dst,dst -j "+string(chainMarkMasq), "not from a pod of this node")
-		}
-	case slices.Contains(svc.ExternalIPs, pkt.Destination):
-		if s, ok := entry(setExternalIP, dstPort); ok {
-			steps = append(steps, s)
-			masquerade = true
-			step("nat "+string(chainServices), "-m set --match-set "+p.setName(setExternalIP)+" dst,dst -j "+string(chainMarkMasq), "")
-		} else if s, ok := entry(setExternalIPLocal, dstPort); ok {
-			steps = append(steps, s)
-		}
-	case slices.Contains(svc.LoadBalancerIPs, pkt.Destination):
-		s, _ := entry(setLoadBalancer, dstPort)
-		steps = append(steps, s)
-		if s, ok := entry(setLoadBalancerLocal, dstPort); ok {
-			steps = append(steps, s)
-			step("nat "+string(chainLoadBalancer), "-m set --match-set "+p.setName(setLoadBalancerLocal)+" dst,dst -j RETURN", "externalTrafficPolicy Local: the source is kept")
-		} else {
-			masquerade = true
-			step("nat "+string(chainLoadBalancer), "-j "+string(chainMarkMasq), "")
-		}
-	default: // a NodePort
-		set, local := setNodePortTCP, setNodePortLocalTCP
-		key := strconv.Itoa(int(pkt.Port))
-		switch proto {
-		case "udp":
-			set, local = setNodePortUDP, setNodePortLocalUDP
-		case "sctp":
-			set, local, key = setNodePortSCTP, setNodePortLocalSCTP, dstPort
-		}
-		if s, ok := entry(local, key); ok {
-			steps = append(steps, s)
-			step("nat "+string(chainNodePort), "-m set --match-set "+p.setName(local)+" dst -j RETURN", "externalTrafficPolicy Local: the source is kept")
-		} else if s, ok := entry(set, key); ok {
-			steps = append(steps, s)
-			masquerade = true
-			step("nat "+string(chainNodePort), "-m set --match-set "+p.setName(set)+" dst -j "+string(chainMarkMasq), "")
-		}
-	}
-
 	var server *Server
 	for i := range want.Servers {
 		if k := want.Servers[i].VirtualServerKey; k.Addr == pkt.Destination && int(k.Port) == int(pkt.Port) && k.Protocol == pkt.Protocol {
 			server = &want.Servers[i]
 		}
 	}
-	if server == nil {
-		// A NodePort on an address NodePorts do not answer on.
-		return []trace.Branch{{Probability: 1, Steps: steps, Verdict: trace.PassedOn, Masquerade: masquerade}}
-	}
-	vs := "ipvs " + server.VirtualServerKey.String()
-	what := server.Scheduler
-	if server.Flags&FlagPersistent != 0 {
-		what += ", persistent " + strconv.Itoa(int(server.Timeout)) + " s"
-	}
-	if len(server.Reals) == 0 {
-		steps = append(steps, trace.Step{Where: vs, What: what + ", no real servers",
-			Note: "IPVS finds no destination and leaves the packet to the node, which refuses the connection"})
-		verdict := trace.Reject
-		if svc.ExternalPolicyLocal && pkt.From == trace.FromExternal && svc.ClusterIP != pkt.Destination {
-			verdict = trace.Drop
-		}
-		return []trace.Branch{{Probability: 1, Steps: steps, Verdict: verdict, Masquerade: masquerade}}
-	}
-	steps = append(steps, trace.Step{Where: vs, What: what, Note: "each real server at weight 1"})
 	var out []trace.Branch
-	for _, real := range server.Reals {
-		b := trace.Branch{Probability: 1 / float64(len(server.Reals)), Verdict: trace.DNAT, Endpoint: real.String(), Masquerade: masquerade,
-			Steps: append(slices.Clone(steps), trace.Step{Where: vs, What: "-> " + real.String() + " Masq 1"})}
-		if s, ok := entry(setLoopBack, real.Addr().String()+","+proto+":"+strconv.Itoa(int(real.Port()))+","+pkt.Source.String()); ok {
-			b.Masquerade = true
-			b.Steps = append(b.Steps, s, trace.Step{Where: "nat " + string(chainPostrouting),
-				What: "-m set --match-set " + p.setName(setLoopBack) + " dst,dst,src -j MASQUERADE", Note: "the source is the endpoint"})
+	for _, b := range branches {
+		if (b.Verdict != trace.PassedOn && b.Verdict != trace.Accept) || server == nil {
+			out = append(out, b)
+			continue
 		}
-		out = append(out, b)
+		// IPVS takes the packet at local input (at output for the
+		// node's own).
+		vs := "ipvs " + server.VirtualServerKey.String()
+		what := server.Scheduler
+		if server.Flags&FlagPersistent != 0 {
+			what += ", persistent " + strconv.Itoa(int(server.Timeout)) + " s"
+		}
+		if len(server.Reals) == 0 {
+			b.Steps = append(b.Steps, trace.Step{Where: vs, What: what + ", no real servers",
+				Note: "IPVS finds no destination and leaves the packet to the node, which refuses the connection"})
+			b.Verdict = trace.Reject
+			if svc.ExternalPolicyLocal && pkt.From == trace.FromExternal && svc.ClusterIP != pkt.Destination {
+				b.Verdict = trace.Drop
+			}
+			out = append(out, b)
+			continue
+		}
+		b.Steps = append(b.Steps, trace.Step{Where: vs, What: what, Note: "each real server at weight 1"})
+		for _, real := range server.Reals {
+			r := b
+			r.Probability, r.Verdict, r.Endpoint = b.Probability/float64(len(server.Reals)), trace.DNAT, real.String()
+			r.Steps = append(slices.Clone(b.Steps), trace.Step{Where: vs, What: "-> " + real.String() + " Masq 1"})
+			dnated := pkt
+			dnated.Destination, dnated.Port = real.Addr(), real.Port()
+			post, err := trace.Walk(tracer(dnated), "", string(iptables.TableNAT)+" "+string(chainPostrouting))
+			if err != nil {
+				return nil, err
+			}
+			for _, pb := range post {
+				if pb.Masquerade {
+					r.Masquerade = true
+					r.Steps = append(r.Steps, pb.Steps...)
+				}
+			}
+			out = append(out, r)
+		}
 	}
-	return out
+	return out, nil
 }
 
-// localSource tells whether the local-traffic detector takes the packet
-// for a pod's: by its source address for the CIDR detectors, by where it
-// comes from for the interface ones.
-func localSource(p *Params, pkt trace.Packet) bool {
-	args := p.LocalDetector.IfLocal()
-	if len(args) == 2 && args[0] == "-s" {
-		prefix, err := netip.ParsePrefix(args[1])
-		return err == nil && prefix.Contains(pkt.Source)
+// matchSet tells whether the packet matches one of a set's entries, the
+// flags saying which of its fields each part of an entry is.
+func (p *Params) matchSet(set, flags string, entries []string, pkt trace.Packet) bool {
+	typ := SetType("")
+	for _, s := range setTypes {
+		if p.setName(s.name) == set {
+			typ = s.typ
+		}
 	}
-	return pkt.From == trace.FromPod
+	dirs := strings.Split(flags, ",")
+	addr := func(i int) string {
+		if i < len(dirs) && dirs[i] == "src" {
+			return pkt.Source.String()
+		}
+		return pkt.Destination.String()
+	}
+	port := strconv.Itoa(int(pkt.Port))
+	ipPort := addr(0) + "," + strings.ToLower(string(pkt.Protocol)) + ":" + port
+	var key string
+	switch typ {
+	case HashIP:
+		key = addr(0)
+	case BitmapPort:
+		key = port
+	case HashIPPort:
+		key = ipPort
+	case HashIPPortIP:
+		key = ipPort + "," + addr(2)
+	case HashIPPortNet:
+		src, _ := netip.ParseAddr(addr(2))
+		for _, e := range entries {
+			if rest, ok := strings.CutPrefix(e, ipPort+","); ok {
+				if n, err := netip.ParsePrefix(rest); err == nil && n.Contains(src) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return slices.Contains(entries, key)
 }

@@ -36,8 +36,9 @@ type Outcome struct {
 	Verdict Verdict `json:"verdict"`
 	// Endpoints are where a DNAT may send it, with the chance of each.
 	Endpoints []Chance `json:"endpoints,omitempty"`
-	// Masquerade is true when every branch masquerades the packet
-	// (its source becomes this node's address as it leaves).
+	// Masquerade is true when every branch that delivers the packet
+	// masquerades it (its source becomes this node's address as it
+	// leaves).
 	Masquerade bool `json:"masquerade"`
 	// Affinity says how a client that came before is sent back to the
 	// same endpoint; empty without session affinity.
@@ -71,7 +72,9 @@ func (r *Result) SetBranches(branches []Branch) {
 	for i := range r.Branches {
 		r.Branches[i].Steps = r.Branches[i].Steps[len(r.Steps):]
 	}
-	r.Outcome.Masquerade = len(branches) > 0
+	// A mark on a packet that is dropped or rejected masquerades nothing.
+	delivered := func(b Branch) bool { return b.Verdict != Drop && b.Verdict != Reject }
+	r.Outcome.Masquerade = slices.ContainsFunc(branches, delivered)
 	r.Outcome.Endpoints = nil
 	for i, b := range branches {
 		if i == 0 {
@@ -79,7 +82,11 @@ func (r *Result) SetBranches(branches []Branch) {
 		} else if b.Verdict != r.Outcome.Verdict {
 			r.Outcome.Verdict = Mixed
 		}
-		r.Outcome.Masquerade = r.Outcome.Masquerade && b.Masquerade
+		if delivered(b) {
+			r.Outcome.Masquerade = r.Outcome.Masquerade && b.Masquerade
+		} else {
+			r.Branches[i].Masquerade = false
+		}
 		if b.Verdict == DNAT {
 			r.Outcome.Endpoints = append(r.Outcome.Endpoints, Chance{Endpoint: b.Endpoint, Probability: b.Probability, Masquerade: b.Masquerade})
 		}
