@@ -33,7 +33,7 @@ func TestTraceHandler(t *testing.T) {
 		{TracePath + "?source=10.244.0.9&destination=10.96.0.10&port=80&protocol=ICMP&from=pod", 400, `protocol \"ICMP\" is not TCP, UDP or SCTP`},
 		{TracePath + "?source=10.244.0.9&destination=10.96.0.10&port=80&from=pod&format=text&protocol=tcp&source=x", 200, "Outcome"},
 		{TracePath + "?source=10.244.0.9&destination=10.96.0.10&port=80&protocol=tcp&format=text", 400, "from is missing"},
-		{TracePath + "?source=fd00::9&destination=fd00::10&port=80&protocol=tcp&from=pod&format=text", 422, "programs no IPv6 service"},
+		{TracePath + "?source=fd00::9&destination=fd00::10&port=80&protocol=tcp&from=pod&format=text", 422, "programs no service of the packet's IP family (IPv6)"},
 		{pod + "&format=yaml", 400, "format is json"},
 	}
 	for _, tc := range cases {

@@ -139,3 +139,48 @@ func checkTrace(t *testing.T, tc traceCase, r trace.Result) {
 		t.Log("\n" + text.String())
 	}
 }
+
+// writtenKernel lists the rules of chains from a map, by "table chain".
+type writtenKernel struct {
+	recordingKernel
+	chains map[string][]string
+}
+
+func (k *writtenKernel) ListRules(table, chain string) ([]string, error) {
+	return k.chains[table+" "+chain], nil
+}
+
+// --verify reads the traced service's chains: a rule gone from one of
+// them is a difference.
+func TestTraceVerify(t *testing.T) {
+	kernel := &writtenKernel{chains: map[string][]string{}}
+	p := newProxier(Config{Family: v1.IPv4Protocol, Kernel: kernel, Params: fuzzParams(t, v1.IPv4Protocol, false), SyncPeriod: time.Minute}, nodeName)
+	p.OnService(svc("web", nil), false)
+	p.OnEndpointSlice(slice("web", v1.ProtocolTCP, local1), false)
+	p.OnServicesSynced()
+	p.OnEndpointSlicesSynced()
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	// The kernel holds what the sync wrote, but for the DNAT rule.
+	table := ""
+	for _, line := range strings.Split(kernel.written.String(), "\n") {
+		if t, ok := strings.CutPrefix(line, "*"); ok {
+			table = t
+		}
+		rest, ok := strings.CutPrefix(line, "-A ")
+		if !ok || strings.Contains(line, "DNAT") {
+			continue
+		}
+		chain, rule, _ := strings.Cut(rest, " ")
+		kernel.chains[table+" "+chain] = append(kernel.chains[table+" "+chain], rule)
+	}
+	pkt, _ := trace.ParsePacket("10.244.0.9", "10.96.0.10", "80", "TCP", "pod")
+	r, err := p.Core.Trace(pkt, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Verify == nil || len(r.Verify.Differences) != 1 || !strings.Contains(r.Verify.Differences[0], "lacks") || !strings.Contains(r.Verify.Differences[0], "DNAT") {
+		t.Errorf("verify: %+v, want the missing DNAT rule", r.Verify)
+	}
+}

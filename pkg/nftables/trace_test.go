@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"context"
 	"math"
 	"strings"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	"sigs.k8s.io/knftables"
 
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
@@ -122,5 +124,42 @@ func checkTrace(t *testing.T, tc traceCase, r trace.Result) {
 	}
 	if testing.Verbose() {
 		t.Log("\n" + text.String())
+	}
+}
+
+// --verify reads the traced service's objects: the table holds what the
+// sync wrote, so nothing differs.
+func TestTraceVerify(t *testing.T) {
+	h := newHarness(t, v1.IPv4Protocol, v4(nil)(t))
+	core := proxy.NewCore(proxy.Config{Family: v1.IPv4Protocol, ModeName: "nftables", Node: state.Node{Name: nodeName},
+		MinSyncPeriod: time.Second, SyncPeriod: time.Minute}, h.syncer)
+	for _, o := range sampleObjects() {
+		switch o := o.(type) {
+		case *v1.Service:
+			core.OnService(o, false)
+		case *discovery.EndpointSlice:
+			core.OnEndpointSlice(o, false)
+		}
+	}
+	core.OnServicesSynced()
+	core.OnEndpointSlicesSynced()
+	if err := core.SyncOnce(); err != nil {
+		t.Fatal(err)
+	}
+	pkt, _ := trace.ParsePacket("10.244.0.9", "10.96.10.30", "80", "TCP", "pod")
+	r, err := core.Trace(pkt, true)
+	if err != nil || r.Verify == nil || r.Verify.Error != "" || len(r.Verify.Differences) > 0 {
+		t.Fatalf("verify: %v %+v", err, r.Verify)
+	}
+	// Another program empties the service chain the trace went through.
+	chain := strings.TrimPrefix(r.Branches[0].Steps[0].Where, "ip kube-proxy ")
+	tx := h.nft.NewTransaction()
+	tx.Flush(&knftables.Chain{Name: chain})
+	if err := h.nft.Run(context.Background(), tx); err != nil {
+		t.Fatal(err)
+	}
+	r, err = core.Trace(pkt, true)
+	if err != nil || r.Verify == nil || len(r.Verify.Differences) == 0 || !strings.Contains(strings.Join(r.Verify.Differences, "\n"), chain+" lacks") {
+		t.Errorf("verify after flushing %s: %v %+v", chain, err, r.Verify)
 	}
 }

@@ -30,6 +30,9 @@ type PacketTracer interface {
 // ErrNoTracer is a mode that cannot trace.
 var ErrNoTracer = errors.New("this mode cannot trace packets")
 
+// ErrOtherFamily is a packet of an IP family the core does not program.
+var ErrOtherFamily = errors.New("this node's kube-proxy programs no service of the packet's IP family")
+
 // ErrCannotVerify is a mode that traces but cannot check a trace's
 // objects against the kernel.
 var ErrCannotVerify = errors.New("cannot verify a trace against the kernel")
@@ -66,7 +69,7 @@ func (c *Core) trace(pkt trace.Packet) (trace.Result, func() ([]string, error), 
 	defer c.mu.Unlock()
 	r := trace.Result{Packet: pkt, Node: c.node.Name, Mode: c.cfg.ModeName, Family: c.cfg.Family}
 	if pkt.Family() != c.cfg.Family {
-		return r, nil, fmt.Errorf("this node's kube-proxy programs no %s service", pkt.Family())
+		return r, nil, fmt.Errorf("%w (%s)", ErrOtherFamily, pkt.Family())
 	}
 	tracer, ok := c.mode.(Tracer)
 	if !ok {
@@ -167,20 +170,14 @@ func noServiceReason(services state.ServiceMap, pkt trace.Packet, verdict trace.
 
 // Trace follows the packet in the core of its IP family.
 func (d DualStack) Trace(pkt trace.Packet, verify bool) (trace.Result, error) {
-	var last error = fmt.Errorf("this node's kube-proxy programs no %s service", pkt.Family())
 	for _, p := range d {
 		t, ok := p.(PacketTracer)
 		if !ok {
 			continue
 		}
-		r, err := t.Trace(pkt, verify)
-		if err == nil {
-			return r, nil
-		}
-		if !strings.Contains(err.Error(), "programs no") {
+		if r, err := t.Trace(pkt, verify); !errors.Is(err, ErrOtherFamily) {
 			return r, err
 		}
-		last = err
 	}
-	return trace.Result{Packet: pkt}, last
+	return trace.Result{Packet: pkt}, fmt.Errorf("%w (%s)", ErrOtherFamily, pkt.Family())
 }
