@@ -61,6 +61,12 @@ func TestTraceNamesWhereAPacketGoes(t *testing.T) {
 				t.Errorf("endpoint %s has probability %v, want 0.5", c.Endpoint, c.Probability)
 			}
 		}
+		out, err := cluster.Node.Command(cluster.KubeProxyExplain(), "trace", "--source", client.IPv4, "--destination", svc.Spec.ClusterIP,
+			"--port", "80", "--from", "pod").CombinedOutput()
+		if err != nil {
+			t.Errorf("kube-proxy-explain trace: %v\n%s", err, out)
+		}
+		t.Logf("kube-proxy-explain trace:\n%s", out)
 		address := map[string]string{a.Name: net.JoinHostPort(a.IPv4, "8080"), b.Name: net.JoinHostPort(b.IPv4, "8080")}
 		for i := 0; i < 10; i++ {
 			reply, err := client.Netns.Request("tcp", net.JoinHostPort(svc.Spec.ClusterIP, "80"), time.Second)
