@@ -19,6 +19,8 @@ func TestTrace(t *testing.T) {
 		endpoints                            map[string]float64
 		masquerade                           bool
 		reason, affinity                     string
+		// hairpin is the one endpoint masqueraded, the source's own.
+		hairpin string
 	}{
 		{name: "cluster IP from a pod", src: "10.244.0.9", dst: "10.96.0.10", port: "80", protocol: "TCP", from: "pod",
 			verdict: trace.DNAT, endpoints: map[string]float64{"10.244.0.5:8080": 0.5, "10.244.1.5:8080": 0.5}},
@@ -28,6 +30,10 @@ func TestTrace(t *testing.T) {
 			verdict: trace.DNAT, endpoints: map[string]float64{"10.244.1.6:8080": 1}, affinity: "ClientIP, 600 s"},
 		{name: "NodePort with policy Local keeps the source", src: "192.0.2.1", dst: "10.255.0.2", port: "30080", protocol: "TCP", from: "external", local: true,
 			verdict: trace.DNAT, endpoints: map[string]float64{"10.244.0.7:8080": 1}},
+		{name: "NodePort from outside is masqueraded", src: "192.0.2.1", dst: "10.255.0.2", port: "30999", protocol: "TCP", from: "external", local: true,
+			verdict: trace.DNAT, endpoints: map[string]float64{"10.244.1.8:8080": 1}, masquerade: true},
+		{name: "a pod reaching itself is masqueraded", src: "10.244.0.5", dst: "10.96.0.10", port: "80", protocol: "TCP", from: "pod",
+			verdict: trace.DNAT, endpoints: map[string]float64{"10.244.0.5:8080": 0.5, "10.244.1.5:8080": 0.5}, hairpin: "10.244.0.5:8080"},
 		{name: "load balancer from an allowed source", src: "10.255.1.9", dst: "10.255.3.1", port: "80", protocol: "TCP", from: "external",
 			verdict: trace.DNAT, endpoints: map[string]float64{"10.244.1.8:8080": 1}, masquerade: true},
 		{name: "load balancer from a source out of range", src: "192.0.2.1", dst: "10.255.3.1", port: "80", protocol: "TCP", from: "external",
@@ -55,6 +61,9 @@ func TestTrace(t *testing.T) {
 			got := map[string]float64{}
 			for _, c := range r.Outcome.Endpoints {
 				got[c.Endpoint] += c.Probability
+				if c.Masquerade != (c.Endpoint == tc.hairpin || tc.masquerade) {
+					t.Errorf("endpoint %s masqueraded: %v\n%s", c.Endpoint, c.Masquerade, text.String())
+				}
 			}
 			for ep, want := range tc.endpoints {
 				if math.Abs(got[ep]-want) > 1e-6 || len(got) != len(tc.endpoints) {
