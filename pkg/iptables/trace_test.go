@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -182,5 +183,54 @@ func TestTraceVerify(t *testing.T) {
 	}
 	if r.Verify == nil || len(r.Verify.Differences) != 1 || !strings.Contains(r.Verify.Differences[0], "lacks") || !strings.Contains(r.Verify.Differences[0], "DNAT") {
 		t.Errorf("verify: %+v, want the missing DNAT rule", r.Verify)
+	}
+}
+
+// Every golden rule set can be traced: each of its services' addresses
+// from each origin, with no rule the trace does not understand, and the
+// ways through add up to certainty.
+func TestTraceEveryGoldenService(t *testing.T) {
+	for _, gc := range goldenCases {
+		for _, s := range gc.services {
+			for _, sp := range s.Spec.Ports {
+				targets := map[string]bool{s.Spec.ClusterIP: false}
+				for _, a := range s.Spec.ExternalIPs {
+					targets[a] = false
+				}
+				for _, ing := range s.Status.LoadBalancer.Ingress {
+					if ing.IPMode == nil || *ing.IPMode != v1.LoadBalancerIPModeProxy {
+						targets[ing.IP] = false
+					}
+				}
+				ports := map[string]string{}
+				for a := range targets {
+					ports[a] = strconv.Itoa(int(sp.Port))
+				}
+				if sp.NodePort != 0 {
+					node := "10.255.0.2"
+					if gc.family == v1.IPv6Protocol {
+						node = "fd00:255::2"
+					}
+					targets[node], ports[node] = true, strconv.Itoa(int(sp.NodePort))
+				}
+				for dst, local := range targets {
+					for _, from := range []string{"pod", "node", "external"} {
+						src := map[string]string{"pod": "10.244.0.9", "node": "10.255.0.2", "external": "203.0.113.5"}[from]
+						if gc.family == v1.IPv6Protocol {
+							src = map[string]string{"pod": "fd00:244::9", "node": "fd00:255::2", "external": "2001:db8::5"}[from]
+						}
+						tc := traceCase{golden: gc.name, src: src, dst: dst, port: ports[dst], protocol: string(sp.Protocol), from: from, local: local}
+						r := tracePacket(t, tc)
+						total := 0.0
+						for _, b := range r.Branches {
+							total += b.Probability
+						}
+						if math.Abs(total-1) > 1e-9 || r.Service == "" {
+							t.Errorf("%s: %s -> %s:%s from %s: service %q, chances adding up to %v", gc.name, src, dst, ports[dst], from, r.Service, total)
+						}
+					}
+				}
+			}
+		}
 	}
 }

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -161,5 +162,114 @@ func TestTraceVerify(t *testing.T) {
 	r, err = core.Trace(pkt, true)
 	if err != nil || r.Verify == nil || len(r.Verify.Differences) == 0 || !strings.Contains(strings.Join(r.Verify.Differences, "\n"), chain+" lacks") {
 		t.Errorf("verify after flushing %s: %v %+v", chain, err, r.Verify)
+	}
+}
+
+// tracedCore is a core of the nftables mode on a fake table that has
+// synced the objects.
+func tracedCore(t *testing.T, family v1.IPFamily, params Params, objs []any) *proxy.Core {
+	t.Helper()
+	h := newHarness(t, family, params)
+	core := proxy.NewCore(proxy.Config{Family: family, ModeName: "nftables", Node: state.Node{Name: nodeName},
+		MinSyncPeriod: time.Second, SyncPeriod: time.Minute}, h.syncer)
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *v1.Service:
+			core.OnService(o, false)
+		case *discovery.EndpointSlice:
+			core.OnEndpointSlice(o, false)
+		}
+	}
+	core.OnServicesSynced()
+	core.OnEndpointSlicesSynced()
+	if err := core.SyncOnce(); err != nil {
+		t.Fatal(err)
+	}
+	return core
+}
+
+// Every golden table can be traced: each of its services' addresses from
+// each origin, with no rule or element the trace does not understand,
+// and the ways through add up to certainty.
+func TestTraceEveryGoldenService(t *testing.T) {
+	for _, gc := range goldenCases {
+		params := gc.params(t)
+		core := tracedCore(t, gc.ipFamily(), params, gc.objs)
+		for _, o := range gc.objs {
+			s, ok := o.(*v1.Service)
+			if !ok {
+				continue
+			}
+			for _, sp := range s.Spec.Ports {
+				type target struct {
+					port  int32
+					local bool
+				}
+				targets := map[string]target{}
+				for _, a := range append(append([]string{}, s.Spec.ClusterIPs...), s.Spec.ExternalIPs...) {
+					targets[a] = target{sp.Port, false}
+				}
+				for _, ing := range s.Status.LoadBalancer.Ingress {
+					targets[ing.IP] = target{sp.Port, false}
+				}
+				if sp.NodePort != 0 && params.NodeIP.IsValid() {
+					targets[params.NodeIP.String()] = target{sp.NodePort, true}
+				}
+				for dst, tg := range targets {
+					v6 := strings.Contains(dst, ":")
+					if v6 != (gc.ipFamily() == v1.IPv6Protocol) {
+						continue
+					}
+					for _, from := range []string{"pod", "node", "external"} {
+						src := map[string]string{"pod": "10.244.0.9", "node": "10.250.0.2", "external": "203.0.113.5"}[from]
+						if v6 {
+							src = map[string]string{"pod": "fd00:244::9", "node": "fd00:250::2", "external": "2001:db8::5"}[from]
+						}
+						pkt, err := trace.ParsePacket(src, dst, itoa(tg.port), string(sp.Protocol), from)
+						if err != nil {
+							t.Fatal(err)
+						}
+						pkt.LocalDestination = tg.local
+						r, err := core.Trace(pkt, false)
+						total := 0.0
+						for _, b := range r.Branches {
+							total += b.Probability
+						}
+						if err != nil || math.Abs(total-1) > 1e-9 || r.Service == "" {
+							t.Errorf("%s: %s: service %q, chances adding up to %v, %v", gc.name, pkt, r.Service, total, err)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// Above the cascade's limit a policy chain picks with a numgen map, as
+// upstream's always do: the trace reads the map.
+func TestTraceThroughANumgenMap(t *testing.T) {
+	var eps []discovery.Endpoint
+	for i := range cascadeLimit + 8 {
+		eps = append(eps, ep(fmt.Sprintf("10.244.1.%d", i+1), "node=node-2"))
+	}
+	for _, sticky := range []bool{false, true} {
+		core := tracedCore(t, v1.IPv4Protocol, v4(nil)(t), []any{
+			service("ns", "big", "10.96.0.40", http80, func(s *v1.Service) {
+				if sticky {
+					s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
+				}
+			}),
+			endpointSlice("ns", "big", ep8080, eps...),
+		})
+		pkt, _ := trace.ParsePacket("10.244.0.9", "10.96.0.40", "80", "TCP", "pod")
+		r, err := core.Trace(pkt, false)
+		if err != nil || r.Outcome.Verdict != trace.DNAT || len(r.Outcome.Endpoints) != len(eps) {
+			t.Fatalf("affinity %v: %v %+v", sticky, err, r.Outcome)
+		}
+		for _, c := range r.Outcome.Endpoints {
+			if math.Abs(c.Probability-1/float64(len(eps))) > 1e-9 {
+				t.Errorf("affinity %v: %s has probability %v", sticky, c.Endpoint, c.Probability)
+			}
+		}
 	}
 }
