@@ -80,11 +80,13 @@ func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, hea
 // profiling on, /debug/pprof and /debug/flags (PUT /debug/flags/v sets the
 // log verbosity); and /debug/services (what the node does with each
 // service: only here, on the metrics address, which is loopback unless
-// configured otherwise, as /configz). Every other path is 404.
+// configured otherwise, as /configz), and /debug/trace (where a packet
+// goes). Every other path is 404.
 func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler, z *zpages.Pages) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(explain.Path, services)
 	mux.Handle(explain.Path+"/", services)
+	mux.HandleFunc(explain.TracePath, services.ServeTrace)
 	mux.Handle("/metrics", metrics.Handler())
 	slis.SLIMetricsWithReset{}.Install(mux)
 	ok := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) }
