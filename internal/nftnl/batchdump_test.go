@@ -28,8 +28,10 @@ import (
 //     hash's, or an rbtree's, descending): here the reverse of the order
 //     written, so that nothing may depend on it.
 //
-// Anything else in the batch (a deletion, a flush) is an error: a round
-// trip only adds.
+// Of the kernel's checks it makes the one a reader would not notice: an
+// element's key and value are as long as its set's (the kernel refuses
+// the batch otherwise). Anything else in the batch (a deletion, a flush)
+// is an error: a round trip only adds.
 type batchKernel struct {
 	family byte
 	table  []netlink.Attribute
@@ -41,6 +43,8 @@ type batchKernel struct {
 	elements map[string][]netlink.Attribute
 	// setIDs names the batch's sets by their NFTA_SET_ID.
 	setIDs map[uint32]string
+	// lengths are each set's key and data lengths (0: none, a verdict).
+	lengths map[string][2]int
 	// nextAnonymous is the number the kernel gives the next anonymous set
 	// of each name format.
 	nextAnonymous map[string]int
@@ -53,7 +57,7 @@ func newBatchKernel(w *Writer) (*batchKernel, error) {
 		return nil, err
 	}
 	k := &batchKernel{family: w.family, rules: map[string][][]netlink.Attribute{}, elements: map[string][]netlink.Attribute{},
-		setIDs: map[uint32]string{}, nextAnonymous: map[string]int{}}
+		setIDs: map[uint32]string{}, lengths: map[string][2]int{}, nextAnonymous: map[string]int{}}
 	msgs, err := syscall.ParseNetlinkMessage(w.batch.Messages())
 	if err != nil {
 		return nil, err
@@ -139,6 +143,13 @@ func (k *batchKernel) apply(msgType uint16, attrs []netlink.Attribute) error {
 			return fmt.Errorf("set %s without an id", name)
 		}
 		k.setIDs[binary.BigEndian.Uint32(id)] = name
+		var lengths [2]int
+		for i, typ := range []uint16{unix.NFTA_SET_KEY_LEN, unix.NFTA_SET_DATA_LEN} {
+			if b, ok := find(attrs, typ); ok && len(b) == 4 {
+				lengths[i] = int(binary.BigEndian.Uint32(b))
+			}
+		}
+		k.lengths[name] = lengths
 		k.sets = append(k.sets, with(without(attrs, unix.NFTA_SET_ID), unix.NFTA_SET_NAME, str(name)))
 	case unix.NFT_MSG_NEWSETELEM:
 		name, err := k.setName(attrs, unix.NFTA_SET_ELEM_LIST_SET, unix.NFTA_SET_ELEM_LIST_SET_ID)
@@ -149,6 +160,11 @@ func (k *batchKernel) apply(msgType uint16, attrs []netlink.Attribute) error {
 		entries, err := netlink.UnmarshalAttributes(list)
 		if err != nil {
 			return err
+		}
+		for _, entry := range entries {
+			if err := k.checkLengths(name, entry); err != nil {
+				return err
+			}
 		}
 		k.elements[name] = append(k.elements[name], entries...)
 	case unix.NFT_MSG_NEWRULE:
@@ -166,6 +182,33 @@ func (k *batchKernel) apply(msgType uint16, attrs []netlink.Attribute) error {
 		k.rules[chain] = append(k.rules[chain], attrs)
 	default:
 		return fmt.Errorf("message type %d in a round trip", msgType)
+	}
+	return nil
+}
+
+// checkLengths refuses an element whose key or value is not as long as
+// its set's, as the kernel does (EINVAL).
+func (k *batchKernel) checkLengths(set string, entry netlink.Attribute) error {
+	lengths, ok := k.lengths[set]
+	if !ok {
+		return fmt.Errorf("an element of set %s, not in the table", set)
+	}
+	fields, err := netlink.UnmarshalAttributes(entry.Data)
+	if err != nil {
+		return err
+	}
+	for i, typ := range []uint16{unix.NFTA_SET_ELEM_KEY, unix.NFTA_SET_ELEM_DATA} {
+		nested, ok := find(fields, typ)
+		if !ok {
+			continue
+		}
+		data, err := netlink.UnmarshalAttributes(nested)
+		if err != nil {
+			return err
+		}
+		if value, ok := find(data, unix.NFTA_DATA_VALUE); ok && len(value) != lengths[i] {
+			return fmt.Errorf("set %s: an element's %s of %d bytes, not %d", set, []string{"key", "value"}[i], len(value), lengths[i])
+		}
 	}
 	return nil
 }
