@@ -239,3 +239,45 @@ func TestRandomGoldenRuleSubsetsRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// ReadObjects reads the chains and sets asked for as Read reads them
+// (the sets their rules use fetched by name, anonymous ones too), and
+// leaves out one the table lacks.
+func TestReadObjectsReadsWhatReadReads(t *testing.T) {
+	for _, in := range roundTripInputs(t) {
+		t.Run(in.name, func(t *testing.T) {
+			w, err := writeTable(in.family, in.table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k, err := newBatchKernel(w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			whole, err := (&reader{sock: k, family: w.family, table: w.table}).read(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Every other chain and set, and one of each not there.
+			want := &Table{}
+			chains, sets := []string{"absent"}, []string{"absent"}
+			for i, c := range whole.Chains {
+				if i%2 == 0 {
+					want.Chains, chains = append(want.Chains, c), append(chains, c.Name)
+				}
+			}
+			for i, s := range whole.Sets {
+				if i%2 == 1 {
+					want.Sets, sets = append(want.Sets, s), append(sets, s.Name)
+				}
+			}
+			got, err := (&reader{sock: k, family: w.family, table: w.table}).objects(t.Context(), chains, sets)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want, got := tableText(want), tableText(got); want != got {
+				t.Errorf("read by name (+), of the whole table (-):\n%s", testutil.LineDiff(want, got))
+			}
+		})
+	}
+}
