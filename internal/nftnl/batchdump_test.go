@@ -26,7 +26,8 @@ import (
 //   - chains and rules get handles, and a base chain its policy (accept);
 //   - a set's elements come back in an order of the kernel's own (a
 //     hash's, or an rbtree's, descending): here the reverse of the order
-//     written, so that nothing may depend on it.
+//     written, so that nothing may depend on it; and in as many messages
+//     as they fill.
 //
 // Of the kernel's checks it makes the one a reader would not notice: an
 // element's key and value are as long as its set's (the kernel refuses
@@ -292,18 +293,24 @@ func (k *batchKernel) Request(msgType uint16, family byte, dump bool, data []byt
 	case msgType == unix.NFT_MSG_GETSET:
 		answers = named(k.sets, unix.NFTA_SET_NAME)
 	case msgType == unix.NFT_MSG_GETSETELEM && dump:
+		// The kernel answers in messages of what fits its dump's buffer.
 		set := findString(req, unix.NFTA_SET_ELEM_LIST_SET)
-		if entries := slices.Clone(k.elements[set]); len(entries) > 0 {
-			slices.Reverse(entries)
-			list, err := marshalAttributes(entries)
-			if err != nil {
-				return nil, err
+		entries := slices.Clone(k.elements[set])
+		slices.Reverse(entries)
+		for len(entries) > 0 {
+			var list []byte
+			for len(entries) > 0 && len(list) < 16<<10 {
+				b, err := marshalAttributes(entries[:1])
+				if err != nil {
+					return nil, err
+				}
+				list, entries = append(list, b...), entries[1:]
 			}
-			answers = [][]netlink.Attribute{{
+			answers = append(answers, []netlink.Attribute{
 				{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: str(findString(k.table, unix.NFTA_TABLE_NAME))},
 				{Type: unix.NFTA_SET_ELEM_LIST_SET, Data: str(set)},
 				{Type: unix.NLA_F_NESTED | unix.NFTA_SET_ELEM_LIST_ELEMENTS, Data: list},
-			}}
+			})
 		}
 	default:
 		return nil, fmt.Errorf("request %d (dump %v)", msgType, dump)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -279,5 +280,43 @@ func TestReadObjectsReadsWhatReadReads(t *testing.T) {
 				t.Errorf("read by name (+), of the whole table (-):\n%s", testutil.LineDiff(want, got))
 			}
 		})
+	}
+}
+
+// Sets, maps and a rule's anonymous map too large for one message (an
+// attribute holds at most 64 KiB) are split over several, and read back
+// whole.
+func TestLargeSetsAndMapsRoundTrip(t *testing.T) {
+	const n = 3000
+	serviceIPs := Set{Name: "service-ips", Map: true, Type: "ipv4_addr . inet_proto . inet_service : verdict", Comment: "ClusterIP traffic"}
+	clusterIPs := Set{Name: "cluster-ips", Type: "ipv4_addr"}
+	var endpoints []string
+	for i := range n {
+		ip := fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)
+		serviceIPs.Elements = append(serviceIPs.Elements, Element{Key: ip + " . tcp . 80", Value: "goto service-" + strconv.Itoa(i), Comment: "ns/svc-" + strconv.Itoa(i) + ":http"})
+		clusterIPs.Elements = append(clusterIPs.Elements, Element{Key: ip})
+		endpoints = append(endpoints, fmt.Sprintf("%d : 10.244.%d.%d . 8080", i, i/250, i%250+1))
+	}
+	tb := &Table{Sets: []Set{serviceIPs, clusterIPs}, Chains: []Chain{{Name: "service", Rules: []string{
+		"ip daddr . meta l4proto . th dport vmap @service-ips",
+		"meta l4proto tcp dnat ip to numgen random mod " + strconv.Itoa(n) + " map { " + strings.Join(endpoints, ", ") + " }",
+	}}}}
+	w, err := writeTable("ip", tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Messages of several elements each, and the anonymous map's set
+	// and elements.
+	for what, least := range map[string]int{"elements of service-ips": 2, "elements of cluster-ips": 2, "an anonymous set to a rule of chain service": 3} {
+		if n := strings.Count(w.String(), what); n < least {
+			t.Errorf("%q in %d messages, want %d or more", what, n, least)
+		}
+	}
+	got, err := roundTrip(t.Context(), "ip", tb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want, got := tableText(tb), tableText(got); want != got {
+		t.Errorf("read back (+), written (-):\n%s", testutil.LineDiff(want, got))
 	}
 }
