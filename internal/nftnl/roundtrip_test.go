@@ -66,10 +66,10 @@ func roundTripInputs(t *testing.T) []tableInput {
 	return inputs
 }
 
-// Every golden table of the nftables mode, and every table upstream
-// wrote, written by the Writer and read back by the reader from what
-// the kernel would dump of it, is the table it was: every chain, rule,
-// set, map and element, rules as text, verbatim.
+// Every golden table of the nftables mode, every table upstream wrote and
+// those of further shapes, written by the Writer and read back by the
+// reader from what the kernel would dump of the batch, is the table it
+// was: every chain, rule, set, map and element, rules as text, verbatim.
 func TestGoldenTablesRoundTrip(t *testing.T) {
 	tables, rules, sets, elements := 0, 0, 0, 0
 	for _, in := range roundTripInputs(t) {
