@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -36,6 +37,12 @@ func (b *Batch) Add(msgType, flags uint16, attrs []byte, what string) {
 
 // Len is the number of messages.
 func (b *Batch) Len() int { return len(b.whats) }
+
+// Messages are the batch's messages back to back (each a netlink header,
+// nfgenmsg and attributes; sequence numbers are set by Send), as Send
+// sends them between the batch's begin and end: what a test reads the
+// kernel's work from without a kernel.
+func (b *Batch) Messages() []byte { return slices.Clone(b.msgs) }
 
 // String names the messages, a line each.
 func (b *Batch) String() string { return strings.Join(b.whats, "\n") }

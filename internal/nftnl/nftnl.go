@@ -105,7 +105,7 @@ func readConsistent(family, table string, read func(*reader) (*Table, error)) (*
 		return nil, err
 	}
 	defer sock.Close()
-	t, err := read(&reader{sock: sock, family: fam, table: table})
+	t, err := read(&reader{sock: sock, family: fam, table: table, dial: nfnetlink.Dial})
 	if err != nil {
 		return nil, fmt.Errorf("reading %s %s over netlink: %w", family, table, err)
 	}
@@ -131,10 +131,19 @@ const (
 	nfAccept               = 1
 )
 
+// requester asks the kernel for nftables objects (nfnetlink.Socket's
+// Request); a test answers with what a batch made, without a kernel.
+type requester interface {
+	Request(msgType uint16, family byte, dump bool, attrs []byte) ([][]byte, error)
+}
+
 type reader struct {
-	sock   *nfnetlink.Socket
+	sock   requester
 	family byte
 	table  string
+	// dial opens a second socket for allRules' parallel dumps; nil dumps
+	// every chain's rules on sock.
+	dial func() (*nfnetlink.Socket, error)
 }
 
 // request sends one nftables request (a dump when dump is set) and
@@ -390,12 +399,15 @@ func priority(hook uint32, prio int32) string {
 // kernel's dumps and our decoding take about the same time. The second
 // socket is opened by the calling thread, in its network namespace.
 func (r *reader) allRules(ctx context.Context, chains []Chain, sets map[string]*setInfo) error {
-	second, err := nfnetlink.Dial()
-	if err != nil {
-		return err
+	readers := []*reader{r}
+	if r.dial != nil {
+		second, err := r.dial()
+		if err != nil {
+			return err
+		}
+		defer second.Close()
+		readers = append(readers, &reader{sock: second, family: r.family, table: r.table})
 	}
-	defer second.Close()
-	readers := []*reader{r, {sock: second, family: r.family, table: r.table}}
 	errs := make([]error, len(readers))
 	var wg sync.WaitGroup
 	for w, rr := range readers {
