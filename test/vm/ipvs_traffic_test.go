@@ -279,6 +279,15 @@ names_deleted() {
 	done
 	false
 }
+# trace: where a packet goes, as kube-proxy-explain traces it from the
+# mode's decisions and the kernel holds it; the real packets of the checks
+# above went the same ways (the client pod's to both pods, ext-out's to
+# the LB IP dropped).
+TO_CLUSTER_IP="trace --source 10.244.0.150 --destination 10.96.101.10 --port 80 --from pod --verify"
+check "trace: the client pod's packet to the ClusterIP, to pod-a at 50 %" explains "$TO_CLUSTER_IP" "$A:8080 50.0%"
+check "trace: the client pod's packet to the ClusterIP, to pod-b at 50 %" explains "$TO_CLUSTER_IP" "$B:8080 50.0%"
+check "trace --verify: the kernel holds the ClusterIP's objects as traced" explains "$TO_CLUSTER_IP" "Verify: the kernel holds the service's objects as traced"
+check "trace: ext-out's packet to the LB IP, dropped by its source ranges" explains "trace --source 10.255.5.2 --destination 10.255.3.40 --port 80 --from external" "Outcome: dropped Reason: source range not allowed"
 has_real() { ipvsadm -Ln -t "$1" | grep -q " $2 "; }
 check "explain --verify: a real server deleted by hand" names_deleted
 # The drift check lists the virtual servers again once a hundred times the
