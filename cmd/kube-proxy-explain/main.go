@@ -84,10 +84,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *verify {
 		query.Set("verify", "1")
 	}
-	target := "http://" + *address + path + "?" + query.Encode()
-	resp, err := (&http.Client{Timeout: timeout}).Get(target)
+	return ask(stdout, stderr, *address, path, query)
+}
+
+// ask gets path with query from kube-proxy's metrics server at address,
+// and copies the answer to stdout, or to stderr with exit code 1 if it is
+// an error.
+func ask(stdout, stderr io.Writer, address, path string, query url.Values) int {
+	resp, err := (&http.Client{Timeout: timeout}).Get("http://" + address + path + "?" + query.Encode())
 	if err != nil {
-		fmt.Fprintf(stderr, "kube-proxy-explain: %v\n(is kube-proxy running here, with its metrics server on %s? see --address)\n", err, *address)
+		fmt.Fprintf(stderr, "kube-proxy-explain: %v\n(is kube-proxy running here, with its metrics server on %s? see --address)\n", err, address)
 		return 1
 	}
 	defer resp.Body.Close()

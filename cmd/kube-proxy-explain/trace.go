@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 
 	"github.com/spf13/pflag"
@@ -53,22 +52,5 @@ func runTrace(args []string, stdout, stderr io.Writer) int {
 	if *verify {
 		query.Set("verify", "1")
 	}
-	resp, err := (&http.Client{Timeout: timeout}).Get("http://" + *address + "/debug/trace?" + query.Encode())
-	if err != nil {
-		fmt.Fprintf(stderr, "kube-proxy-explain: %v\n(is kube-proxy running here, with its metrics server on %s? see --address)\n", err, *address)
-		return 1
-	}
-	defer resp.Body.Close()
-	out := stdout
-	if resp.StatusCode != http.StatusOK {
-		out = stderr
-	}
-	if _, err := io.Copy(out, resp.Body); err != nil {
-		fmt.Fprintf(stderr, "kube-proxy-explain: reading the answer: %v\n", err)
-		return 1
-	}
-	if resp.StatusCode != http.StatusOK {
-		return 1
-	}
-	return 0
+	return ask(stdout, stderr, *address, "/debug/trace", query)
 }
