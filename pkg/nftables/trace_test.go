@@ -15,6 +15,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 	"github.com/rapidproxy/rapidproxy/pkg/trace"
+	"github.com/rapidproxy/rapidproxy/pkg/trace/tracetest"
 )
 
 // traceCase is a packet sent into one of the golden cases' tables, and
@@ -97,35 +98,7 @@ func TestTrace(t *testing.T) {
 
 func checkTrace(t *testing.T, tc traceCase, r trace.Result) {
 	t.Helper()
-	var text strings.Builder
-	trace.WriteText(&text, r)
-	if r.Outcome.Verdict != tc.verdict {
-		t.Errorf("verdict %q, want %q\n%s", r.Outcome.Verdict, tc.verdict, text.String())
-	}
-	got := map[string]float64{}
-	for _, c := range r.Outcome.Endpoints {
-		got[c.Endpoint] += c.Probability
-	}
-	if len(got) != len(tc.endpoints) {
-		t.Errorf("endpoints %v, want %v\n%s", got, tc.endpoints, text.String())
-	}
-	for ep, want := range tc.endpoints {
-		if math.Abs(got[ep]-want) > 1e-6 {
-			t.Errorf("endpoint %s has probability %v, want %v\n%s", ep, got[ep], want, text.String())
-		}
-	}
-	if r.Outcome.Masquerade != tc.masquerade {
-		t.Errorf("masquerade %v, want %v\n%s", r.Outcome.Masquerade, tc.masquerade, text.String())
-	}
-	if !strings.Contains(r.Outcome.Reason, tc.reason) {
-		t.Errorf("reason %q, want it to say %q\n%s", r.Outcome.Reason, tc.reason, text.String())
-	}
-	if !strings.Contains(r.Outcome.Affinity, tc.affinity) || (tc.affinity == "") != (r.Outcome.Affinity == "") {
-		t.Errorf("affinity %q, want %q", r.Outcome.Affinity, tc.affinity)
-	}
-	if testing.Verbose() {
-		t.Log("\n" + text.String())
-	}
+	tracetest.Check(t, tracetest.Want{Verdict: tc.verdict, Endpoints: tc.endpoints, Masquerade: tc.masquerade, Reason: tc.reason, Affinity: tc.affinity}, r)
 }
 
 // --verify reads the traced service's objects: the table holds what the
