@@ -180,7 +180,10 @@ func render(out, title string, length float64, panels []panel) error {
 			if err != nil {
 				return err
 			}
+			// Past the palette's colours, the same colours dashed: a panel
+			// may have more lines than colours.
 			line.Color = plotutil.Color(j)
+			line.Dashes = plotutil.Dashes(j / len(plotutil.DefaultColors))
 			line.Width = vg.Points(1.5)
 			p.Add(line)
 			p.Legend.Add(s.name, line)
