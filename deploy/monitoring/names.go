@@ -175,8 +175,8 @@ func ScrapedNames() ([]string, error) {
 // NotServedIn are, per proxy mode, the series of ScrapedNames that mode's
 // kube-proxy does not serve, each with the reason: the rules and the
 // dashboard cover every mode, and a series of another mode's is absent,
-// as upstream's. test/e2e checks, for the modes it runs, that every other
-// series is served and that these are not.
+// as upstream's. test/e2e (iptables, nftables) and test/vm (IPVS) check
+// that every other series is served and that these are not.
 var NotServedIn = map[string]map[string]string{
 	"iptables": {
 		"kubeproxy_sync_proxy_rules_nftables_sync_failures_total":    "the nftables mode's transactions",
@@ -193,6 +193,18 @@ var NotServedIn = map[string]map[string]string{
 		"kubeproxy_iptables_ct_state_invalid_dropped_packets_total":          "the iptables mode's nfacct counters",
 		"kubeproxy_iptables_localhost_nodeports_accepted_packets_total":      "the iptables mode's nfacct counters",
 		"kubeproxy_sync_proxy_rules_ipvs_repairs_total":                      "the IPVS mode's kernel state",
+	},
+	// test/vm checks this one (TestIPVSModeWithTraffic/services).
+	"ipvs": {
+		"kubeproxy_sync_proxy_rules_nftables_sync_failures_total":            "the nftables mode's transactions",
+		"kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total":         "the nftables mode's stale chains",
+		"kubeproxy_sync_proxy_rules_nftables_repairs_total":                  "the nftables mode's table",
+		"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total": "the iptables mode's partial syncs: the IPVS mode restores its few iptables rules whole",
+		"kubeproxy_sync_proxy_rules_iptables_flush_recoveries_total":         "the iptables mode's rules: the IPVS mode counts what it restores in its repairs",
+		"kubeproxy_sync_proxy_rules_iptables_total":                          "the iptables mode's rule counts",
+		"kubeproxy_sync_proxy_rules_iptables_last":                           "the iptables mode's rule counts",
+		"kubeproxy_iptables_ct_state_invalid_dropped_packets_total":          "the iptables mode's nfacct counters",
+		"kubeproxy_iptables_localhost_nodeports_accepted_packets_total":      "the iptables mode's nfacct counters",
 	},
 }
 
