@@ -77,7 +77,8 @@ dashboard-chart: deps build tools
 # with MODE=ipvs in IPVS mode, each proxy in a VM (test/vm); MODE=iptables,nftables
 # runs both in one cluster. CAP bounds any one sync wait, IDLE the idle-CPU window.
 # More flags (e.g. -profile-dir DIR): BENCH_FLAGS; BENCH_FLAGS="-switch iptables,nftables"
-# times a mode switch instead, on the one BACKEND. See docs/performance.md.
+# times a mode switch instead, on the one BACKEND. Beside each table it writes an SVG
+# chart of ours / upstream per mode and backend to _output/bench. See docs/performance.md.
 N        ?= 1000
 E        ?= 5
 BACKENDS ?= nft
@@ -87,7 +88,7 @@ bench: deps build tools
 	$(GO) build -o $(BIN)/bench ./test/bench
 	$(GO) build -o $(BIN)/bench-agent ./test/bench/agent
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -mode $(MODE) -agent $(BIN)/bench-agent \
-		-n $(N) -e $(E) -backends $(BACKENDS) -cap $(CAP) -idle $(IDLE) $(BENCH_FLAGS)
+		-n $(N) -e $(E) -backends $(BACKENDS) -cap $(CAP) -idle $(IDLE) -chart-dir $(OUT)/bench $(BENCH_FLAGS)
 
 # Packets during rule changes: a fresh TCP connection every 5 ms to a service
 # whose endpoints change CHANGES times, ours against upstream's, on each

@@ -11,6 +11,10 @@
 //	kube-proxy-explain preflight --to MODE [--output json]
 //
 // lists what would break on this node if its kube-proxy moved to MODE.
+//
+//	kube-proxy-explain trace --source IP --destination IP --port N --from pod|node|external
+//
+// follows a packet through the node's rules (see pkg/trace).
 package main
 
 import (
@@ -40,13 +44,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "preflight" {
 		return preflight.Main(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "trace" {
+		return runTrace(args[1:], stdout, stderr)
+	}
 	flags := pflag.NewFlagSet("kube-proxy-explain", pflag.ContinueOnError)
 	flags.SetOutput(stderr)
 	flags.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: kube-proxy-explain [NAMESPACE/NAME] [--verify] [--address HOST:PORT]")
 		fmt.Fprintln(stderr, "       kube-proxy-explain preflight --to MODE [--output text|json] [--address HOST:PORT]")
+		fmt.Fprintln(stderr, "       kube-proxy-explain trace --source IP --destination IP --port N [--protocol P] --from pod|node|external [--verify] [-o json]")
 		fmt.Fprintln(stderr, "Explains what this node's kube-proxy does with a service; lists every service port without one.")
 		fmt.Fprintln(stderr, "preflight lists what would break on this node if kube-proxy moved to another mode (--help for more).")
+		fmt.Fprintln(stderr, "trace follows a packet through this node's rules to where it ends (--help for more).")
 		flags.PrintDefaults()
 	}
 	address := flags.String("address", "127.0.0.1:10249", "kube-proxy's metrics server (metricsBindAddress)")

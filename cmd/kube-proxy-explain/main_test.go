@@ -36,6 +36,14 @@ func TestRun(t *testing.T) {
 		{[]string{"--nope"}, 2, "", "", "unknown flag: --nope"},
 		{[]string{"a/b", "--address", "127.0.0.1:1"}, 1, "", "", "is kube-proxy running here"},
 		{[]string{"preflight", "--to", "userspace", "--address", address}, 2, "", "", `kube-proxy-explain preflight: --to "userspace"`},
+		{[]string{"trace", "--source", "10.244.0.9", "--destination", "10.96.0.10", "--port", "80", "--from", "pod", "--address", address}, 0,
+			"/debug/trace?destination=10.96.0.10&format=text&from=pod&port=80&protocol=TCP&source=10.244.0.9", "the table\n", ""},
+		{[]string{"trace", "--source", "10.244.0.9", "--destination", "10.96.0.10", "--port", "53", "--protocol", "udp", "--from", "node", "--verify", "-o", "json", "--address", address}, 0,
+			"/debug/trace?destination=10.96.0.10&format=json&from=node&port=53&protocol=udp&source=10.244.0.9&verify=1", "the table\n", ""},
+		{[]string{"trace", "--source", "10.244.0.9", "--destination", "10.96.0.10", "--port", "80", "--address", address}, 2, "", "", "from is missing"},
+		{[]string{"trace", "--source", "pod-a", "--destination", "10.96.0.10", "--port", "80", "--from", "pod"}, 2, "", "", `source "pod-a" is not an IP address`},
+		{[]string{"trace", "--source", "10.244.0.9", "--destination", "10.96.0.10", "--port", "80", "--protocol", "icmp", "--from", "pod"}, 2, "", "", `protocol "icmp" is not TCP, UDP or SCTP`},
+		{[]string{"trace", "--source", "10.244.0.9", "--destination", "10.96.0.10", "--port", "80", "--from", "pod", "-o", "yaml"}, 2, "", "", `--output "yaml" is not text or json`},
 	}
 	for _, tc := range cases {
 		asked = nil

@@ -6,8 +6,6 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
 // canonicalEntry checks an entry of a set of the given type and family the
@@ -20,10 +18,10 @@ import (
 // TCP, UDP and SCTP, no service names or protocol prefixes for ports, and
 // no inet_aton forms ("010.0.0.1", "1.2.3"), which ipset reads as other
 // addresses.
-func canonicalEntry(t ipvsmode.SetType, ipv6 bool, entry string) (string, error) {
+func canonicalEntry(t SetType, ipv6 bool, entry string) (string, error) {
 	parts := strings.Split(entry, ",")
-	want := map[ipvsmode.SetType]int{
-		ipvsmode.HashIP: 1, ipvsmode.HashIPPort: 2, ipvsmode.HashIPPortIP: 3, ipvsmode.HashIPPortNet: 3, ipvsmode.BitmapPort: 1,
+	want := map[SetType]int{
+		HashIP: 1, HashIPPort: 2, HashIPPortIP: 3, HashIPPortNet: 3, BitmapPort: 1,
 	}[t]
 	if want == 0 {
 		return "", fmt.Errorf("unknown set type %q", t)
@@ -31,7 +29,7 @@ func canonicalEntry(t ipvsmode.SetType, ipv6 bool, entry string) (string, error)
 	if len(parts) != want {
 		return "", fmt.Errorf("syntax error: %s takes %d comma-separated elements", t, want)
 	}
-	if t == ipvsmode.BitmapPort {
+	if t == BitmapPort {
 		_, err := parsePort(parts[0])
 		return parts[0], err
 	}
@@ -62,13 +60,13 @@ func canonicalEntry(t ipvsmode.SetType, ipv6 bool, entry string) (string, error)
 		out = append(out, strings.ToLower(proto)+":"+port)
 	}
 	switch t {
-	case ipvsmode.HashIPPortIP:
+	case HashIPPortIP:
 		ip2, err := parseIP(parts[2], ipv6)
 		if err != nil {
 			return "", err
 		}
 		out = append(out, ip2.String())
-	case ipvsmode.HashIPPortNet:
+	case HashIPPortNet:
 		net, err := parseNet(parts[2], ipv6)
 		if err != nil {
 			return "", err

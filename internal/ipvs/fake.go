@@ -9,8 +9,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
 // Fake is an in-memory kernel for tests of the IPVS mode: virtual and real
@@ -27,7 +25,7 @@ type Fake struct {
 	// listing is held while EachVirtualServer's callback runs, as the
 	// kernel adapter holds its open listing: a second listing waits.
 	listing   sync.Mutex
-	services  map[ipvsmode.VirtualServerKey]*fakeService
+	services  map[VirtualServerKey]*fakeService
 	link      bool // kube-ipvs0 exists
 	bound     map[netip.Addr]bool
 	nodeAddrs []netip.Addr
@@ -37,22 +35,22 @@ type Fake struct {
 }
 
 type fakeService struct {
-	vs    ipvsmode.VirtualServer
-	dests map[netip.AddrPort]*ipvsmode.RealServer
+	vs    VirtualServer
+	dests map[netip.AddrPort]*RealServer
 }
 
 type fakeSet struct {
-	spec    ipvsmode.SetSpec
+	spec    SetSpec
 	entries map[string]bool
 }
 
-var _ ipvsmode.Kernel = (*Fake)(nil)
+var _ Interface = (*Fake)(nil)
 
 // NewFake returns an empty kernel: no virtual servers, no kube-ipvs0, no
 // node addresses, no sets.
 func NewFake() *Fake {
 	return &Fake{
-		services: map[ipvsmode.VirtualServerKey]*fakeService{},
+		services: map[VirtualServerKey]*fakeService{},
 		bound:    map[netip.Addr]bool{},
 		sets:     map[string]*fakeSet{},
 		calls:    map[string]int{},
@@ -105,7 +103,7 @@ func (f *Fake) SetNodeAddresses(addrs ...netip.Addr) {
 }
 
 // SetConnections sets a real server's connection counts, as traffic would.
-func (f *Fake) SetConnections(key ipvsmode.VirtualServerKey, rs netip.AddrPort, active, inactive int) error {
+func (f *Fake) SetConnections(key VirtualServerKey, rs netip.AddrPort, active, inactive int) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	d, err := f.dest(key, rs)
@@ -116,20 +114,20 @@ func (f *Fake) SetConnections(key ipvsmode.VirtualServerKey, rs netip.AddrPort, 
 	return nil
 }
 
-func (f *Fake) VirtualServers() ([]ipvsmode.VirtualServer, error) {
+func (f *Fake) VirtualServers() ([]VirtualServer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("VirtualServers"); err != nil {
 		return nil, err
 	}
-	var vss []ipvsmode.VirtualServer
+	var vss []VirtualServer
 	for _, s := range f.sortedServices() {
 		vss = append(vss, s.vs)
 	}
 	return vss, nil
 }
 
-func (f *Fake) AddVirtualServer(vs ipvsmode.VirtualServer) error {
+func (f *Fake) AddVirtualServer(vs VirtualServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("AddVirtualServer"); err != nil {
@@ -141,12 +139,12 @@ func (f *Fake) AddVirtualServer(vs ipvsmode.VirtualServer) error {
 	if f.services[vs.VirtualServerKey] != nil {
 		return fmt.Errorf("adding IPVS virtual server %s: %w", vs.VirtualServerKey, syscall.EEXIST)
 	}
-	vs.Flags &^= ipvsmode.FlagHashed
-	f.services[vs.VirtualServerKey] = &fakeService{vs: vs, dests: map[netip.AddrPort]*ipvsmode.RealServer{}}
+	vs.Flags &^= FlagHashed
+	f.services[vs.VirtualServerKey] = &fakeService{vs: vs, dests: map[netip.AddrPort]*RealServer{}}
 	return nil
 }
 
-func (f *Fake) UpdateVirtualServer(vs ipvsmode.VirtualServer) error {
+func (f *Fake) UpdateVirtualServer(vs VirtualServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("UpdateVirtualServer"); err != nil {
@@ -159,12 +157,12 @@ func (f *Fake) UpdateVirtualServer(vs ipvsmode.VirtualServer) error {
 	if err := checkVirtualServer(vs); err != nil {
 		return err
 	}
-	vs.Flags &^= ipvsmode.FlagHashed
+	vs.Flags &^= FlagHashed
 	s.vs = vs
 	return nil
 }
 
-func (f *Fake) DeleteVirtualServer(key ipvsmode.VirtualServerKey) error {
+func (f *Fake) DeleteVirtualServer(key VirtualServerKey) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("DeleteVirtualServer"); err != nil {
@@ -179,13 +177,13 @@ func (f *Fake) DeleteVirtualServer(key ipvsmode.VirtualServerKey) error {
 
 // RealServers of a virtual server that does not exist is an empty list,
 // as the kernel's dump of its destinations.
-func (f *Fake) RealServers(key ipvsmode.VirtualServerKey) ([]ipvsmode.RealServer, error) {
+func (f *Fake) RealServers(key VirtualServerKey) ([]RealServer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("RealServers"); err != nil {
 		return nil, err
 	}
-	rss := []ipvsmode.RealServer{}
+	rss := []RealServer{}
 	if s := f.services[key]; s != nil {
 		for _, d := range s.sortedDests() {
 			rss = append(rss, *d)
@@ -194,7 +192,7 @@ func (f *Fake) RealServers(key ipvsmode.VirtualServerKey) ([]ipvsmode.RealServer
 	return rss, nil
 }
 
-func (f *Fake) EachVirtualServer(each func(key ipvsmode.VirtualServerKey, reals []ipvsmode.RealServer) error) error {
+func (f *Fake) EachVirtualServer(each func(key VirtualServerKey, reals []RealServer) error) error {
 	f.listing.Lock()
 	defer f.listing.Unlock()
 	f.mu.Lock()
@@ -202,9 +200,9 @@ func (f *Fake) EachVirtualServer(each func(key ipvsmode.VirtualServerKey, reals 
 		f.mu.Unlock()
 		return err
 	}
-	all := map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer{}
+	all := map[VirtualServerKey][]RealServer{}
 	for key, s := range f.services {
-		all[key] = []ipvsmode.RealServer{}
+		all[key] = []RealServer{}
 		for _, d := range s.sortedDests() {
 			all[key] = append(all[key], *d)
 		}
@@ -220,7 +218,7 @@ func (f *Fake) EachVirtualServer(each func(key ipvsmode.VirtualServerKey, reals 
 	return nil
 }
 
-func (f *Fake) AddRealServer(key ipvsmode.VirtualServerKey, rs ipvsmode.RealServer) error {
+func (f *Fake) AddRealServer(key VirtualServerKey, rs RealServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("AddRealServer"); err != nil {
@@ -246,7 +244,7 @@ func (f *Fake) AddRealServer(key ipvsmode.VirtualServerKey, rs ipvsmode.RealServ
 
 // UpdateRealServer changes the weight, as the kernel does; the connection
 // counts stay.
-func (f *Fake) UpdateRealServer(key ipvsmode.VirtualServerKey, rs ipvsmode.RealServer) error {
+func (f *Fake) UpdateRealServer(key VirtualServerKey, rs RealServer) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("UpdateRealServer"); err != nil {
@@ -263,7 +261,7 @@ func (f *Fake) UpdateRealServer(key ipvsmode.VirtualServerKey, rs ipvsmode.RealS
 	return nil
 }
 
-func (f *Fake) DeleteRealServer(key ipvsmode.VirtualServerKey, rs netip.AddrPort) error {
+func (f *Fake) DeleteRealServer(key VirtualServerKey, rs netip.AddrPort) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("DeleteRealServer"); err != nil {
@@ -277,7 +275,7 @@ func (f *Fake) DeleteRealServer(key ipvsmode.VirtualServerKey, rs netip.AddrPort
 }
 
 // service returns the virtual server or the kernel's ESRCH.
-func (f *Fake) service(key ipvsmode.VirtualServerKey) (*fakeService, error) {
+func (f *Fake) service(key VirtualServerKey) (*fakeService, error) {
 	s := f.services[key]
 	if s == nil {
 		return nil, fmt.Errorf("IPVS virtual server %s: %w", key, syscall.ESRCH)
@@ -287,7 +285,7 @@ func (f *Fake) service(key ipvsmode.VirtualServerKey) (*fakeService, error) {
 
 // dest returns the real server, or the kernel's ESRCH for a missing
 // virtual server and ENOENT for a missing real server.
-func (f *Fake) dest(key ipvsmode.VirtualServerKey, rs netip.AddrPort) (*ipvsmode.RealServer, error) {
+func (f *Fake) dest(key VirtualServerKey, rs netip.AddrPort) (*RealServer, error) {
 	s, err := f.service(key)
 	if err != nil {
 		return nil, err
@@ -299,7 +297,7 @@ func (f *Fake) dest(key ipvsmode.VirtualServerKey, rs netip.AddrPort) (*ipvsmode
 	return d, nil
 }
 
-func checkVirtualServer(vs ipvsmode.VirtualServer) error {
+func checkVirtualServer(vs VirtualServer) error {
 	if !vs.Addr.IsValid() || vs.Addr.Is4In6() {
 		return fmt.Errorf("IPVS virtual server %s: invalid address", vs.VirtualServerKey)
 	}
@@ -315,7 +313,7 @@ func checkVirtualServer(vs ipvsmode.VirtualServer) error {
 // checkRealServer refuses what the kernel refuses for a masquerading
 // destination: another family than the virtual server's (EINVAL), a
 // negative weight (ERANGE).
-func checkRealServer(key ipvsmode.VirtualServerKey, rs ipvsmode.RealServer) error {
+func checkRealServer(key VirtualServerKey, rs RealServer) error {
 	if !rs.Addr.IsValid() || rs.Addr.Is4In6() || rs.Addr.Is6() != key.Addr.Is6() {
 		return fmt.Errorf("real server %s of IPVS virtual server %s: %w", rs.AddrPort(), key, syscall.EINVAL)
 	}
@@ -380,7 +378,7 @@ func (f *Fake) Unbind(a netip.Addr) error {
 
 func (f *Fake) checkLink() error {
 	if !f.link {
-		return fmt.Errorf("looking up link %s: Link not found", ipvsmode.DummyLink)
+		return fmt.Errorf("looking up link %s: Link not found", DummyLink)
 	}
 	return nil
 }
@@ -404,7 +402,7 @@ func (f *Fake) NodeAddresses() ([]netip.Addr, error) {
 // EnsureSets creates the missing sets in order, as the lines of one
 // `ipset restore`: a set that exists with another type or family fails,
 // after the sets before it were created.
-func (f *Fake) EnsureSets(sets []ipvsmode.SetSpec) error {
+func (f *Fake) EnsureSets(sets []SetSpec) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("EnsureSets"); err != nil {
@@ -476,7 +474,7 @@ func (f *Fake) SetSizes(names []string) (map[string]int, error) {
 // ChangeSets applies the changes in order, as the lines of one `ipset
 // restore -exist`: the first bad line fails, after the lines before it
 // were applied.
-func (f *Fake) ChangeSets(changes []ipvsmode.SetChange) error {
+func (f *Fake) ChangeSets(changes []SetChange) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.call("ChangeSets"); err != nil {
@@ -494,7 +492,7 @@ func (f *Fake) ChangeSets(changes []ipvsmode.SetChange) error {
 	return nil
 }
 
-func (f *Fake) change(c ipvsmode.SetChange) error {
+func (f *Fake) change(c SetChange) error {
 	s := f.sets[c.Set]
 	if s == nil {
 		return errors.New("the set with the given name does not exist")
@@ -545,7 +543,7 @@ func (f *Fake) Dump() string {
 		}
 	}
 	if f.link {
-		fmt.Fprintf(&b, "link %s\n", ipvsmode.DummyLink)
+		fmt.Fprintf(&b, "link %s\n", DummyLink)
 		for _, a := range slices.SortedFunc(maps.Keys(f.bound), netip.Addr.Compare) {
 			family, bits := "inet", 32
 			if a.Is6() {
@@ -558,9 +556,9 @@ func (f *Fake) Dump() string {
 }
 
 // ipvsadmFlags writes the scheduler flags and persistence as ipvsadm does.
-func ipvsadmFlags(vs ipvsmode.VirtualServer) string {
+func ipvsadmFlags(vs VirtualServer) string {
 	var s string
-	if vs.Flags&ipvsmode.FlagSourceHash != 0 {
+	if vs.Flags&FlagSourceHash != 0 {
 		// The second scheduler flag; sh and mh name it.
 		name := "flag-2"
 		if vs.Scheduler == "sh" || vs.Scheduler == "mh" {
@@ -568,10 +566,10 @@ func ipvsadmFlags(vs ipvsmode.VirtualServer) string {
 		}
 		s += " (" + name + ")"
 	}
-	if vs.Flags&ipvsmode.FlagPersistent != 0 {
+	if vs.Flags&FlagPersistent != 0 {
 		s += fmt.Sprintf(" persistent %d", vs.Timeout)
 	}
-	if other := vs.Flags &^ (ipvsmode.FlagPersistent | ipvsmode.FlagSourceHash); other != 0 {
+	if other := vs.Flags &^ (FlagPersistent | FlagSourceHash); other != 0 {
 		s += fmt.Sprintf(" flags %#x", other)
 	}
 	return s
@@ -589,8 +587,8 @@ func (f *Fake) sortedServices() []*fakeService {
 	})
 }
 
-func (s *fakeService) sortedDests() []*ipvsmode.RealServer {
-	return slices.SortedFunc(maps.Values(s.dests), func(a, b *ipvsmode.RealServer) int {
+func (s *fakeService) sortedDests() []*RealServer {
+	return slices.SortedFunc(maps.Values(s.dests), func(a, b *RealServer) int {
 		return a.AddrPort().Compare(b.AddrPort())
 	})
 }

@@ -10,18 +10,16 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
-
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
-func vsKey(addrPort string, proto v1.Protocol) ipvsmode.VirtualServerKey {
+func vsKey(addrPort string, proto v1.Protocol) VirtualServerKey {
 	ap := netip.MustParseAddrPort(addrPort)
-	return ipvsmode.VirtualServerKey{Addr: ap.Addr(), Port: ap.Port(), Protocol: proto}
+	return VirtualServerKey{Addr: ap.Addr(), Port: ap.Port(), Protocol: proto}
 }
 
-func realServer(addrPort string, weight int) ipvsmode.RealServer {
+func realServer(addrPort string, weight int) RealServer {
 	ap := netip.MustParseAddrPort(addrPort)
-	return ipvsmode.RealServer{Addr: ap.Addr(), Port: ap.Port(), Weight: weight}
+	return RealServer{Addr: ap.Addr(), Port: ap.Port(), Weight: weight}
 }
 
 // wantErrno fails the test unless err wraps the errno.
@@ -35,25 +33,25 @@ func wantErrno(t *testing.T, what string, err error, errno syscall.Errno) {
 func TestFakeVirtualServers(t *testing.T) {
 	f := NewFake()
 	web := vsKey("10.96.0.1:80", v1.ProtocolTCP)
-	vs := ipvsmode.VirtualServer{VirtualServerKey: web, Scheduler: "rr", Flags: ipvsmode.FlagHashed}
+	vs := VirtualServer{VirtualServerKey: web, Scheduler: "rr", Flags: FlagHashed}
 	if err := f.AddVirtualServer(vs); err != nil {
 		t.Fatal(err)
 	}
 	wantErrno(t, "adding it again", f.AddVirtualServer(vs), syscall.EEXIST)
-	wantErrno(t, "an unknown scheduler", f.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: vsKey("10.96.0.2:80", v1.ProtocolTCP), Scheduler: "nope"}), syscall.ENOENT)
-	if err := f.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: vsKey("10.96.0.2:80", "ICMP"), Scheduler: "rr"}); err == nil {
+	wantErrno(t, "an unknown scheduler", f.AddVirtualServer(VirtualServer{VirtualServerKey: vsKey("10.96.0.2:80", v1.ProtocolTCP), Scheduler: "nope"}), syscall.ENOENT)
+	if err := f.AddVirtualServer(VirtualServer{VirtualServerKey: vsKey("10.96.0.2:80", "ICMP"), Scheduler: "rr"}); err == nil {
 		t.Errorf("a virtual server with protocol ICMP was added")
 	}
 	missing := vsKey("10.96.0.9:80", v1.ProtocolTCP)
-	wantErrno(t, "updating a missing one", f.UpdateVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: missing, Scheduler: "rr"}), syscall.ESRCH)
+	wantErrno(t, "updating a missing one", f.UpdateVirtualServer(VirtualServer{VirtualServerKey: missing, Scheduler: "rr"}), syscall.ESRCH)
 	wantErrno(t, "deleting a missing one", f.DeleteVirtualServer(missing), syscall.ESRCH)
 
-	affinity := ipvsmode.VirtualServer{VirtualServerKey: web, Scheduler: "wrr", Flags: ipvsmode.FlagPersistent, Timeout: 10800}
+	affinity := VirtualServer{VirtualServerKey: web, Scheduler: "wrr", Flags: FlagPersistent, Timeout: 10800}
 	if err := f.UpdateVirtualServer(affinity); err != nil {
 		t.Fatal(err)
 	}
 	got, err := f.VirtualServers()
-	if err != nil || !slices.Equal(got, []ipvsmode.VirtualServer{affinity}) {
+	if err != nil || !slices.Equal(got, []VirtualServer{affinity}) {
 		t.Errorf("VirtualServers() = %v, %v; want %v", got, err, affinity)
 	}
 
@@ -75,8 +73,8 @@ func TestFakeVirtualServers(t *testing.T) {
 		t.Fatal(err)
 	}
 	rss, err := f.RealServers(web)
-	want := ipvsmode.RealServer{Addr: netip.MustParseAddr("10.244.0.5"), Port: 8080, Weight: 0, ActiveConns: 3, InactiveConns: 7}
-	if err != nil || !slices.Equal(rss, []ipvsmode.RealServer{want}) {
+	want := RealServer{Addr: netip.MustParseAddr("10.244.0.5"), Port: 8080, Weight: 0, ActiveConns: 3, InactiveConns: 7}
+	if err != nil || !slices.Equal(rss, []RealServer{want}) {
 		t.Errorf("RealServers() = %v, %v; want %v", rss, err, want)
 	}
 	// The kernel's dump of a missing virtual server's destinations is empty.
@@ -132,48 +130,48 @@ func TestFakeLinks(t *testing.T) {
 // kernel test also writes through ipset are in ipsetCases.
 func TestCanonicalEntry(t *testing.T) {
 	for _, tc := range []struct {
-		typ   ipvsmode.SetType
+		typ   SetType
 		ipv6  bool
 		entry string
 		want  string // "" for an error
 	}{
-		{ipvsmode.HashIP, false, "10.0.0.1", "10.0.0.1"},
-		{ipvsmode.HashIP, false, "0.0.0.0", ""},
-		{ipvsmode.HashIP, false, "10.0.0.0/30", ""},
-		{ipvsmode.HashIP, false, "010.0.0.1", ""},
-		{ipvsmode.HashIP, false, "fd00::1", ""},
-		{ipvsmode.HashIP, true, "FD00:0::0001", "fd00::1"},
-		{ipvsmode.HashIP, true, "fe80::1%eth0", ""},
-		{ipvsmode.HashIPPort, false, "10.0.0.1,tcp:80", "10.0.0.1,tcp:80"},
-		{ipvsmode.HashIPPort, false, "10.0.0.1,UDP:53", "10.0.0.1,udp:53"},
-		{ipvsmode.HashIPPort, false, "10.0.0.1,80", "10.0.0.1,tcp:80"},
-		{ipvsmode.HashIPPort, false, "10.0.0.1,Tcp:80", ""},
-		{ipvsmode.HashIPPort, false, "10.0.0.1,icmp:ping", ""},
-		{ipvsmode.HashIPPort, false, "10.0.0.1,tcp:080", ""},
-		{ipvsmode.HashIPPort, false, "10.0.0.1,tcp:65536", ""},
-		{ipvsmode.HashIPPort, false, "10.0.0.1,tcp:http", ""},
-		{ipvsmode.HashIPPort, false, "10.0.0.1,tcp:1-3", ""},
-		{ipvsmode.HashIPPort, false, "0.0.0.0,tcp:80", ""},
-		{ipvsmode.HashIPPort, false, "10.0.0.1", ""},
-		{ipvsmode.HashIPPort, true, "fd00::1,sctp:0", "fd00::1,sctp:0"},
-		{ipvsmode.HashIPPortIP, false, "10.0.0.1,tcp:80,10.0.0.1", "10.0.0.1,tcp:80,10.0.0.1"},
-		{ipvsmode.HashIPPortIP, false, "0.0.0.0,tcp:80,0.0.0.0", "0.0.0.0,tcp:80,0.0.0.0"},
-		{ipvsmode.HashIPPortIP, false, "10.0.0.1,tcp:80", ""},
-		{ipvsmode.HashIPPortIP, false, "10.0.0.1,tcp:80,fd00::1", ""},
-		{ipvsmode.HashIPPortNet, false, "10.0.0.1,tcp:80,10.2.0.5/24", "10.0.0.1,tcp:80,10.2.0.0/24"},
-		{ipvsmode.HashIPPortNet, false, "10.0.0.1,tcp:80,10.1.0.0/32", "10.0.0.1,tcp:80,10.1.0.0"},
-		{ipvsmode.HashIPPortNet, false, "10.0.0.1,tcp:80,10.1.0.0", "10.0.0.1,tcp:80,10.1.0.0"},
-		{ipvsmode.HashIPPortNet, false, "10.0.0.1,tcp:80,10.0.0.0/0", ""},
-		{ipvsmode.HashIPPortNet, false, "10.0.0.1,tcp:80,10.0.0.0/33", ""},
-		{ipvsmode.HashIPPortNet, false, "10.0.0.1,tcp:80,10.0.0.0/08", ""},
-		{ipvsmode.HashIPPortNet, true, "fd00::1,tcp:80,fd00::3/128", "fd00::1,tcp:80,fd00::3"},
-		{ipvsmode.HashIPPortNet, true, "fd00::1,tcp:80,::ffff:1.2.3.4/120", "fd00::1,tcp:80,::ffff:1.2.3.0/120"},
-		{ipvsmode.BitmapPort, false, "30000", "30000"},
-		{ipvsmode.BitmapPort, false, "0", "0"},
-		{ipvsmode.BitmapPort, false, "65536", ""},
-		{ipvsmode.BitmapPort, false, "0080", ""},
-		{ipvsmode.BitmapPort, false, "tcp:80", ""},
-		{ipvsmode.BitmapPort, false, "10.0.0.1", ""},
+		{HashIP, false, "10.0.0.1", "10.0.0.1"},
+		{HashIP, false, "0.0.0.0", ""},
+		{HashIP, false, "10.0.0.0/30", ""},
+		{HashIP, false, "010.0.0.1", ""},
+		{HashIP, false, "fd00::1", ""},
+		{HashIP, true, "FD00:0::0001", "fd00::1"},
+		{HashIP, true, "fe80::1%eth0", ""},
+		{HashIPPort, false, "10.0.0.1,tcp:80", "10.0.0.1,tcp:80"},
+		{HashIPPort, false, "10.0.0.1,UDP:53", "10.0.0.1,udp:53"},
+		{HashIPPort, false, "10.0.0.1,80", "10.0.0.1,tcp:80"},
+		{HashIPPort, false, "10.0.0.1,Tcp:80", ""},
+		{HashIPPort, false, "10.0.0.1,icmp:ping", ""},
+		{HashIPPort, false, "10.0.0.1,tcp:080", ""},
+		{HashIPPort, false, "10.0.0.1,tcp:65536", ""},
+		{HashIPPort, false, "10.0.0.1,tcp:http", ""},
+		{HashIPPort, false, "10.0.0.1,tcp:1-3", ""},
+		{HashIPPort, false, "0.0.0.0,tcp:80", ""},
+		{HashIPPort, false, "10.0.0.1", ""},
+		{HashIPPort, true, "fd00::1,sctp:0", "fd00::1,sctp:0"},
+		{HashIPPortIP, false, "10.0.0.1,tcp:80,10.0.0.1", "10.0.0.1,tcp:80,10.0.0.1"},
+		{HashIPPortIP, false, "0.0.0.0,tcp:80,0.0.0.0", "0.0.0.0,tcp:80,0.0.0.0"},
+		{HashIPPortIP, false, "10.0.0.1,tcp:80", ""},
+		{HashIPPortIP, false, "10.0.0.1,tcp:80,fd00::1", ""},
+		{HashIPPortNet, false, "10.0.0.1,tcp:80,10.2.0.5/24", "10.0.0.1,tcp:80,10.2.0.0/24"},
+		{HashIPPortNet, false, "10.0.0.1,tcp:80,10.1.0.0/32", "10.0.0.1,tcp:80,10.1.0.0"},
+		{HashIPPortNet, false, "10.0.0.1,tcp:80,10.1.0.0", "10.0.0.1,tcp:80,10.1.0.0"},
+		{HashIPPortNet, false, "10.0.0.1,tcp:80,10.0.0.0/0", ""},
+		{HashIPPortNet, false, "10.0.0.1,tcp:80,10.0.0.0/33", ""},
+		{HashIPPortNet, false, "10.0.0.1,tcp:80,10.0.0.0/08", ""},
+		{HashIPPortNet, true, "fd00::1,tcp:80,fd00::3/128", "fd00::1,tcp:80,fd00::3"},
+		{HashIPPortNet, true, "fd00::1,tcp:80,::ffff:1.2.3.4/120", "fd00::1,tcp:80,::ffff:1.2.3.0/120"},
+		{BitmapPort, false, "30000", "30000"},
+		{BitmapPort, false, "0", "0"},
+		{BitmapPort, false, "65536", ""},
+		{BitmapPort, false, "0080", ""},
+		{BitmapPort, false, "tcp:80", ""},
+		{BitmapPort, false, "10.0.0.1", ""},
 	} {
 		got, err := canonicalEntry(tc.typ, tc.ipv6, tc.entry)
 		if tc.want == "" && err == nil {
@@ -187,27 +185,27 @@ func TestCanonicalEntry(t *testing.T) {
 
 func TestFakeSets(t *testing.T) {
 	f := NewFake()
-	specs := []ipvsmode.SetSpec{
-		{Name: "KUBE-CLUSTER-IP", Type: ipvsmode.HashIPPort},
-		{Name: "KUBE-NODE-PORT-TCP", Type: ipvsmode.BitmapPort},
+	specs := []SetSpec{
+		{Name: "KUBE-CLUSTER-IP", Type: HashIPPort},
+		{Name: "KUBE-NODE-PORT-TCP", Type: BitmapPort},
 	}
 	for range 2 {
 		if err := f.EnsureSets(specs); err != nil {
 			t.Fatal(err)
 		}
 	}
-	err := f.EnsureSets([]ipvsmode.SetSpec{{Name: "KUBE-LOOP-BACK", Type: ipvsmode.HashIPPortIP}, {Name: "KUBE-CLUSTER-IP", Type: ipvsmode.HashIP}})
+	err := f.EnsureSets([]SetSpec{{Name: "KUBE-LOOP-BACK", Type: HashIPPortIP}, {Name: "KUBE-CLUSTER-IP", Type: HashIP}})
 	if err == nil || !strings.Contains(err.Error(), `line 2 "create KUBE-CLUSTER-IP hash:ip `) {
 		t.Errorf("re-creating a set with another type: %v", err)
 	}
-	if err := f.EnsureSets([]ipvsmode.SetSpec{{Name: "KUBE-NODE-PORT-TCP", Type: ipvsmode.BitmapPort, IPv6: true}}); err != nil {
+	if err := f.EnsureSets([]SetSpec{{Name: "KUBE-NODE-PORT-TCP", Type: BitmapPort, IPv6: true}}); err != nil {
 		t.Errorf("re-creating a bitmap:port set with the other family: %v", err)
 	}
-	if err := f.EnsureSets([]ipvsmode.SetSpec{{Name: strings.Repeat("X", 32), Type: ipvsmode.HashIP}}); err == nil {
+	if err := f.EnsureSets([]SetSpec{{Name: strings.Repeat("X", 32), Type: HashIP}}); err == nil {
 		t.Errorf("a 32-character set name was accepted")
 	}
 
-	err = f.ChangeSets([]ipvsmode.SetChange{
+	err = f.ChangeSets([]SetChange{
 		{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.1,TCP:443"},
 		{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.1,tcp:443"},              // there already: fine
 		{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.9,udp:53", Delete: true}, // not there: fine
@@ -225,19 +223,19 @@ func TestFakeSets(t *testing.T) {
 	if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("SetEntries() = %v, %v; want %v (the lines before the bad one applied)", got, err, want)
 	}
-	if err := f.ChangeSets([]ipvsmode.SetChange{{Set: "KUBE-NODE-PORT-TCP", Entry: "tcp:80"}}); err == nil {
+	if err := f.ChangeSets([]SetChange{{Set: "KUBE-NODE-PORT-TCP", Entry: "tcp:80"}}); err == nil {
 		t.Errorf("a bitmap:port entry that is not a port was accepted")
 	}
 }
 
 func TestFakeHashSetIsFull(t *testing.T) {
 	f := NewFake()
-	if err := f.EnsureSets([]ipvsmode.SetSpec{{Name: "KUBE-6-CLUSTER-IP", Type: ipvsmode.HashIP, IPv6: true}}); err != nil {
+	if err := f.EnsureSets([]SetSpec{{Name: "KUBE-6-CLUSTER-IP", Type: HashIP, IPv6: true}}); err != nil {
 		t.Fatal(err)
 	}
-	changes := make([]ipvsmode.SetChange, ipvsmode.MaxSetEntries)
+	changes := make([]SetChange, MaxSetEntries)
 	for i := range changes {
-		changes[i] = ipvsmode.SetChange{Set: "KUBE-6-CLUSTER-IP", Entry: fmt.Sprintf("fd00::1:%x", i)}
+		changes[i] = SetChange{Set: "KUBE-6-CLUSTER-IP", Entry: fmt.Sprintf("fd00::1:%x", i)}
 	}
 	if err := f.ChangeSets(changes); err != nil {
 		t.Fatal(err)
@@ -246,8 +244,8 @@ func TestFakeHashSetIsFull(t *testing.T) {
 	if err := f.ChangeSets(changes[:1]); err != nil {
 		t.Errorf("re-adding an entry to a full set: %v", err)
 	}
-	if err := f.ChangeSets([]ipvsmode.SetChange{{Set: "KUBE-6-CLUSTER-IP", Entry: "fd00::ffff:1"}}); err == nil {
-		t.Errorf("entry %d was accepted", ipvsmode.MaxSetEntries+1)
+	if err := f.ChangeSets([]SetChange{{Set: "KUBE-6-CLUSTER-IP", Entry: "fd00::ffff:1"}}); err == nil {
+		t.Errorf("entry %d was accepted", MaxSetEntries+1)
 	}
 }
 
@@ -255,16 +253,16 @@ func TestFakeHashSetIsFull(t *testing.T) {
 // ipset's words, and the restore stops there.
 func TestFakeSetMaxElem(t *testing.T) {
 	f := NewFake()
-	spec := ipvsmode.SetSpec{Name: "KUBE-CLUSTER-IP", Type: ipvsmode.HashIPPort, MaxElem: 2}
-	if err := f.EnsureSets([]ipvsmode.SetSpec{spec}); err != nil {
+	spec := SetSpec{Name: "KUBE-CLUSTER-IP", Type: HashIPPort, MaxElem: 2}
+	if err := f.EnsureSets([]SetSpec{spec}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(f.Dump(), "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 2\n") {
 		t.Errorf("the set is not created with maxelem 2:\n%s", f.Dump())
 	}
-	var changes []ipvsmode.SetChange
+	var changes []SetChange
 	for i := range 4 {
-		changes = append(changes, ipvsmode.SetChange{Set: spec.Name, Entry: fmt.Sprintf("10.96.0.%d,tcp:80", i+1)})
+		changes = append(changes, SetChange{Set: spec.Name, Entry: fmt.Sprintf("10.96.0.%d,tcp:80", i+1)})
 	}
 	err := f.ChangeSets(changes)
 	if want := `ipset restore: line 3 "add KUBE-CLUSTER-IP 10.96.0.3,tcp:80": Hash is full, cannot add more elements`; err == nil || err.Error() != want {
@@ -306,19 +304,19 @@ func TestFakeDump(t *testing.T) {
 	}
 	dns := vsKey("10.96.0.10:53", v1.ProtocolUDP)
 	web6 := vsKey("[fd00::1]:80", v1.ProtocolTCP)
-	must(f.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: web6, Scheduler: "mh", Flags: ipvsmode.FlagSourceHash}))
-	must(f.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: dns, Scheduler: "rr", Flags: ipvsmode.FlagPersistent, Timeout: 10800}))
-	must(f.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: vsKey("10.96.0.10:53", v1.ProtocolTCP), Scheduler: "rr"}))
+	must(f.AddVirtualServer(VirtualServer{VirtualServerKey: web6, Scheduler: "mh", Flags: FlagSourceHash}))
+	must(f.AddVirtualServer(VirtualServer{VirtualServerKey: dns, Scheduler: "rr", Flags: FlagPersistent, Timeout: 10800}))
+	must(f.AddVirtualServer(VirtualServer{VirtualServerKey: vsKey("10.96.0.10:53", v1.ProtocolTCP), Scheduler: "rr"}))
 	must(f.AddRealServer(dns, realServer("10.244.1.3:53", 1)))
 	must(f.AddRealServer(dns, realServer("10.244.0.20:53", 0)))
 	must(f.SetConnections(dns, netip.MustParseAddrPort("10.244.0.20:53"), 2, 15))
 	must(f.AddRealServer(web6, realServer("[fd00:244::5]:8080", 1)))
-	must(f.EnsureSets([]ipvsmode.SetSpec{
-		{Name: "KUBE-NODE-PORT-TCP", Type: ipvsmode.BitmapPort},
-		{Name: "KUBE-CLUSTER-IP", Type: ipvsmode.HashIPPort},
-		{Name: "KUBE-6-LOOP-BACK", Type: ipvsmode.HashIPPortIP, IPv6: true},
+	must(f.EnsureSets([]SetSpec{
+		{Name: "KUBE-NODE-PORT-TCP", Type: BitmapPort},
+		{Name: "KUBE-CLUSTER-IP", Type: HashIPPort},
+		{Name: "KUBE-6-LOOP-BACK", Type: HashIPPortIP, IPv6: true},
 	}))
-	must(f.ChangeSets([]ipvsmode.SetChange{
+	must(f.ChangeSets([]SetChange{
 		{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.10,udp:53"},
 		{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.10,tcp:53"},
 		{Set: "KUBE-NODE-PORT-TCP", Entry: "30080"},

@@ -14,8 +14,6 @@ import (
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
-
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
 // ipsets is the ipset part of Kernel, in the network namespace of the
@@ -25,15 +23,15 @@ type ipsets struct{}
 
 // createArgs are the arguments upstream's createSet passes to
 // `ipset create`, -exist included.
-func createArgs(s ipvsmode.SetSpec) (string, error) {
+func createArgs(s SetSpec) (string, error) {
 	switch s.Type {
-	case ipvsmode.HashIP, ipvsmode.HashIPPort, ipvsmode.HashIPPortIP, ipvsmode.HashIPPortNet:
+	case HashIP, HashIPPort, HashIPPortIP, HashIPPortNet:
 		family := "inet"
 		if s.IPv6 {
 			family = "inet6"
 		}
 		return fmt.Sprintf("%s %s family %s hashsize 1024 maxelem %d -exist", s.Name, s.Type, family, s.Limit()), nil
-	case ipvsmode.BitmapPort:
+	case BitmapPort:
 		return fmt.Sprintf("%s %s range 0-65535 -exist", s.Name, s.Type), nil
 	}
 	return "", fmt.Errorf("ipset %s: unknown type %q", s.Name, s.Type)
@@ -44,7 +42,7 @@ func createArgs(s ipvsmode.SetSpec) (string, error) {
 // exists as it would be created (their headers say so: the restart over
 // sets in place), it starts no process, once ipset is found installed (the
 // syncs need it).
-func (ipsets) EnsureSets(sets []ipvsmode.SetSpec) error {
+func (ipsets) EnsureSets(sets []SetSpec) error {
 	if _, err := exec.LookPath("ipset"); err == nil {
 		if headers, err := setHeaders(); err == nil && allExist(headers, sets) {
 			return nil
@@ -67,7 +65,7 @@ func (ipsets) EnsureSets(sets []ipvsmode.SetSpec) error {
 // ChangeSets writes every change in one `ipset restore -exist`: with
 // -exist (ipset 7) neither adding an entry that is there nor deleting one
 // that is not fails.
-func (ipsets) ChangeSets(changes []ipvsmode.SetChange) error {
+func (ipsets) ChangeSets(changes []SetChange) error {
 	for _, c := range changes {
 		if err := checkWord("set name", c.Set); err != nil {
 			return err
@@ -126,7 +124,7 @@ const listHeader = 1 << 2
 
 // setHeader is what the kernel tells of a set without its entries.
 type setHeader struct {
-	typ     ipvsmode.SetType
+	typ     SetType
 	family  uint8 // NFPROTO_IPV4 or _IPV6; 0 for bitmap:port
 	entries int
 	// maxElem is a hash set's maxelem, ports a bitmap:port set's range.
@@ -136,11 +134,11 @@ type setHeader struct {
 
 // matches tells whether ipset's create of spec with -exist would take the
 // set as it is: the same type, family and size.
-func (h setHeader) matches(spec ipvsmode.SetSpec) bool {
+func (h setHeader) matches(spec SetSpec) bool {
 	if h.typ != spec.Type {
 		return false
 	}
-	if spec.Type == ipvsmode.BitmapPort {
+	if spec.Type == BitmapPort {
 		return h.ports == [2]uint16{0, 65535}
 	}
 	family := uint8(unix.NFPROTO_IPV4)
@@ -151,7 +149,7 @@ func (h setHeader) matches(spec ipvsmode.SetSpec) bool {
 }
 
 // allExist tells whether each of the sets exists as ipset would create it.
-func allExist(headers map[string]setHeader, sets []ipvsmode.SetSpec) bool {
+func allExist(headers map[string]setHeader, sets []SetSpec) bool {
 	for _, s := range sets {
 		if h, ok := headers[s.Name]; !ok || !h.matches(s) {
 			return false
@@ -211,7 +209,7 @@ func parseSetHeader(msg []byte) (string, setHeader, error) {
 		case nl.IPSET_ATTR_SETNAME:
 			name = strings.TrimRight(string(a.Value), "\x00")
 		case nl.IPSET_ATTR_TYPENAME:
-			h.typ = ipvsmode.SetType(strings.TrimRight(string(a.Value), "\x00"))
+			h.typ = SetType(strings.TrimRight(string(a.Value), "\x00"))
 		case nl.IPSET_ATTR_FAMILY:
 			if len(a.Value) == 1 {
 				h.family = a.Value[0]

@@ -14,32 +14,31 @@ import (
 	"testing"
 
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
 // testSets are one set of each type and family, named with a random
 // prefix so that the check that the host namespace does not see them
 // cannot be fooled by someone else's set.
-func testSets(t *testing.T) []ipvsmode.SetSpec {
+func testSets(t *testing.T) []SetSpec {
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	prefix := "RPXT-" + strings.ToUpper(hex.EncodeToString(b)) + "-"
-	var sets []ipvsmode.SetSpec
+	var sets []SetSpec
 	for _, ipv6 := range []bool{false, true} {
-		for _, typ := range []ipvsmode.SetType{ipvsmode.HashIP, ipvsmode.HashIPPort, ipvsmode.HashIPPortIP, ipvsmode.HashIPPortNet} {
+		for _, typ := range []SetType{HashIP, HashIPPort, HashIPPortIP, HashIPPortNet} {
 			name := prefix + strings.ReplaceAll(strings.TrimPrefix(string(typ), "hash:"), ",", "-")
 			if ipv6 {
 				name += "-6"
 			}
-			sets = append(sets, ipvsmode.SetSpec{Name: name, Type: typ, IPv6: ipv6})
+			sets = append(sets, SetSpec{Name: name, Type: typ, IPv6: ipv6})
 		}
 	}
-	return append(sets, ipvsmode.SetSpec{Name: prefix + "PORTS", Type: ipvsmode.BitmapPort})
+	return append(sets, SetSpec{Name: prefix + "PORTS", Type: BitmapPort})
 }
 
 // setsNetns is a fresh network namespace, whose sets of these names are
 // destroyed when the test ends.
-func setsNetns(t *testing.T, sets ...ipvsmode.SetSpec) string {
+func setsNetns(t *testing.T, sets ...SetSpec) string {
 	ns := testutil.NewNetns(t)
 	testutil.RequireCommands(t, "ipset")
 	t.Cleanup(func() {
@@ -53,38 +52,38 @@ func setsNetns(t *testing.T, sets ...ipvsmode.SetSpec) string {
 // testChanges writes to each set entries in the forms ipset rewrites
 // (upper-case names, no protocol, host bits, full-length prefixes), adds
 // some twice and deletes some that are not there.
-func testChanges(sets []ipvsmode.SetSpec) []ipvsmode.SetChange {
-	entries := map[ipvsmode.SetType]map[bool][]string{
-		ipvsmode.HashIP: {
+func testChanges(sets []SetSpec) []SetChange {
+	entries := map[SetType]map[bool][]string{
+		HashIP: {
 			false: {"10.96.0.1", "10.96.0.2", "255.255.255.255", "10.96.0.99"},
 			true:  {"fd00::1", "FD00:0::0002", "::ffff:1.2.3.4", "fd00::99"},
 		},
-		ipvsmode.HashIPPort: {
+		HashIPPort: {
 			false: {"10.96.0.1,tcp:80", "10.96.0.1,UDP:53", "10.96.0.1,sctp:0", "10.96.0.2,8080", "10.96.0.99,udp:99"},
 			true:  {"fd00::1,tcp:80", "fd00::1,udp:53", "fd00::1,SCTP:9", "fd00::99,tcp:99"},
 		},
-		ipvsmode.HashIPPortIP: {
+		HashIPPortIP: {
 			false: {"10.244.0.5,tcp:8080,10.244.0.5", "0.0.0.0,tcp:80,0.0.0.0", "10.244.0.6,udp:53,10.96.0.1", "10.244.0.99,tcp:99,10.244.0.99"},
 			true:  {"fd00:244::5,tcp:8080,fd00:244::5", "::,sctp:9,::", "fd00:244::6,udp:53,fd00::1", "fd00:244::99,tcp:99,fd00:244::99"},
 		},
-		ipvsmode.HashIPPortNet: {
+		HashIPPortNet: {
 			false: {"10.96.0.1,tcp:80,10.0.0.0/8", "10.96.0.1,tcp:80,10.2.0.5/24", "10.96.0.1,udp:53,10.1.0.0/32", "10.96.0.1,tcp:443,192.168.1.1", "10.96.0.99,tcp:99,10.99.0.0/16"},
 			true:  {"fd00::1,tcp:80,fd00::/64", "fd00::1,tcp:80,fd00::3/128", "fd00::1,tcp:80,::ffff:1.2.3.4/120", "fd00::99,tcp:99,fd99::/16"},
 		},
-		ipvsmode.BitmapPort: {false: {"0", "30080", "65535", "99"}},
+		BitmapPort: {false: {"0", "30080", "65535", "99"}},
 	}
-	var changes []ipvsmode.SetChange
+	var changes []SetChange
 	for _, s := range sets {
 		list := entries[s.Type][s.IPv6]
 		for _, e := range list {
-			changes = append(changes, ipvsmode.SetChange{Set: s.Name, Entry: e})
+			changes = append(changes, SetChange{Set: s.Name, Entry: e})
 		}
 		changes = append(changes,
-			ipvsmode.SetChange{Set: s.Name, Entry: list[0]},                         // there already
-			ipvsmode.SetChange{Set: s.Name, Entry: list[1], Delete: true},           // deleted
-			ipvsmode.SetChange{Set: s.Name, Entry: list[1], Delete: true},           // not there any more
-			ipvsmode.SetChange{Set: s.Name, Entry: list[1]},                         // back
-			ipvsmode.SetChange{Set: s.Name, Entry: list[len(list)-1], Delete: true}) // gone for good
+			SetChange{Set: s.Name, Entry: list[0]},                         // there already
+			SetChange{Set: s.Name, Entry: list[1], Delete: true},           // deleted
+			SetChange{Set: s.Name, Entry: list[1], Delete: true},           // not there any more
+			SetChange{Set: s.Name, Entry: list[1]},                         // back
+			SetChange{Set: s.Name, Entry: list[len(list)-1], Delete: true}) // gone for good
 	}
 	return changes
 }
@@ -92,31 +91,31 @@ func testChanges(sets []ipvsmode.SetSpec) []ipvsmode.SetChange {
 // badLines are changes both ipset and the fake refuse, each written alone
 // to a set of the given type.
 var badLines = []struct {
-	typ   ipvsmode.SetType
+	typ   SetType
 	ipv6  bool
 	entry string
 }{
-	{ipvsmode.HashIP, false, "0.0.0.0"},
-	{ipvsmode.HashIP, false, "fd00::1"},
-	{ipvsmode.HashIP, true, "10.0.0.1"},
-	{ipvsmode.HashIP, true, "fe80::1%lo"},
-	{ipvsmode.HashIPPort, false, "10.0.0.1"},
-	{ipvsmode.HashIPPort, false, "10.0.0.1,Tcp:80"},
-	{ipvsmode.HashIPPort, false, "10.0.0.1,tcp:080"},
-	{ipvsmode.HashIPPort, false, "10.0.0.1,tcp:65536"},
-	{ipvsmode.HashIPPortIP, false, "10.0.0.1,tcp:80"},
-	{ipvsmode.HashIPPortNet, false, "10.0.0.1,tcp:80,10.0.0.0/0"},
-	{ipvsmode.HashIPPortNet, false, "10.0.0.1,tcp:80,10.0.0.0/33"},
-	{ipvsmode.BitmapPort, false, "65536"},
-	{ipvsmode.BitmapPort, false, "0080"},
+	{HashIP, false, "0.0.0.0"},
+	{HashIP, false, "fd00::1"},
+	{HashIP, true, "10.0.0.1"},
+	{HashIP, true, "fe80::1%lo"},
+	{HashIPPort, false, "10.0.0.1"},
+	{HashIPPort, false, "10.0.0.1,Tcp:80"},
+	{HashIPPort, false, "10.0.0.1,tcp:080"},
+	{HashIPPort, false, "10.0.0.1,tcp:65536"},
+	{HashIPPortIP, false, "10.0.0.1,tcp:80"},
+	{HashIPPortNet, false, "10.0.0.1,tcp:80,10.0.0.0/0"},
+	{HashIPPortNet, false, "10.0.0.1,tcp:80,10.0.0.0/33"},
+	{BitmapPort, false, "65536"},
+	{BitmapPort, false, "0080"},
 }
 
 // setKernel is the ipset part of pkg/ipvs.Kernel.
 type setKernel interface {
-	EnsureSets([]ipvsmode.SetSpec) error
+	EnsureSets([]SetSpec) error
 	SetEntries([]string) (map[string][]string, error)
 	SetSizes([]string) (map[string]int, error)
-	ChangeSets([]ipvsmode.SetChange) error
+	ChangeSets([]SetChange) error
 }
 
 // TestIPSetsKernel writes every set type of both families through ipset in
@@ -181,7 +180,7 @@ func TestIPSetsKernel(t *testing.T) {
 					set = s.Name
 				}
 			}
-			change := []ipvsmode.SetChange{{Set: set, Entry: bad.entry}}
+			change := []SetChange{{Set: set, Entry: bad.entry}}
 			errReal, errFake := kernel.ChangeSets(change), fake.ChangeSets(change)
 			if errReal == nil || errFake == nil {
 				t.Errorf("%s %q: ipset says %v, the fake says %v; want both to refuse it", bad.typ, bad.entry, errReal, errFake)
@@ -191,13 +190,13 @@ func TestIPSetsKernel(t *testing.T) {
 		}
 
 		// The error quotes the line ipset names.
-		err = kernel.ChangeSets([]ipvsmode.SetChange{
+		err = kernel.ChangeSets([]SetChange{
 			{Set: sets[0].Name, Entry: "10.96.0.7"}, {Set: "RPXT-MISSING", Entry: "10.96.0.8"}, {Set: sets[0].Name, Entry: "10.96.0.9"},
 		})
 		if err == nil || !strings.Contains(err.Error(), `line 2 "add RPXT-MISSING 10.96.0.8": The set with the given name does not exist`) {
 			t.Errorf("adding to a missing set: %v", err)
 		}
-		other := []ipvsmode.SetSpec{{Name: sets[0].Name, Type: ipvsmode.HashIPPort}}
+		other := []SetSpec{{Name: sets[0].Name, Type: HashIPPort}}
 		if err := kernel.EnsureSets(other); err == nil || !strings.Contains(err.Error(), `line 1 "create `+sets[0].Name+` hash:ip,port`) {
 			t.Errorf("re-creating a set with another type: %v", err)
 		}
@@ -217,24 +216,24 @@ func TestIPSetsKernelFull(t *testing.T) {
 	ns := setsNetns(t, set)
 	var kernel ipsets
 	testutil.DoInNetns(t, ns, func() {
-		if err := kernel.EnsureSets([]ipvsmode.SetSpec{set}); err != nil {
+		if err := kernel.EnsureSets([]SetSpec{set}); err != nil {
 			t.Fatal(err)
 		}
-		changes := make([]ipvsmode.SetChange, ipvsmode.MaxSetEntries+8)
+		changes := make([]SetChange, MaxSetEntries+8)
 		for i := range changes {
-			changes[i] = ipvsmode.SetChange{Set: set.Name, Entry: fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&0xff, i&0xff)}
+			changes[i] = SetChange{Set: set.Name, Entry: fmt.Sprintf("10.%d.%d.%d", i>>16, i>>8&0xff, i&0xff)}
 		}
-		if err := kernel.ChangeSets(changes[:ipvsmode.MaxSetEntries]); err != nil {
+		if err := kernel.ChangeSets(changes[:MaxSetEntries]); err != nil {
 			t.Fatal(err)
 		}
 		if err := kernel.ChangeSets(changes[:1]); err != nil {
 			t.Errorf("re-adding an entry to a full set: %v", err)
 		}
 		// The header counts them all, without listing them.
-		if sizes, err := kernel.SetSizes([]string{set.Name}); err != nil || sizes[set.Name] != ipvsmode.MaxSetEntries {
-			t.Errorf("a full set counts %v (%v), want %d", sizes, err, ipvsmode.MaxSetEntries)
+		if sizes, err := kernel.SetSizes([]string{set.Name}); err != nil || sizes[set.Name] != MaxSetEntries {
+			t.Errorf("a full set counts %v (%v), want %d", sizes, err, MaxSetEntries)
 		}
-		err := kernel.ChangeSets(changes[ipvsmode.MaxSetEntries:])
+		err := kernel.ChangeSets(changes[MaxSetEntries:])
 		if err == nil || !strings.Contains(err.Error(), `"add `+set.Name+` 10.1.0.`) || !strings.Contains(err.Error(), "Hash is full") {
 			t.Errorf("adding 8 entries to a full set: %v", err)
 		}
@@ -248,19 +247,19 @@ func TestIPSetsKernelMaxElem(t *testing.T) {
 	set := testSets(t)[1]
 	set.MaxElem = 2
 	ns := setsNetns(t, set)
-	var changes []ipvsmode.SetChange
+	var changes []SetChange
 	for i := range 4 {
-		changes = append(changes, ipvsmode.SetChange{Set: set.Name, Entry: fmt.Sprintf("10.96.0.%d,tcp:80", i+1)})
+		changes = append(changes, SetChange{Set: set.Name, Entry: fmt.Sprintf("10.96.0.%d,tcp:80", i+1)})
 	}
 	fake := NewFake()
-	if err := fake.EnsureSets([]ipvsmode.SetSpec{set}); err != nil {
+	if err := fake.EnsureSets([]SetSpec{set}); err != nil {
 		t.Fatal(err)
 	}
 	fakeErr := fake.ChangeSets(changes)
 	fakeEntries, _ := fake.SetEntries([]string{set.Name})
 	var kernel ipsets
 	testutil.DoInNetns(t, ns, func() {
-		if err := kernel.EnsureSets([]ipvsmode.SetSpec{set}); err != nil {
+		if err := kernel.EnsureSets([]SetSpec{set}); err != nil {
 			t.Fatal(err)
 		}
 		if out := testutil.InNetns(t, ns, "ipset", "list", "-t", set.Name); !strings.Contains(out, " maxelem 2 ") {
@@ -329,7 +328,7 @@ func TestEnsuringSetsInPlaceStartsNoProcess(t *testing.T) {
 		smaller := slices.Clone(sets)
 		smaller[0].MaxElem = 2
 		if err := kernel.EnsureSets(smaller); err == nil {
-			t.Errorf("a set of maxelem %d passed for one of maxelem 2", ipvsmode.MaxSetEntries)
+			t.Errorf("a set of maxelem %d passed for one of maxelem 2", MaxSetEntries)
 		}
 		if n := starts(); n != 1 {
 			t.Errorf("a set of another size started %d ipset processes, want 1", n)
@@ -345,7 +344,7 @@ func TestEnsuringSetsInPlaceStartsNoProcess(t *testing.T) {
 func TestSetEntriesOverNetlinkAreWhatIpsetSaves(t *testing.T) {
 	sets := testSets(t)
 	commented := sets[1].Name + "-C"
-	ns := setsNetns(t, append(sets, ipvsmode.SetSpec{Name: commented})...)
+	ns := setsNetns(t, append(sets, SetSpec{Name: commented})...)
 	var names []string
 	for _, s := range sets {
 		names = append(names, s.Name)
@@ -357,7 +356,7 @@ func TestSetEntriesOverNetlinkAreWhatIpsetSaves(t *testing.T) {
 		}
 		changes := testChanges(sets)
 		for i := range 5000 {
-			changes = append(changes, ipvsmode.SetChange{Set: sets[2].Name, Entry: fmt.Sprintf("10.244.%d.%d,udp:%d,10.244.%d.%d", i>>8, i&0xff, i, i>>8, i&0xff)})
+			changes = append(changes, SetChange{Set: sets[2].Name, Entry: fmt.Sprintf("10.244.%d.%d,udp:%d,10.244.%d.%d", i>>8, i&0xff, i, i>>8, i&0xff)})
 		}
 		if err := kernel.ChangeSets(changes); err != nil {
 			t.Fatal(err)

@@ -19,8 +19,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
-
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
 // Kernel is the real pkg/ipvs.Kernel for one IP family. Its netlink
@@ -34,7 +32,7 @@ type Kernel struct {
 	ipsets
 }
 
-var _ ipvsmode.Kernel = (*Kernel)(nil)
+var _ Interface = (*Kernel)(nil)
 
 // New checks that the kernel has IPVS and opens the handles.
 func New(ipv6 bool) (*Kernel, error) {
@@ -132,7 +130,7 @@ var protocolNumbers = map[v1.Protocol]uint16{
 
 // VirtualServers lists the family's virtual servers; firewall-mark ones
 // have no address, port or protocol, and kube-proxy makes none.
-func (t *table) VirtualServers() ([]ipvsmode.VirtualServer, error) {
+func (t *table) VirtualServers() ([]VirtualServer, error) {
 	t.mu.Lock()
 	vss, err := t.dump.list(t.family())
 	t.mu.Unlock()
@@ -142,19 +140,19 @@ func (t *table) VirtualServers() ([]ipvsmode.VirtualServer, error) {
 	return vss, nil
 }
 
-func (t *table) AddVirtualServer(vs ipvsmode.VirtualServer) error {
+func (t *table) AddVirtualServer(vs VirtualServer) error {
 	return t.serviceCmd("adding", vs, t.h.NewService)
 }
 
-func (t *table) UpdateVirtualServer(vs ipvsmode.VirtualServer) error {
+func (t *table) UpdateVirtualServer(vs VirtualServer) error {
 	return t.serviceCmd("updating", vs, t.h.UpdateService)
 }
 
-func (t *table) DeleteVirtualServer(key ipvsmode.VirtualServerKey) error {
-	return t.serviceCmd("deleting", ipvsmode.VirtualServer{VirtualServerKey: key}, t.h.DelService)
+func (t *table) DeleteVirtualServer(key VirtualServerKey) error {
+	return t.serviceCmd("deleting", VirtualServer{VirtualServerKey: key}, t.h.DelService)
 }
 
-func (t *table) serviceCmd(verb string, vs ipvsmode.VirtualServer, cmd func(*libipvs.Service) error) error {
+func (t *table) serviceCmd(verb string, vs VirtualServer, cmd func(*libipvs.Service) error) error {
 	s, err := t.toService(vs)
 	if err == nil {
 		t.mu.Lock()
@@ -167,8 +165,8 @@ func (t *table) serviceCmd(verb string, vs ipvsmode.VirtualServer, cmd func(*lib
 	return nil
 }
 
-func (t *table) RealServers(key ipvsmode.VirtualServerKey) ([]ipvsmode.RealServer, error) {
-	s, err := t.toService(ipvsmode.VirtualServer{VirtualServerKey: key})
+func (t *table) RealServers(key VirtualServerKey) ([]RealServer, error) {
+	s, err := t.toService(VirtualServer{VirtualServerKey: key})
 	var dests []*libipvs.Destination
 	if err == nil {
 		t.mu.Lock()
@@ -178,13 +176,13 @@ func (t *table) RealServers(key ipvsmode.VirtualServerKey) ([]ipvsmode.RealServe
 	if err != nil {
 		return nil, fmt.Errorf("listing the real servers of IPVS virtual server %s: %w", key, err)
 	}
-	rss := make([]ipvsmode.RealServer, 0, len(dests))
+	rss := make([]RealServer, 0, len(dests))
 	for _, d := range dests {
 		addr, ok := netip.AddrFromSlice(d.Address)
 		if !ok {
 			return nil, fmt.Errorf("IPVS virtual server %s has a real server with address %v", key, d.Address)
 		}
-		rss = append(rss, ipvsmode.RealServer{
+		rss = append(rss, RealServer{
 			Addr: addr.Unmap(), Port: d.Port, Weight: d.Weight,
 			ActiveConns: d.ActiveConnections, InactiveConns: d.InactiveConnections,
 		})
@@ -192,20 +190,20 @@ func (t *table) RealServers(key ipvsmode.VirtualServerKey) ([]ipvsmode.RealServe
 	return rss, nil
 }
 
-func (t *table) AddRealServer(key ipvsmode.VirtualServerKey, rs ipvsmode.RealServer) error {
+func (t *table) AddRealServer(key VirtualServerKey, rs RealServer) error {
 	return t.destinationCmd("adding", key, rs, t.h.NewDestination)
 }
 
-func (t *table) UpdateRealServer(key ipvsmode.VirtualServerKey, rs ipvsmode.RealServer) error {
+func (t *table) UpdateRealServer(key VirtualServerKey, rs RealServer) error {
 	return t.destinationCmd("updating", key, rs, t.h.UpdateDestination)
 }
 
-func (t *table) DeleteRealServer(key ipvsmode.VirtualServerKey, rs netip.AddrPort) error {
-	return t.destinationCmd("deleting", key, ipvsmode.RealServer{Addr: rs.Addr(), Port: rs.Port()}, t.h.DelDestination)
+func (t *table) DeleteRealServer(key VirtualServerKey, rs netip.AddrPort) error {
+	return t.destinationCmd("deleting", key, RealServer{Addr: rs.Addr(), Port: rs.Port()}, t.h.DelDestination)
 }
 
-func (t *table) destinationCmd(verb string, key ipvsmode.VirtualServerKey, rs ipvsmode.RealServer, cmd func(*libipvs.Service, *libipvs.Destination) error) error {
-	s, err := t.toService(ipvsmode.VirtualServer{VirtualServerKey: key})
+func (t *table) destinationCmd(verb string, key VirtualServerKey, rs RealServer, cmd func(*libipvs.Service, *libipvs.Destination) error) error {
+	s, err := t.toService(VirtualServer{VirtualServerKey: key})
 	if err == nil {
 		err = t.checkFamily(rs.Addr)
 	}
@@ -241,7 +239,7 @@ func (t *table) checkFamily(a netip.Addr) error {
 
 // toService maps a virtual server as upstream does, with the family's
 // full netmask.
-func (t *table) toService(vs ipvsmode.VirtualServer) (*libipvs.Service, error) {
+func (t *table) toService(vs VirtualServer) (*libipvs.Service, error) {
 	if err := t.checkFamily(vs.Addr); err != nil {
 		return nil, err
 	}

@@ -10,8 +10,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
-
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
 // links is the kube-ipvs0 and node-address part of Kernel.
@@ -66,16 +64,16 @@ func (l *links) family() int {
 func (l *links) EnsureDummyLink() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	_, err := l.h.LinkByName(ipvsmode.DummyLink)
+	_, err := l.h.LinkByName(DummyLink)
 	if err == nil {
 		return nil
 	}
 	if !errors.As(err, &netlink.LinkNotFoundError{}) {
-		return fmt.Errorf("looking up link %s: %w", ipvsmode.DummyLink, err)
+		return fmt.Errorf("looking up link %s: %w", DummyLink, err)
 	}
 	// The other family's syncer may have created it meanwhile.
-	if err := l.h.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: ipvsmode.DummyLink}}); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("creating dummy link %s (needs the kernel module dummy): %w", ipvsmode.DummyLink, err)
+	if err := l.h.LinkAdd(&netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: DummyLink}}); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("creating dummy link %s (needs the kernel module dummy): %w", DummyLink, err)
 	}
 	return nil
 }
@@ -89,7 +87,7 @@ func (l *links) BoundAddresses() ([]netip.Addr, error) {
 	}
 	list, err := l.h.AddrList(link, l.family())
 	if err != nil {
-		return nil, fmt.Errorf("listing the addresses of %s: %w", ipvsmode.DummyLink, err)
+		return nil, fmt.Errorf("listing the addresses of %s: %w", DummyLink, err)
 	}
 	return addrSet(ipsOf(list, 0), func(netip.Addr) bool { return true }), nil
 }
@@ -126,7 +124,7 @@ func (l *links) addrCmd(a netip.Addr, verb string, cmd func(netlink.Link, *netli
 		err = cmd(link, &netlink.Addr{IPNet: netlink.NewIPNet(a.AsSlice())})
 	}
 	if err != nil {
-		return fmt.Errorf("%s %v on %s: %w", verb, a, ipvsmode.DummyLink, err)
+		return fmt.Errorf("%s %v on %s: %w", verb, a, DummyLink, err)
 	}
 	return nil
 }
@@ -155,14 +153,14 @@ func (l *links) NodeAddresses() ([]netip.Addr, error) {
 		}
 		skip := 0 // no link has index 0
 		for _, link := range all {
-			if link.Attrs().Name == ipvsmode.DummyLink {
+			if link.Attrs().Name == DummyLink {
 				skip = link.Attrs().Index
 			}
 		}
 		addrs = ipsOf(list, skip)
 	} else {
 		for _, link := range all {
-			if link.Attrs().Name == ipvsmode.DummyLink {
+			if link.Attrs().Name == DummyLink {
 				continue
 			}
 			list, err := l.addressesOf(link.Attrs().Index)
@@ -223,9 +221,9 @@ func isNodeAddress(a netip.Addr) bool {
 }
 
 func (l *links) dummyLink() (netlink.Link, error) {
-	link, err := l.h.LinkByName(ipvsmode.DummyLink)
+	link, err := l.h.LinkByName(DummyLink)
 	if err != nil {
-		return nil, fmt.Errorf("looking up link %s: %w", ipvsmode.DummyLink, err)
+		return nil, fmt.Errorf("looking up link %s: %w", DummyLink, err)
 	}
 	return link, nil
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
 // linkKernel is the link part of pkg/ipvs.Kernel.
@@ -26,7 +25,7 @@ type linkKernel interface {
 // it is, as upstream does. The VM test runs it with a real dummy link.
 func TestLinksKernel(t *testing.T) {
 	ns := testutil.NewNetns(t)
-	testutil.InNetns(t, ns, "ip", "link", "add", ipvsmode.DummyLink, "type", "veth", "peer", "name", "rpxt-ipvs-peer")
+	testutil.InNetns(t, ns, "ip", "link", "add", DummyLink, "type", "veth", "peer", "name", "rpxt-ipvs-peer")
 	var k4, k6 *links
 	testutil.DoInNetns(t, ns, func() {
 		var err error
@@ -47,7 +46,7 @@ func TestLinksKernel(t *testing.T) {
 	if k4.byLink == nil {
 		t.Fatal("no strict checking of netlink dumps on this kernel (before Linux 4.20?)")
 	}
-	dummy, err := k4.h.LinkByName(ipvsmode.DummyLink)
+	dummy, err := k4.h.LinkByName(DummyLink)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +54,7 @@ func TestLinksKernel(t *testing.T) {
 		got, err := k.addressesOf(dummy.Attrs().Index)
 		want := map[bool]string{false: "[10.96.0.1]", true: "[fd00::1]"}[k.ipv6]
 		if err != nil || fmt.Sprint(got) != want {
-			t.Errorf("IPv6 %t: the addresses of %s alone = %v, %v; want %s", k.ipv6, ipvsmode.DummyLink, got, err, want)
+			t.Errorf("IPv6 %t: the addresses of %s alone = %v, %v; want %s", k.ipv6, DummyLink, got, err, want)
 		}
 	}
 	// A kernel without strict checking: one dump of every address.
@@ -75,8 +74,8 @@ func checkLinks(t *testing.T, ns string, k4, k6 linkKernel) {
 			t.Fatal(err)
 		}
 	}
-	if out := testutil.InNetns(t, ns, "ip", "-o", "link", "show", ipvsmode.DummyLink); strings.Contains(out, ",UP") || strings.Contains(out, "<UP") {
-		t.Errorf("%s is up: %s", ipvsmode.DummyLink, out)
+	if out := testutil.InNetns(t, ns, "ip", "-o", "link", "show", DummyLink); strings.Contains(out, ",UP") || strings.Contains(out, "<UP") {
+		t.Errorf("%s is up: %s", DummyLink, out)
 	}
 
 	// The node's other addresses: on a veth pair, on lo (up, so it has
@@ -128,10 +127,10 @@ func checkLinks(t *testing.T, ns string, k4, k6 linkKernel) {
 	check("IPv4 BoundAddresses() after the unbind", got, err, "[10.96.0.1]")
 	got, err = k6.BoundAddresses()
 	check("IPv6 BoundAddresses()", got, err, "[fd00::1]")
-	out := testutil.InNetns(t, ns, "ip", "addr", "show", "dev", ipvsmode.DummyLink)
+	out := testutil.InNetns(t, ns, "ip", "addr", "show", "dev", DummyLink)
 	for _, want := range []string{"inet 10.96.0.1/32 ", "inet6 fd00::1/128 "} {
 		if !strings.Contains(out, want) {
-			t.Errorf("%s has no %q:\n%s", ipvsmode.DummyLink, want, out)
+			t.Errorf("%s has no %q:\n%s", DummyLink, want, out)
 		}
 	}
 

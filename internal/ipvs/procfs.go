@@ -9,8 +9,6 @@ import (
 	"os"
 
 	v1 "k8s.io/api/core/v1"
-
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
 // procIPVS is where the kernel lists every virtual server of a network
@@ -29,7 +27,7 @@ func openProcIPVS() (*os.File, error) {
 	return f, nil
 }
 
-func (t *table) EachVirtualServer(each func(key ipvsmode.VirtualServerKey, reals []ipvsmode.RealServer) error) error {
+func (t *table) EachVirtualServer(each func(key VirtualServerKey, reals []RealServer) error) error {
 	t.procMu.Lock()
 	defer t.procMu.Unlock()
 	// A seq file lists afresh when read again from the start.
@@ -54,11 +52,11 @@ var procProtocols = map[string]v1.Protocol{"TCP": v1.ProtocolTCP, "UDP": v1.Prot
 // It reads the lines in place, without a string or slice per line: at
 // 10,000 services under emulation the parse cost as much as the kernel's
 // printing of the listing.
-func parseProcIPVS(r io.Reader, ipv6 bool, each func(key ipvsmode.VirtualServerKey, reals []ipvsmode.RealServer) error) error {
+func parseProcIPVS(r io.Reader, ipv6 bool, each func(key VirtualServerKey, reals []RealServer) error) error {
 	sc := bufio.NewScanner(r)
-	var current ipvsmode.VirtualServerKey
+	var current VirtualServerKey
 	listing := false // whether current's real servers are being read
-	var reals []ipvsmode.RealServer
+	var reals []RealServer
 	done := func() error {
 		if !listing {
 			return nil
@@ -87,7 +85,7 @@ func parseProcIPVS(r io.Reader, ipv6 bool, each func(key ipvsmode.VirtualServerK
 			if addr.Addr().Is6() != ipv6 {
 				continue
 			}
-			current, listing = ipvsmode.VirtualServerKey{Addr: addr.Addr(), Port: addr.Port(), Protocol: proto}, true
+			current, listing = VirtualServerKey{Addr: addr.Addr(), Port: addr.Port(), Protocol: proto}, true
 			reals = reals[:0]
 			continue
 		}
@@ -107,7 +105,7 @@ func parseProcIPVS(r io.Reader, ipv6 bool, each func(key ipvsmode.VirtualServerK
 				return fmt.Errorf("reading %s: line %d: %q is not a destination", procIPVS, line+1, sc.Text())
 			}
 		}
-		reals = append(reals, ipvsmode.RealServer{
+		reals = append(reals, RealServer{
 			Addr: addr.Addr(), Port: addr.Port(), Weight: counts[0], ActiveConns: counts[1], InactiveConns: counts[2],
 		})
 	}

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
 // procListing is /proc/net/ip_vs as Linux 6.12 prints it, with a virtual
@@ -38,7 +36,7 @@ func TestProcListingIsRead(t *testing.T) {
 		{true, "[fd00::1]:80/TCP: [{fd00:244::5 8080 1 0 0}]\n"},
 	} {
 		var got strings.Builder
-		err := parseProcIPVS(strings.NewReader(procListing), tc.ipv6, func(key ipvsmode.VirtualServerKey, reals []ipvsmode.RealServer) error {
+		err := parseProcIPVS(strings.NewReader(procListing), tc.ipv6, func(key VirtualServerKey, reals []RealServer) error {
 			fmt.Fprintf(&got, "%s: %v\n", key, reals)
 			return nil
 		})
@@ -58,7 +56,7 @@ func TestProcListingErrorsNameTheLine(t *testing.T) {
 		"TCP  0A600001:0050 rr\n  -> 0AF40005:1F90 Masq\n",
 		"UDP  [fd00::zz]:0035 rr\n",
 	} {
-		err := parseProcIPVS(strings.NewReader("h\nh\nh\n"+bad), false, func(ipvsmode.VirtualServerKey, []ipvsmode.RealServer) error { return nil })
+		err := parseProcIPVS(strings.NewReader("h\nh\nh\n"+bad), false, func(VirtualServerKey, []RealServer) error { return nil })
 		if err == nil || !strings.Contains(err.Error(), "line ") {
 			t.Errorf("%q: error %v, want one naming the line", bad, err)
 		}
@@ -80,7 +78,7 @@ func BenchmarkProcListing(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		servers := 0
-		err := parseProcIPVS(strings.NewReader(listing), false, func(ipvsmode.VirtualServerKey, []ipvsmode.RealServer) error {
+		err := parseProcIPVS(strings.NewReader(listing), false, func(VirtualServerKey, []RealServer) error {
 			servers++
 			return nil
 		})

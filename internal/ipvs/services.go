@@ -9,8 +9,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
-
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
 // The IPVS generic netlink command and attributes the virtual servers'
@@ -55,12 +53,12 @@ func (d *serviceDump) close() { d.socket.Close() }
 
 // list decodes every virtual server of the address family af, firewall-
 // mark ones left out.
-func (d *serviceDump) list(af uint16) ([]ipvsmode.VirtualServer, error) {
+func (d *serviceDump) list(af uint16) ([]VirtualServer, error) {
 	req := nl.NewNetlinkRequest(int(d.family), unix.NLM_F_DUMP)
 	req.AddData(&nl.Genlmsg{Command: ipvsCmdGetService, Version: 1})
 	req.AddData(nl.NewRtAttr(ipvsCmdAttrSvc, nil))
 	req.Sockets = map[int]*nl.SocketHandle{unix.NETLINK_GENERIC: d.socket}
-	var vss []ipvsmode.VirtualServer
+	var vss []VirtualServer
 	var decodeErr error
 	err := req.ExecuteIter(unix.NETLINK_GENERIC, 0, func(msg []byte) bool {
 		// Every message is read, whatever the error, so that none is left
@@ -89,7 +87,7 @@ func (d *serviceDump) list(af uint16) ([]ipvsmode.VirtualServer, error) {
 
 // decodeService reads one virtual server's attributes; ok is false for
 // one of another family or a firewall-mark one.
-func decodeService(attrs []byte, af uint16) (vs ipvsmode.VirtualServer, ok bool, err error) {
+func decodeService(attrs []byte, af uint16) (vs VirtualServer, ok bool, err error) {
 	var family, proto uint16
 	var fwmark uint32
 	var addr []byte
@@ -108,7 +106,7 @@ func decodeService(attrs []byte, af uint16) (vs ipvsmode.VirtualServer, ok bool,
 		case t == ipvsSvcAttrSched:
 			vs.Scheduler = strings.TrimRight(string(v), "\x00")
 		case t == ipvsSvcAttrFlags && len(v) == 8: // struct ip_vs_flags: flags, mask
-			vs.Flags = binary.NativeEndian.Uint32(v) &^ ipvsmode.FlagHashed
+			vs.Flags = binary.NativeEndian.Uint32(v) &^ FlagHashed
 		case t == ipvsSvcAttrTime && len(v) == 4:
 			vs.Timeout = binary.NativeEndian.Uint32(v)
 		}

@@ -13,8 +13,6 @@ import (
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
-
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
 // SetEntries reads the named sets' entries over netlink (one IPSET_CMD_LIST
@@ -55,7 +53,7 @@ func listedEntries(names []string) (map[string][]string, error) {
 			return nil, fmt.Errorf("listing ipset %s: %w", name, err)
 		}
 		list := []string{}
-		var typ ipvsmode.SetType
+		var typ SetType
 		var family uint8
 		for _, msg := range msgs {
 			if list, err = appendSetEntries(list, msg, &typ, &family); err != nil {
@@ -71,7 +69,7 @@ func listedEntries(names []string) (map[string][]string, error) {
 // appendSetEntries decodes one message of a set's listing: its header
 // (type and family, in the first message only) and a part of its entries,
 // each nested in IPSET_ATTR_ADT as an IPSET_ATTR_DATA.
-func appendSetEntries(list []string, msg []byte, typ *ipvsmode.SetType, family *uint8) ([]string, error) {
+func appendSetEntries(list []string, msg []byte, typ *SetType, family *uint8) ([]string, error) {
 	if len(msg) < nl.SizeofNfgenmsg {
 		return nil, fmt.Errorf("a message of %d bytes", len(msg))
 	}
@@ -82,7 +80,7 @@ func appendSetEntries(list []string, msg []byte, typ *ipvsmode.SetType, family *
 	for _, a := range attrs {
 		switch a.Attr.Type &^ (unix.NLA_F_NESTED | unix.NLA_F_NET_BYTEORDER) {
 		case nl.IPSET_ATTR_TYPENAME:
-			*typ = ipvsmode.SetType(strings.TrimRight(string(a.Value), "\x00"))
+			*typ = SetType(strings.TrimRight(string(a.Value), "\x00"))
 		case nl.IPSET_ATTR_FAMILY:
 			if len(a.Value) == 1 {
 				*family = a.Value[0]
@@ -110,12 +108,12 @@ func appendSetEntries(list []string, msg []byte, typ *ipvsmode.SetType, family *
 // entryAttrs are the attributes the kernel lists for an entry of each set
 // type kube-proxy uses, without extensions (timeouts, counters, comments,
 // flags such as nomatch): an entry with any other is not decoded.
-var entryAttrs = map[ipvsmode.SetType][]uint16{
-	ipvsmode.HashIP:        {nl.IPSET_ATTR_IP},
-	ipvsmode.HashIPPort:    {nl.IPSET_ATTR_IP, nl.IPSET_ATTR_PORT, nl.IPSET_ATTR_PROTO},
-	ipvsmode.HashIPPortIP:  {nl.IPSET_ATTR_IP, nl.IPSET_ATTR_PORT, nl.IPSET_ATTR_PROTO, nl.IPSET_ATTR_IP2},
-	ipvsmode.HashIPPortNet: {nl.IPSET_ATTR_IP, nl.IPSET_ATTR_PORT, nl.IPSET_ATTR_PROTO, nl.IPSET_ATTR_IP2, nl.IPSET_ATTR_CIDR2},
-	ipvsmode.BitmapPort:    {nl.IPSET_ATTR_PORT},
+var entryAttrs = map[SetType][]uint16{
+	HashIP:        {nl.IPSET_ATTR_IP},
+	HashIPPort:    {nl.IPSET_ATTR_IP, nl.IPSET_ATTR_PORT, nl.IPSET_ATTR_PROTO},
+	HashIPPortIP:  {nl.IPSET_ATTR_IP, nl.IPSET_ATTR_PORT, nl.IPSET_ATTR_PROTO, nl.IPSET_ATTR_IP2},
+	HashIPPortNet: {nl.IPSET_ATTR_IP, nl.IPSET_ATTR_PORT, nl.IPSET_ATTR_PROTO, nl.IPSET_ATTR_IP2, nl.IPSET_ATTR_CIDR2},
+	BitmapPort:    {nl.IPSET_ATTR_PORT},
 }
 
 // protocolNames are the names `ipset save` prints for the protocols of
@@ -132,7 +130,7 @@ type entryFields struct {
 
 // decodeEntry turns one entry's attributes into the text `ipset save`
 // prints for it (canonicalEntry's form).
-func decodeEntry(typ ipvsmode.SetType, ipv6 bool, data []byte) (string, error) {
+func decodeEntry(typ SetType, ipv6 bool, data []byte) (string, error) {
 	attrs, err := nl.ParseRouteAttr(data)
 	if err != nil {
 		return "", err
@@ -182,12 +180,12 @@ func decodeEntry(typ ipvsmode.SetType, ipv6 bool, data []byte) (string, error) {
 
 // text prints the entry as `ipset save` does: a net's prefix length only
 // when shorter than the address.
-func (f entryFields) text(typ ipvsmode.SetType) (string, error) {
-	if typ == ipvsmode.BitmapPort {
+func (f entryFields) text(typ SetType) (string, error) {
+	if typ == BitmapPort {
 		return strconv.Itoa(int(f.port)), nil
 	}
 	b := f.ip.AppendTo(make([]byte, 0, 64))
-	if typ == ipvsmode.HashIP {
+	if typ == HashIP {
 		return string(b), nil
 	}
 	proto, ok := protocolNames[f.proto]
@@ -196,11 +194,11 @@ func (f entryFields) text(typ ipvsmode.SetType) (string, error) {
 	}
 	b = append(append(append(b, ','), proto...), ':')
 	b = strconv.AppendUint(b, uint64(f.port), 10)
-	if typ == ipvsmode.HashIPPort {
+	if typ == HashIPPort {
 		return string(b), nil
 	}
 	b = f.ip2.AppendTo(append(b, ','))
-	if typ == ipvsmode.HashIPPortNet && f.cidr2 != f.ip2.BitLen() {
+	if typ == HashIPPortNet && f.cidr2 != f.ip2.BitLen() {
 		if f.cidr2 < 1 || f.cidr2 > f.ip2.BitLen() {
 			return "", fmt.Errorf("%s entry with prefix length %d", typ, f.cidr2)
 		}

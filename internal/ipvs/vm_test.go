@@ -19,7 +19,6 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
-	ipvsmode "github.com/rapidproxy/rapidproxy/pkg/ipvs"
 	"github.com/rapidproxy/rapidproxy/test/vm"
 )
 
@@ -78,11 +77,11 @@ func TestKernelInGuest(t *testing.T) {
 	defer k6.Close()
 
 	checkLinks(t, ns, k4, k6)
-	if out, err := exec.Command("ip", "link", "show", ipvsmode.DummyLink).CombinedOutput(); err == nil {
-		t.Errorf("%s is in the VM's own namespace: %s", ipvsmode.DummyLink, out)
+	if out, err := exec.Command("ip", "link", "show", DummyLink).CombinedOutput(); err == nil {
+		t.Errorf("%s is in the VM's own namespace: %s", DummyLink, out)
 	}
-	if out := testutil.InNetns(t, ns, "ip", "-d", "link", "show", ipvsmode.DummyLink); !strings.Contains(out, "dummy") {
-		t.Errorf("%s is not a dummy link:\n%s", ipvsmode.DummyLink, out)
+	if out := testutil.InNetns(t, ns, "ip", "-d", "link", "show", DummyLink); !strings.Contains(out, "dummy") {
+		t.Errorf("%s is not a dummy link:\n%s", DummyLink, out)
 	}
 
 	checkIPVSAgainstFake(t, ns, k4, k6)
@@ -115,59 +114,59 @@ var (
 var ipvsCalls = []struct {
 	name  string
 	errno syscall.Errno
-	do    func(k4, k6 ipvsmode.Kernel) error
+	do    func(k4, k6 Interface) error
 }{
-	{"add web", 0, func(k4, _ ipvsmode.Kernel) error {
-		return k4.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: web, Scheduler: "rr"})
+	{"add web", 0, func(k4, _ Interface) error {
+		return k4.AddVirtualServer(VirtualServer{VirtualServerKey: web, Scheduler: "rr"})
 	}},
-	{"add web again", syscall.EEXIST, func(k4, _ ipvsmode.Kernel) error {
-		return k4.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: web, Scheduler: "rr"})
+	{"add web again", syscall.EEXIST, func(k4, _ Interface) error {
+		return k4.AddVirtualServer(VirtualServer{VirtualServerKey: web, Scheduler: "rr"})
 	}},
-	{"add dns with affinity", 0, func(k4, _ ipvsmode.Kernel) error {
-		return k4.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: dns, Scheduler: "rr", Flags: ipvsmode.FlagPersistent, Timeout: 10800})
+	{"add dns with affinity", 0, func(k4, _ Interface) error {
+		return k4.AddVirtualServer(VirtualServer{VirtualServerKey: dns, Scheduler: "rr", Flags: FlagPersistent, Timeout: 10800})
 	}},
-	{"add sctp with mh", 0, func(k4, _ ipvsmode.Kernel) error {
-		return k4.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: sctp, Scheduler: "mh", Flags: ipvsmode.FlagSourceHash})
+	{"add sctp with mh", 0, func(k4, _ Interface) error {
+		return k4.AddVirtualServer(VirtualServer{VirtualServerKey: sctp, Scheduler: "mh", Flags: FlagSourceHash})
 	}},
-	{"add web6", 0, func(_, k6 ipvsmode.Kernel) error {
-		return k6.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: web6, Scheduler: "rr"})
+	{"add web6", 0, func(_, k6 Interface) error {
+		return k6.AddVirtualServer(VirtualServer{VirtualServerKey: web6, Scheduler: "rr"})
 	}},
-	{"add with an unknown scheduler", syscall.ENOENT, func(k4, _ ipvsmode.Kernel) error {
-		return k4.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: nokey, Scheduler: "nope"})
+	{"add with an unknown scheduler", syscall.ENOENT, func(k4, _ Interface) error {
+		return k4.AddVirtualServer(VirtualServer{VirtualServerKey: nokey, Scheduler: "nope"})
 	}},
-	{"update web", 0, func(k4, _ ipvsmode.Kernel) error {
-		return k4.UpdateVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: web, Scheduler: "wrr", Flags: ipvsmode.FlagPersistent, Timeout: 60})
+	{"update web", 0, func(k4, _ Interface) error {
+		return k4.UpdateVirtualServer(VirtualServer{VirtualServerKey: web, Scheduler: "wrr", Flags: FlagPersistent, Timeout: 60})
 	}},
-	{"update a missing one", syscall.ESRCH, func(k4, _ ipvsmode.Kernel) error {
-		return k4.UpdateVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: nokey, Scheduler: "rr"})
+	{"update a missing one", syscall.ESRCH, func(k4, _ Interface) error {
+		return k4.UpdateVirtualServer(VirtualServer{VirtualServerKey: nokey, Scheduler: "rr"})
 	}},
-	{"delete a missing one", syscall.ESRCH, func(k4, _ ipvsmode.Kernel) error { return k4.DeleteVirtualServer(nokey) }},
-	{"add a real server", 0, func(k4, _ ipvsmode.Kernel) error { return k4.AddRealServer(web, realServer("10.244.0.5:8080", 1)) }},
-	{"add it again", syscall.EEXIST, func(k4, _ ipvsmode.Kernel) error { return k4.AddRealServer(web, realServer("10.244.0.5:8080", 1)) }},
-	{"add another", 0, func(k4, _ ipvsmode.Kernel) error { return k4.AddRealServer(web, realServer("10.244.0.6:8080", 2)) }},
-	{"add one with a negative weight", syscall.ERANGE, func(k4, _ ipvsmode.Kernel) error {
+	{"delete a missing one", syscall.ESRCH, func(k4, _ Interface) error { return k4.DeleteVirtualServer(nokey) }},
+	{"add a real server", 0, func(k4, _ Interface) error { return k4.AddRealServer(web, realServer("10.244.0.5:8080", 1)) }},
+	{"add it again", syscall.EEXIST, func(k4, _ Interface) error { return k4.AddRealServer(web, realServer("10.244.0.5:8080", 1)) }},
+	{"add another", 0, func(k4, _ Interface) error { return k4.AddRealServer(web, realServer("10.244.0.6:8080", 2)) }},
+	{"add one with a negative weight", syscall.ERANGE, func(k4, _ Interface) error {
 		return k4.AddRealServer(web, realServer("10.244.0.7:8080", -1))
 	}},
-	{"add one to a missing virtual server", syscall.ESRCH, func(k4, _ ipvsmode.Kernel) error {
+	{"add one to a missing virtual server", syscall.ESRCH, func(k4, _ Interface) error {
 		return k4.AddRealServer(nokey, realServer("10.244.0.5:8080", 1))
 	}},
-	{"drain one", 0, func(k4, _ ipvsmode.Kernel) error { return k4.UpdateRealServer(web, realServer("10.244.0.6:8080", 0)) }},
-	{"update a missing one", syscall.ENOENT, func(k4, _ ipvsmode.Kernel) error {
+	{"drain one", 0, func(k4, _ Interface) error { return k4.UpdateRealServer(web, realServer("10.244.0.6:8080", 0)) }},
+	{"update a missing one", syscall.ENOENT, func(k4, _ Interface) error {
 		return k4.UpdateRealServer(web, realServer("10.244.0.7:8080", 1))
 	}},
-	{"delete a missing one", syscall.ENOENT, func(k4, _ ipvsmode.Kernel) error {
+	{"delete a missing one", syscall.ENOENT, func(k4, _ Interface) error {
 		return k4.DeleteRealServer(web, netip.MustParseAddrPort("10.244.0.7:8080"))
 	}},
-	{"add to dns", 0, func(k4, _ ipvsmode.Kernel) error { return k4.AddRealServer(dns, realServer("10.244.0.20:53", 1)) }},
-	{"add to dns, to delete", 0, func(k4, _ ipvsmode.Kernel) error { return k4.AddRealServer(dns, realServer("10.244.0.21:53", 1)) }},
-	{"delete it", 0, func(k4, _ ipvsmode.Kernel) error {
+	{"add to dns", 0, func(k4, _ Interface) error { return k4.AddRealServer(dns, realServer("10.244.0.20:53", 1)) }},
+	{"add to dns, to delete", 0, func(k4, _ Interface) error { return k4.AddRealServer(dns, realServer("10.244.0.21:53", 1)) }},
+	{"delete it", 0, func(k4, _ Interface) error {
 		return k4.DeleteRealServer(dns, netip.MustParseAddrPort("10.244.0.21:53"))
 	}},
-	{"add to web6", 0, func(_, k6 ipvsmode.Kernel) error { return k6.AddRealServer(web6, realServer("[fd00:244::5]:8080", 1)) }},
-	{"add to sctp", 0, func(k4, _ ipvsmode.Kernel) error { return k4.AddRealServer(sctp, realServer("10.244.0.9:9", 1)) }},
-	{"delete sctp", 0, func(k4, _ ipvsmode.Kernel) error { return k4.DeleteVirtualServer(sctp) }},
-	{"add sctp back", 0, func(k4, _ ipvsmode.Kernel) error {
-		return k4.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: sctp, Scheduler: "mh", Flags: ipvsmode.FlagSourceHash})
+	{"add to web6", 0, func(_, k6 Interface) error { return k6.AddRealServer(web6, realServer("[fd00:244::5]:8080", 1)) }},
+	{"add to sctp", 0, func(k4, _ Interface) error { return k4.AddRealServer(sctp, realServer("10.244.0.9:9", 1)) }},
+	{"delete sctp", 0, func(k4, _ Interface) error { return k4.DeleteVirtualServer(sctp) }},
+	{"add sctp back", 0, func(k4, _ Interface) error {
+		return k4.AddVirtualServer(VirtualServer{VirtualServerKey: sctp, Scheduler: "mh", Flags: FlagSourceHash})
 	}},
 }
 
@@ -188,7 +187,7 @@ func checkIPVSAgainstFake(t *testing.T, ns string, k4, k6 *Kernel) {
 	}
 
 	// Only the adapter knows a family.
-	if err := k4.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: web6, Scheduler: "rr"}); err == nil {
+	if err := k4.AddVirtualServer(VirtualServer{VirtualServerKey: web6, Scheduler: "rr"}); err == nil {
 		t.Errorf("the IPv4 kernel added an IPv6 virtual server")
 	}
 	if err := k4.AddRealServer(web, realServer("[fd00::5]:80", 1)); err == nil {
@@ -203,7 +202,7 @@ func checkIPVSAgainstFake(t *testing.T, ns string, k4, k6 *Kernel) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(servers6, func(vs ipvsmode.VirtualServer) bool { return vs.VirtualServerKey == web6 }) || len(servers6) != 1 {
+	if !slices.ContainsFunc(servers6, func(vs VirtualServer) bool { return vs.VirtualServerKey == web6 }) || len(servers6) != 1 {
 		t.Errorf("the IPv6 kernel lists %v", servers6)
 	}
 	got := sortedServers(append(servers4, servers6...))
@@ -211,14 +210,14 @@ func checkIPVSAgainstFake(t *testing.T, ns string, k4, k6 *Kernel) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("the kernel lists\n%v\nthe fake\n%v", got, want)
 	}
-	for _, vs := range append(want, ipvsmode.VirtualServer{VirtualServerKey: nokey}) {
+	for _, vs := range append(want, VirtualServer{VirtualServerKey: nokey}) {
 		k := k4
 		if vs.Addr.Is6() {
 			k = k6
 		}
 		got, errKernel := k.RealServers(vs.VirtualServerKey)
 		want, errFake := fake.RealServers(vs.VirtualServerKey)
-		slices.SortFunc(got, func(a, b ipvsmode.RealServer) int { return a.AddrPort().Compare(b.AddrPort()) })
+		slices.SortFunc(got, func(a, b RealServer) int { return a.AddrPort().Compare(b.AddrPort()) })
 		if errKernel != nil || errFake != nil || fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("real servers of %s: the kernel lists %v (%v), the fake %v (%v)", vs.VirtualServerKey, got, errKernel, want, errFake)
 		}
@@ -227,8 +226,8 @@ func checkIPVSAgainstFake(t *testing.T, ns string, k4, k6 *Kernel) {
 	// The one read of every virtual server's real servers lists what the
 	// requests one virtual server at a time list, family by family.
 	for _, k := range []*Kernel{k4, k6} {
-		all := map[ipvsmode.VirtualServerKey][]ipvsmode.RealServer{}
-		err := k.EachVirtualServer(func(key ipvsmode.VirtualServerKey, reals []ipvsmode.RealServer) error {
+		all := map[VirtualServerKey][]RealServer{}
+		err := k.EachVirtualServer(func(key VirtualServerKey, reals []RealServer) error {
 			all[key] = slices.Clone(reals)
 			return nil
 		})
@@ -242,7 +241,7 @@ func checkIPVSAgainstFake(t *testing.T, ns string, k4, k6 *Kernel) {
 			}
 			servers++
 			got := all[vs.VirtualServerKey]
-			slices.SortFunc(got, func(a, b ipvsmode.RealServer) int { return a.AddrPort().Compare(b.AddrPort()) })
+			slices.SortFunc(got, func(a, b RealServer) int { return a.AddrPort().Compare(b.AddrPort()) })
 			if wantReals, _ := fake.RealServers(vs.VirtualServerKey); fmt.Sprint(got) != fmt.Sprint(wantReals) {
 				t.Errorf("IPv6 %t: all real servers list %v for %s, the fake %v", k.table.ipv6, got, vs.VirtualServerKey, wantReals)
 			}
@@ -261,7 +260,7 @@ func checkIPVSAgainstFake(t *testing.T, ns string, k4, k6 *Kernel) {
 	}
 }
 
-func sortedServers(vss []ipvsmode.VirtualServer) []ipvsmode.VirtualServer {
+func sortedServers(vss []VirtualServer) []VirtualServer {
 	f := NewFake()
 	for _, vs := range vss {
 		_ = f.AddVirtualServer(vs)
@@ -316,7 +315,7 @@ func checkConnections(t *testing.T, ns string, k4 *Kernel) {
 	// 10.96.0.1 is on kube-ipvs0 (checkLinks).
 	key := vsKey("10.96.0.1:8081", v1.ProtocolTCP)
 	backend := realServer("10.244.0.5:8080", 1)
-	if err := k4.AddVirtualServer(ipvsmode.VirtualServer{VirtualServerKey: key, Scheduler: "rr"}); err != nil {
+	if err := k4.AddVirtualServer(VirtualServer{VirtualServerKey: key, Scheduler: "rr"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := k4.AddRealServer(key, backend); err != nil {
@@ -350,9 +349,9 @@ func checkConnections(t *testing.T, ns string, k4 *Kernel) {
 }
 
 // waitConns waits for the only real server's connection counts.
-func waitConns(t *testing.T, k *Kernel, key ipvsmode.VirtualServerKey, active, inactive int) {
+func waitConns(t *testing.T, k *Kernel, key VirtualServerKey, active, inactive int) {
 	t.Helper()
-	var rss []ipvsmode.RealServer
+	var rss []RealServer
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		var err error
 		if rss, err = k.RealServers(key); err != nil {

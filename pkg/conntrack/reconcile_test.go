@@ -32,16 +32,6 @@ func TestStaleFlowFilter(t *testing.T) {
 	}
 	filter := newStaleFlowFilter(services, endpoints)
 
-	flow := func(proto uint8, dst string, answeredBy string) *netlink.ConntrackFlow {
-		d, a := netip.MustParseAddrPort(dst), netip.MustParseAddrPort(answeredBy)
-		f := &netlink.ConntrackFlow{}
-		f.Forward.Protocol = proto
-		f.Forward.SrcIP, f.Forward.SrcPort = net.ParseIP("10.244.0.99"), 40000
-		f.Forward.DstIP, f.Forward.DstPort = net.IP(d.Addr().AsSlice()), d.Port()
-		f.Reverse.SrcIP, f.Reverse.SrcPort = net.IP(a.Addr().AsSlice()), a.Port()
-		f.Reverse.DstIP, f.Reverse.DstPort = f.Forward.SrcIP, 40000
-		return f
-	}
 	for _, tc := range []struct {
 		name  string
 		flow  *netlink.ConntrackFlow
@@ -65,4 +55,17 @@ func TestStaleFlowFilter(t *testing.T) {
 			t.Errorf("%s: stale %v, want %v", tc.name, got, tc.stale)
 		}
 	}
+}
+
+// flow is a conntrack entry from a client pod to dst, answered by
+// answeredBy (dst itself if no DNAT happened).
+func flow(proto uint8, dst string, answeredBy string) *netlink.ConntrackFlow {
+	d, a := netip.MustParseAddrPort(dst), netip.MustParseAddrPort(answeredBy)
+	f := &netlink.ConntrackFlow{}
+	f.Forward.Protocol = proto
+	f.Forward.SrcIP, f.Forward.SrcPort = net.ParseIP("10.244.0.99"), 40000
+	f.Forward.DstIP, f.Forward.DstPort = net.IP(d.Addr().AsSlice()), d.Port()
+	f.Reverse.SrcIP, f.Reverse.SrcPort = net.IP(a.Addr().AsSlice()), a.Port()
+	f.Reverse.DstIP, f.Reverse.DstPort = f.Forward.SrcIP, 40000
+	return f
 }

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 
@@ -24,6 +25,10 @@ const Path = "/debug/services"
 
 // Handler serves Path from a proxier, once it has one.
 type Handler struct {
+	// IsLocal tells whether an address is this node's, for a trace (a
+	// NodePort answers there); nil reads the host's interfaces.
+	IsLocal func(netip.Addr) bool
+
 	mu     sync.Mutex
 	source proxy.Explainer
 }

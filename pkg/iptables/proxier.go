@@ -70,7 +70,7 @@ const ChainRefsPerRestoreNFT = 1000
 var (
 	_ proxy.Describer = (*Syncer)(nil)
 	_ proxy.Preparer  = (*Syncer)(nil)
-	_ proxy.Watcher   = (*Syncer)(nil)
+	_ proxy.Prober    = (*Syncer)(nil)
 )
 
 // Syncer is the iptables mode for one IP family: the proxy core hands it
@@ -87,12 +87,12 @@ type Syncer struct {
 	// written is true once a full sync has written everything and no
 	// flush was seen since: before that there is nothing to lose.
 	// verifying is set when the watch asked for a full sync because
-	// another program changed a table we write to; fullSyncTook paces
-	// such syncs.
-	writtenMu    sync.Mutex
-	written      bool
-	verifying    bool
-	fullSyncTook time.Duration
+	// another program changed a table we write to. probeTick counts the
+	// core's calls of Probe (from one goroutine).
+	writtenMu sync.Mutex
+	written   bool
+	verifying bool
+	probeTick int
 
 	// prepared is the kernel as Prepare read it, for the first full sync.
 	prepared *preparedKernel
@@ -151,11 +151,9 @@ func (p *Syncer) FullSync(v state.View) error {
 	verifying := p.verifying
 	p.verifying = false
 	p.writtenMu.Unlock()
-	start := time.Now()
 	p.rewritten, p.repairs = p.rewritten[:0], 0
 	err := p.fullSync(verifying)
 	p.writtenMu.Lock()
-	p.fullSyncTook = time.Since(start)
 	p.written = err == nil
 	p.writtenMu.Unlock()
 	if err != nil {
@@ -604,45 +602,37 @@ func (p *Syncer) flushed(probe flushProbe) bool {
 	return !containsRule(have, probe.rule)
 }
 
-// Watch runs the flush probes and asks for a full sync, which restores
-// everything, when one finds our rules gone, or when another program
-// changed the nat table: then at most once per ten times the last full
-// sync's duration, so that a program changing its own rules all the time
-// costs us a bounded share of a core (on nft, every change to any table
-// moves the generation the probes read).
-func (p *Syncer) Watch(ctx context.Context, resync func()) {
-	ticker := time.NewTicker(flushCheckInterval)
-	defer ticker.Stop()
-	var pending bool
-	var last time.Time
-	for tick := 0; ; tick++ {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-		p.writtenMu.Lock()
-		written := p.written
-		p.writtenMu.Unlock()
-		if !written {
-			continue
-		}
-		probe, flushed, changed := p.watch.check(tick)
-		pending = pending || changed
-		p.writtenMu.Lock()
-		due := time.Since(last) >= 10*p.fullSyncTook
-		if flushed || (pending && due) {
-			p.written, p.verifying, pending, last = false, true, false, time.Now()
-		}
-		verify := p.verifying
-		p.writtenMu.Unlock()
-		if flushed {
-			klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", probe.table, "chain", probe.chain)
-		}
-		if verify {
-			resync()
-		}
+// ProbeInterval is how often the core runs Probe.
+func (p *Syncer) ProbeInterval() time.Duration { return flushCheckInterval }
+
+// Probe runs the flush probes due at this tick: gone names the chain of
+// ours a probe found flushed, changed says another program changed the
+// nat table (on nft, every change to any table moves the generation the
+// probes read). Nothing is probed until a full sync has written
+// everything, and again after each repair.
+func (p *Syncer) Probe(context.Context) (gone string, changed bool) {
+	tick := p.probeTick
+	p.probeTick++
+	p.writtenMu.Lock()
+	written := p.written
+	p.writtenMu.Unlock()
+	if !written {
+		return "", false
 	}
+	probe, flushed, changed := p.watch.check(tick)
+	if !flushed {
+		return "", changed
+	}
+	klog.InfoS("Our iptables rules were flushed by another program; restoring them", "ipFamily", p.cfg.Family, "table", probe.table, "chain", probe.chain)
+	return string(probe.table) + " " + string(probe.chain), changed
+}
+
+// RepairNext has the next full sync count what it rewrites as repairs,
+// and stops the probes until it has written everything.
+func (p *Syncer) RepairNext() {
+	p.writtenMu.Lock()
+	p.written, p.verifying = false, true
+	p.writtenMu.Unlock()
 }
 
 // flushRecheckPeriod bounds how long a probe trusts that the generation

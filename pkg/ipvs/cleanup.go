@@ -9,18 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
-	"slices"
-	"strings"
 
-	libipvs "github.com/moby/ipvs"
-	"github.com/vishvananda/netlink"
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 )
-
-// DummyLink holds the service addresses in IPVS mode, so the node accepts
-// traffic to them.
-const DummyLink = "kube-ipvs0"
 
 // IsKubeProxySet tells whether an ipset is one the IPVS mode creates, in
 // either family.
@@ -36,45 +27,36 @@ func IsKubeProxySet(name string) bool {
 	return false
 }
 
-// Cleanup removes the IPVS virtual servers (but those in excludeCIDRs,
-// which belong to other programs), the dummy link and the ipsets the IPVS
-// mode leaves, and says what it removed. The iptables rules that use the
+// Cleanup removes what the IPVS mode leaves on a node: every virtual
+// server in kernels (one per family; none where IPVS is not loaded) but
+// those in excludeCIDRs, which belong to other programs, the dummy link
+// and the ipsets; it says what it removed. The iptables rules that use the
 // ipsets must be gone first: the kernel keeps a set in use.
-func Cleanup(excludeCIDRs []netip.Prefix) ([]string, error) {
+func Cleanup(kernels []Kernel, excludeCIDRs []netip.Prefix) ([]string, error) {
 	var removed []string
 	var errs []error
-	// Without the ip_vs module loaded (or built in) there is no IPVS
-	// state, and asking netlink for it would load the module.
-	if _, err := os.Stat("/sys/module/ip_vs"); err == nil {
-		if h, err := libipvs.New(""); err == nil {
-			services, err := h.GetServices()
-			if err != nil {
-				errs = append(errs, fmt.Errorf("listing IPVS virtual servers: %w", err))
-			}
-			deleted := 0
-			for _, svc := range services {
-				addr, _ := netip.AddrFromSlice(svc.Address)
-				if slices.ContainsFunc(excludeCIDRs, func(p netip.Prefix) bool { return p.Contains(addr.Unmap()) }) {
-					continue
-				}
-				if err := h.DelService(svc); err != nil {
-					errs = append(errs, fmt.Errorf("deleting IPVS virtual server %s:%d: %w", svc.Address, svc.Port, err))
-					continue
-				}
-				deleted++
-			}
-			if deleted > 0 {
-				removed = append(removed, fmt.Sprintf("%d IPVS virtual servers", deleted))
-			}
-			h.Close()
+	deleted := 0
+	for _, k := range kernels {
+		servers, err := k.VirtualServers()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("listing IPVS virtual servers: %w", err))
+			continue
+		}
+		if _, _, err := Retire(k, excludeCIDRs, true); err != nil {
+			errs = append(errs, err)
+		}
+		after, err := k.VirtualServers()
+		if err == nil {
+			deleted += len(servers) - len(after)
 		}
 	}
-	if link, err := netlink.LinkByName(DummyLink); err == nil {
-		if err := netlink.LinkDel(link); err != nil {
-			errs = append(errs, fmt.Errorf("deleting link %s: %w", DummyLink, err))
-		} else {
-			removed = append(removed, "link "+DummyLink)
-		}
+	if deleted > 0 {
+		removed = append(removed, fmt.Sprintf("%d IPVS virtual servers", deleted))
+	}
+	if found, err := ipvskernel.DeleteDummyLink(); err != nil {
+		errs = append(errs, err)
+	} else if found {
+		removed = append(removed, "link "+DummyLink)
 	}
 	sets, err := CleanupSets()
 	removed = append(removed, sets...)
@@ -87,21 +69,10 @@ func Cleanup(excludeCIDRs []netip.Prefix) ([]string, error) {
 // CleanupSets destroys the ipsets the IPVS mode leaves (in either family)
 // and says which. The iptables rules that use them must be gone first.
 func CleanupSets() ([]string, error) {
-	out, err := exec.Command("ipset", "list", "-n").Output()
-	if err != nil {
-		return nil, nil // no ipset tool or module: no sets
-	}
+	destroyed, err := ipvskernel.DestroySets(IsKubeProxySet)
 	var removed []string
-	var errs []error
-	for _, name := range strings.Fields(string(out)) {
-		if !IsKubeProxySet(name) {
-			continue
-		}
-		if out, err := exec.Command("ipset", "destroy", name).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("ipset destroy %s: %w: %s", name, err, strings.TrimSpace(string(out))))
-			continue
-		}
+	for _, name := range destroyed {
 		removed = append(removed, "ipset "+name)
 	}
-	return removed, errors.Join(errs...)
+	return removed, err
 }

@@ -16,29 +16,32 @@ import (
 // an address stays bound while a remaining virtual server uses it. The
 // new mode's rules take every new connection before routing, so what
 // stays serves only the old ones. It returns how many virtual servers
-// still drain; the link itself and the ipsets go with Cleanup once none
-// does.
-func Retire(k Kernel, excludeCIDRs []netip.Prefix, force bool) (draining int, err error) {
+// still drain, and those force removed with connections (cut); the link
+// itself and the ipsets go with Cleanup once none drains.
+func Retire(k Kernel, excludeCIDRs []netip.Prefix, force bool) (draining int, cut []VirtualServerKey, err error) {
 	var errs []error
 	kept := map[netip.Addr]bool{}
-	var idle []VirtualServerKey
+	var remove []VirtualServerKey
 	err = k.EachVirtualServer(func(key VirtualServerKey, reals []RealServer) error {
 		if slices.ContainsFunc(excludeCIDRs, func(p netip.Prefix) bool { return p.Contains(key.Addr) }) {
 			kept[key.Addr] = true // another program's
 			return nil
 		}
-		if !force && slices.ContainsFunc(reals, func(rs RealServer) bool { return rs.ActiveConns+rs.InactiveConns > 0 }) {
-			kept[key.Addr] = true
-			draining++
-			return nil
+		if slices.ContainsFunc(reals, func(rs RealServer) bool { return rs.ActiveConns+rs.InactiveConns > 0 }) {
+			if !force {
+				kept[key.Addr] = true
+				draining++
+				return nil
+			}
+			cut = append(cut, key)
 		}
-		idle = append(idle, key)
+		remove = append(remove, key)
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("listing the IPVS virtual servers: %w", err)
+		return 0, nil, fmt.Errorf("listing the IPVS virtual servers: %w", err)
 	}
-	for _, key := range idle {
+	for _, key := range remove {
 		if err := k.DeleteVirtualServer(key); err != nil {
 			errs = append(errs, fmt.Errorf("deleting virtual server %s: %w", key, err))
 		}
@@ -46,7 +49,7 @@ func Retire(k Kernel, excludeCIDRs []netip.Prefix, force bool) (draining int, er
 	bound, err := k.BoundAddresses()
 	if err != nil {
 		// No kube-ipvs0: nothing is bound.
-		return draining, errors.Join(errs...)
+		return draining, cut, errors.Join(errs...)
 	}
 	for _, a := range bound {
 		if !kept[a] {
@@ -55,5 +58,5 @@ func Retire(k Kernel, excludeCIDRs []netip.Prefix, force bool) (draining int, er
 			}
 		}
 	}
-	return draining, errors.Join(errs...)
+	return draining, cut, errors.Join(errs...)
 }

@@ -28,7 +28,7 @@ func TestRetireKeepsWhatStillHasConnections(t *testing.T) {
 	}
 	exclude := []netip.Prefix{netip.MustParsePrefix("10.96.0.11/32")} // dns
 
-	draining, err := ipvs.Retire(n.kernel, exclude, false)
+	draining, _, err := ipvs.Retire(n.kernel, exclude, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,14 +48,15 @@ func TestRetireKeepsWhatStillHasConnections(t *testing.T) {
 	if err := n.kernel.SetConnections(web, webEndpoint, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	if draining, err = ipvs.Retire(n.kernel, exclude, false); err != nil || draining != 1 {
+	if draining, _, err = ipvs.Retire(n.kernel, exclude, false); err != nil || draining != 1 {
 		t.Errorf("after web's connection ended: %d draining, %v", draining, err)
 	}
 	assertServers(t, n, []string{"10.96.0.11:80", "10.255.3.1:80"})
 
 	// At the bound, whatever still has connections goes too.
-	if draining, err = ipvs.Retire(n.kernel, exclude, true); err != nil || draining != 0 {
-		t.Errorf("forced: %d draining, %v", draining, err)
+	draining, cut, err := ipvs.Retire(n.kernel, exclude, true)
+	if err != nil || draining != 0 || len(cut) != 1 || cut[0] != lb {
+		t.Errorf("forced: %d draining, cut %v, %v; want 0 draining and lb cut", draining, cut, err)
 	}
 	assertServers(t, n, []string{"10.96.0.11:80"})
 	if bound, _ := n.kernel.BoundAddresses(); len(bound) != 1 {

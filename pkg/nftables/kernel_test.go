@@ -22,6 +22,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/internal/nftnl"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
+	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 )
 
 // inNetns re-runs the calling test inside a fresh network namespace, and
@@ -250,7 +251,7 @@ func TestKernelWatch(t *testing.T) {
 	h.apply(sampleObjects()...)
 	h.full()
 	resyncs := make(chan struct{}, 100)
-	go h.syncer.Watch(t.Context(), func() { resyncs <- struct{}{} })
+	go proxy.WatchKernel(t.Context(), h.syncer, func() time.Duration { return 0 }, func() { resyncs <- struct{}{} })
 	quiet := func(what string, d time.Duration, wantLists int32) {
 		t.Helper()
 		k.lists.Store(0)

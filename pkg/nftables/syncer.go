@@ -68,7 +68,7 @@ const staleChainDelay = time.Second
 var (
 	_ proxy.Describer       = (*Syncer)(nil)
 	_ proxy.ServiceCIDRUser = (*Syncer)(nil)
-	_ proxy.Watcher         = (*Syncer)(nil)
+	_ proxy.Prober          = (*Syncer)(nil)
 	_ proxy.Deferrer        = (*Syncer)(nil)
 )
 
@@ -114,9 +114,7 @@ type Syncer struct {
 	// ruleset since it last looked; verifying, when it asked for the
 	// full sync that compares the whole table with what we want, which
 	// then logs and counts the chains it restored as they were applied.
-	// fullSyncTook paces those syncs.
 	foreign, verifying bool
-	fullSyncTook       time.Duration
 }
 
 // staleChain is when a chain was flushed, and whether deleting it failed.
@@ -177,13 +175,11 @@ func (s *Syncer) SetServiceCIDRs(cidrs []netip.Prefix) {
 func (s *Syncer) FullSync(v state.View) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	start := s.now()
 	var applied map[string][]string
 	if s.verifying {
 		applied = s.appliedChains()
 	}
 	s.verifying = false
-	defer func() { s.fullSyncTook = s.now().Sub(start) }()
 	// What the listing shows is the table at this generation or later.
 	gen, genErr := s.cfg.Generation()
 	t, err := s.readKernel(context.TODO())
@@ -276,44 +272,33 @@ func (s *Syncer) objectsFor(v state.View, name state.ServicePortName) ServiceObj
 	return s.cfg.Params.ServiceObjects(svc, sel)
 }
 
-// Watch asks for a full sync when another program changed the ruleset.
-// Once a second it reads the ruleset generation, which costs no process;
-// only when it moved other than by our own transactions does it list one
-// small chain to see whether the table was deleted or flushed (by `nft
-// flush ruleset`, say), and ask for a full sync at once if so. Any other
-// change by another program (a chain of ours flushed, a rule added to
-// one) is found by a full sync, which compares the whole table with what
-// we want and writes only the difference: at most one such sync per ten
-// times the last full sync's duration, so that a program changing its
-// own tables all the time costs us a bounded share of a core.
-func (s *Syncer) Watch(ctx context.Context, resync func()) {
-	tick := time.NewTicker(time.Second)
-	defer tick.Stop()
-	var pending bool
-	var last time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		gone := s.check(ctx)
-		s.mu.Lock()
-		pending = pending || s.foreign
-		s.foreign = false
-		due := s.now().Sub(last) >= 10*s.fullSyncTook
-		if gone != "" || (pending && due) {
-			s.verifying, pending, last = true, false, s.now()
-		}
-		verify := s.verifying
-		s.mu.Unlock()
-		if gone != "" {
-			klog.InfoS("The nftables table was changed by another program; resyncing", "ipFamily", s.cfg.Family, "found", gone)
-		}
-		if verify {
-			resync()
-		}
+// ProbeInterval is how often the core runs Probe.
+func (s *Syncer) ProbeInterval() time.Duration { return time.Second }
+
+// Probe reads the ruleset generation, which costs no process; only when
+// it moved other than by our own transactions does it list one small
+// chain to see whether the table was deleted or flushed (by `nft flush
+// ruleset`, say): gone says what it found, and the core has a full sync
+// restore it at once. Any other change by another program (a chain of
+// ours flushed, a rule added to one) is reported as changed, and found by
+// the full sync the core paces for it, which compares the whole table
+// with what we want and writes only the difference.
+func (s *Syncer) Probe(ctx context.Context) (gone string, changed bool) {
+	gone = s.check(ctx)
+	s.mu.Lock()
+	changed, s.foreign = s.foreign, false
+	s.mu.Unlock()
+	if gone != "" {
+		klog.InfoS("The nftables table was changed by another program; resyncing", "ipFamily", s.cfg.Family, "found", gone)
 	}
+	return gone, changed
+}
+
+// RepairNext has the next full sync log and count the chains it restores.
+func (s *Syncer) RepairNext() {
+	s.mu.Lock()
+	s.verifying = true
+	s.mu.Unlock()
 }
 
 // check is one look of the watch: what is missing of what the last sync

@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,8 +37,11 @@ type Mode interface {
 	PartialSync(v state.View, changed map[state.ServicePortName]bool) error
 }
 
-// Watcher is a mode that also watches the kernel for other programs
-// undoing its work; it calls resync to have everything written again.
+// Watcher is a mode that watches the kernel for other programs undoing its
+// work at a pace of its own (the IPVS mode's drift check, whose listings
+// cost in proportion to the services); it calls resync to have everything
+// written again. A mode whose look is cheap is a Prober instead, paced by
+// the core.
 type Watcher interface {
 	Watch(ctx context.Context, resync func())
 }
@@ -138,6 +142,11 @@ type Core struct {
 	cidrMu       sync.Mutex
 	serviceCIDRs []netip.Prefix
 	cidrsPending bool
+
+	// fullSyncTook is how long the mode's last successful full sync took:
+	// it paces the repairs a Prober's watch asks for, without waiting for
+	// mu, which a sync holds.
+	fullSyncTook atomic.Int64
 
 	// deferred asks for the sync a Deferrer mode wants next.
 	deferred *time.Timer
@@ -268,6 +277,9 @@ func (c *Core) SyncLoop(ctx context.Context) {
 	if w, ok := c.mode.(Watcher); ok {
 		go w.Watch(ctx, c.RequestFullSync)
 	}
+	if p, ok := c.mode.(Prober); ok {
+		go WatchKernel(ctx, p, func() time.Duration { return time.Duration(c.fullSyncTook.Load()) }, c.RequestFullSync)
+	}
 	if p, ok := c.mode.(Preparer); ok {
 		p.Prepare()
 	}
@@ -340,6 +352,7 @@ func (c *Core) SyncOnce() error {
 		}
 	}
 	if full {
+		fullStart := time.Now()
 		if err := c.mode.FullSync(view); err != nil {
 			// The runner retries, backing off from a second to a minute.
 			klog.ErrorS(err, "Full sync failed; retrying", "mode", c.cfg.ModeName, "ipFamily", family)
@@ -349,6 +362,7 @@ func (c *Core) SyncOnce() error {
 		}
 		c.needFullSync = false
 		c.lastFullSync = start
+		c.fullSyncTook.Store(int64(time.Since(fullStart)))
 	}
 	c.lastSync = start
 	elapsed := time.Since(start).Seconds()

@@ -49,7 +49,11 @@ func cleanupIPTablesModes(cfg *kpconfig.KubeProxyConfiguration) (int, []string, 
 	if err != nil {
 		return total, nil, errors.Join(append(errs, err)...)
 	}
-	removed, err := ipvs.Cleanup(exclude)
+	kernels := ipvsKernels()
+	removed, err := ipvs.Cleanup(kernelsOf(kernels), exclude)
+	for _, k := range kernels {
+		k.Close()
+	}
 	if err != nil {
 		errs = append(errs, err)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
 	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/config"
+	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
 	"github.com/rapidproxy/rapidproxy/pkg/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
@@ -229,11 +229,15 @@ func drainIPVS(ctx context.Context, exclude []netip.Prefix) {
 		force := time.Now().After(deadline)
 		draining := 0
 		for _, k := range kernels {
-			n, err := ipvs.Retire(k, exclude, force)
+			n, cut, err := ipvs.Retire(k, exclude, force)
 			if err != nil {
 				klog.ErrorS(err, "Removing the IPVS mode's virtual servers")
 			}
 			draining += n
+			if len(cut) > 0 {
+				klog.InfoS("Removed IPVS virtual servers that still forwarded connections", "virtualServers", len(cut), "bound", ipvs.DefaultMaxDrain)
+				releaseUDPFlows(cut)
+			}
 		}
 		metrics.ModeSwitchDrainingVirtualServers.Set(float64(draining))
 		if draining != last && draining > 0 {
@@ -249,7 +253,7 @@ func drainIPVS(ctx context.Context, exclude []netip.Prefix) {
 		case <-time.After(drainCheckInterval):
 		}
 	}
-	removed, err := ipvs.Cleanup(exclude)
+	removed, err := ipvs.Cleanup(kernelsOf(kernels), exclude)
 	if err != nil {
 		klog.ErrorS(err, "Removing the IPVS mode's leftovers")
 	}
@@ -258,10 +262,43 @@ func drainIPVS(ctx context.Context, exclude []netip.Prefix) {
 	}
 }
 
+// releaseUDPFlows deletes the conntrack entries of UDP flows IPVS was
+// forwarding through virtual servers that are gone: their packets no
+// longer reach IPVS, and while its entry lives (a client that keeps
+// sending keeps it alive) a flow would go nowhere. Without the entry the
+// next packet starts a new flow, which this mode's rules take.
+func releaseUDPFlows(cut []ipvs.VirtualServerKey) {
+	byFamily := map[v1.IPFamily][]netip.AddrPort{}
+	for _, key := range cut {
+		if key.Protocol != v1.ProtocolUDP {
+			continue
+		}
+		family := v1.IPv4Protocol
+		if key.Addr.Is6() {
+			family = v1.IPv6Protocol
+		}
+		byFamily[family] = append(byFamily[family], netip.AddrPortFrom(key.Addr, key.Port))
+	}
+	for family, destinations := range byFamily {
+		if err := conntrack.DeleteUDPFlowsTo(family, destinations); err != nil {
+			klog.ErrorS(err, "Deleting the conntrack entries of UDP flows IPVS forwarded", "ipFamily", family)
+		}
+	}
+}
+
+// kernelsOf is the mode's view of the adapters.
+func kernelsOf(kernels []*ipvskernel.Kernel) []ipvs.Kernel {
+	out := make([]ipvs.Kernel, len(kernels))
+	for i, k := range kernels {
+		out[i] = k
+	}
+	return out
+}
+
 // ipvsKernels opens IPVS in each family, when the ip_vs module is loaded:
 // without it there is no IPVS state, and loading it would only add some.
 func ipvsKernels() []*ipvskernel.Kernel {
-	if _, err := os.Stat("/sys/module/ip_vs"); err != nil {
+	if !ipvskernel.Loaded() {
 		return nil
 	}
 	var kernels []*ipvskernel.Kernel

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -29,7 +31,7 @@ func TestBenchSmoke(t *testing.T) {
 		proxies:  []string{ours, upstream},
 		cap:      2 * time.Minute, idle: 2 * time.Second,
 		changes: 2, churnRate: 5, churnFor: 2 * time.Second,
-		workers: 4,
+		workers: 4, chartDir: t.TempDir(),
 	}
 	out := runSmoke(t, opts, 60*time.Minute)
 	columns := opts.columns()
@@ -40,6 +42,7 @@ func TestBenchSmoke(t *testing.T) {
 		t.Fatalf("%v measure %d rows, want every one but the switch's, %d", columns, got, want)
 	}
 	checkTable(t, out, columns)
+	checkCharts(t, out, opts)
 }
 
 // TestSwitchSmoke runs a tiny switch, iptables (nft) -> nftables ->
@@ -60,6 +63,7 @@ func TestSwitchSmoke(t *testing.T) {
 		services: []int{20}, endpoints: []int{2},
 		backends: backends, proxies: []string{ours, upstream},
 		cap: 2 * time.Minute, workers: 4, switchPath: path,
+		chartDir: t.TempDir(),
 	}
 	out := runSmoke(t, opts, 20*time.Minute)
 	columns := opts.columns()
@@ -67,6 +71,7 @@ func TestSwitchSmoke(t *testing.T) {
 		t.Fatalf("columns %v, want %v", columns, want)
 	}
 	checkTable(t, out, columns)
+	checkCharts(t, out, opts)
 	if strings.Contains(out, "no switch logged") || strings.Contains(out, "old mode's chains or tables left") {
 		t.Errorf("a switch did not end as it should:\n%s", out)
 	}
@@ -89,6 +94,21 @@ func runSmoke(t *testing.T, opts options, timeout time.Duration) string {
 		}
 	})
 	return out.String()
+}
+
+// checkCharts checks that the run wrote a chart per column, and printed
+// its path, under the table.
+func checkCharts(t *testing.T, out string, opts options) {
+	t.Helper()
+	for _, column := range opts.columns() {
+		path := filepath.Join(opts.chartDir, chartFile(opts.services[0], opts.endpoints[0], column))
+		if !strings.Contains(out, "Chart: "+path+"\n") {
+			t.Errorf("no line \"Chart: %s\" under the table:\n%s", path, out)
+		}
+		if _, err := os.Stat(path); err != nil {
+			t.Error(err)
+		}
+	}
 }
 
 // checkTable checks that the table in out has a row per measure its

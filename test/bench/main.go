@@ -55,6 +55,9 @@ type options struct {
 	// switchPath, when set, are the columns a mode switch runs in, one
 	// after the other, measured instead of the benchmark (switch.go).
 	switchPath []string
+	// chartDir, when set, receives a chart per table's column group
+	// (chart.go).
+	chartDir string
 }
 
 const (
@@ -91,6 +94,7 @@ func main() {
 	flag.IntVar(&opts.soakRate, "soak-rate", 50, "API writes per second during the soak")
 	flag.DurationVar(&opts.soakSample, "soak-sample", 10*time.Second, "how often the soak reads the proxy's RSS and goroutines")
 	flag.StringVar(&switchModes, "switch", "", "instead of the benchmark, time mode switches: comma-separated modes (iptables,nftables: from, to; more go on switching), each proxy run in the first until its first sync, then in each next over the rules the one before left (-mode unused; iptables on the one backend of -backends)")
+	flag.StringVar(&opts.chartDir, "chart-dir", "", "if set, write there beside each table an SVG chart per mode and backend of ours / upstream per measure, named bench-NxE-MODE[-BACKEND].svg, and print its path under the table")
 	flag.Parse()
 	err := func() error {
 		var err error
@@ -169,6 +173,13 @@ func run(ctx context.Context, opts options, out, log io.Writer) error {
 			if results != nil {
 				fmt.Fprintf(out, "\n### %d services x %d endpoints\n\n", n, e)
 				writeTable(out, opts.columns(), results)
+				if opts.chartDir != "" {
+					files, chartErr := writeCharts(opts.chartDir, n, e, opts.columns(), results)
+					for _, f := range files {
+						fmt.Fprintf(out, "\nChart: %s\n", f)
+					}
+					err = errors.Join(err, chartErr)
+				}
 			}
 			if err != nil {
 				return fmt.Errorf("N=%d E=%d: %w", n, e, err)

@@ -89,8 +89,8 @@ func TestStartRemovesTheOtherModesLeftovers(t *testing.T) {
 // (SIGTERM, a start in the other mode, twice) under a client opening a
 // new connection every 20 ms to a ClusterIP, a NodePort and a
 // LoadBalancer IP, and long-lived connections opened before the first
-// switch that exchange a line every second: with ours not one fails, a
-// UDP flow is answered after each switch, /healthz answers only once the
+// switch that exchange a line every second: with ours not one fails, UDP
+// flows keep their endpoints through each switch, /healthz answers only once the
 // new mode's rules are in place, and nothing of the other mode is left
 // after each switch. Upstream goes through the same switch for comparison
 // (its start removes the other mode's rules before its first sync); its
@@ -143,30 +143,41 @@ func TestSwitchingModesFailsNoConnection(t *testing.T) {
 				}
 				held = append(held, h)
 			}
-			// A UDP flow: one source port, so one conntrack entry, which
-			// keeps its endpoint as long as the entry lives.
-			const flowPort = 40123
+			// UDP flows: one source port each, so one conntrack entry each,
+			// which keeps its endpoint as long as the entry lives. Four of
+			// them over two endpoints: a first sync that moved them would
+			// keep all four in place through both switches by chance once
+			// in 256 runs.
 			udpTarget := net.JoinHostPort(svc.Spec.ClusterIP, "80")
-			flow, err := client.Netns.RequestFrom(flowPort, "udp", udpTarget, time.Second)
-			if err != nil {
-				t.Fatal(err)
+			flowPorts := []int{40123, 40124, 40125, 40126}
+			flowPods := map[int]string{}
+			for _, port := range flowPorts {
+				r, err := client.Netns.RequestFrom(port, "udp", udpTarget, time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				flowPods[port] = r.Pod
 			}
 			time.Sleep(2 * time.Second)
 			for _, mode := range []string{nftablesMode, iptablesMode} {
 				start := time.Now()
 				switchProxy(t, ours, mode)
-				// Answered, by the same endpoint or not: a start's first sync
-				// clears the UDP flows of every service that became active,
-				// as upstream's restarts do, so the next packet may be sent
-				// to another endpoint.
-				r, err := client.Netns.RequestFrom(flowPort, "udp", udpTarget, time.Second)
-				switch {
-				case err != nil && ours:
-					t.Errorf("%s: after the switch to %s mode the UDP flow got no answer: %v", proxy, mode, err)
-				case err != nil:
-					t.Logf("%s: after the switch to %s mode the UDP flow got no answer: %v", proxy, mode, err)
-				case r.Pod != flow.Pod:
-					t.Logf("%s: after the switch to %s mode the UDP flow went to %s, before %s", proxy, mode, r.Pod, flow.Pod)
+				// Each flow keeps its endpoint: the first sync deletes only
+				// the flows no rule translated (to a service that had no
+				// endpoint) and those to endpoints that are gone.
+				for _, port := range flowPorts {
+					r, err := client.Netns.RequestFrom(port, "udp", udpTarget, time.Second)
+					switch {
+					case err != nil && ours:
+						t.Errorf("%s: after the switch to %s mode the UDP flow from port %d got no answer: %v", proxy, mode, port, err)
+					case err != nil:
+						t.Logf("%s: after the switch to %s mode the UDP flow from port %d got no answer: %v", proxy, mode, port, err)
+					case r.Pod != flowPods[port] && ours:
+						t.Errorf("%s: after the switch to %s mode the UDP flow from port %d went to %s, before %s", proxy, mode, port, r.Pod, flowPods[port])
+					case r.Pod != flowPods[port]:
+						t.Logf("%s: after the switch to %s mode the UDP flow from port %d went to %s, before %s", proxy, mode, port, r.Pod, flowPods[port])
+						flowPods[port] = r.Pod
+					}
 				}
 				t.Logf("%s: switched to %s mode in %s", proxy, mode, time.Since(start).Round(time.Millisecond))
 				time.Sleep(2 * time.Second)

@@ -5,7 +5,9 @@ package vm_test
 // mode), under clients opening a new connection every 50 ms to a
 // ClusterIP, a NodePort and a LoadBalancer IP, and long-lived connections
 // through IPVS opened before the first switch that exchange a line every
-// second: with ours none fails or breaks, the virtual servers carrying
+// second, and UDP flows (one source port each) asked before and after
+// each switch which pod answers: with ours none fails or breaks, each UDP
+// flow keeps its endpoint, the virtual servers carrying
 // the long-lived ones stay while the node runs another mode, and nothing
 // else of the IPVS mode does; a switch to the nftables mode killed midway
 // is reversed by the next start in the IPVS mode. Then upstream's binary
@@ -19,7 +21,9 @@ IPVS=$CONFIG
 # (the guest's one emulated CPU, busy with a kube-proxy's start, can hold
 # a reply back for over a second; a SYN the rules drop is sent again only
 # after 1 s, and a gap in the rules shows for longer than that); two
-# long-lived connections to each, opened now.
+# long-lived connections to each, opened now, each waiting 5 s for a line
+# back (a connection a switch breaks never gets one; a guest CPU starved
+# by the host's other work has held a reply back for over 2 s).
 clients_start() {
 	ip netns exec client podserver -client tcp://10.96.101.10:80 -load 1h -interval 50ms -timeout 2s >/tmp/new-clusterip 2>&1 &
 	CLIENTS=$!
@@ -27,11 +31,11 @@ clients_start() {
 	CLIENTS="$CLIENTS $!"
 	ip netns exec ext-in podserver -client tcp://10.255.3.40:80 -load 1h -interval 50ms -timeout 2s >/tmp/new-lb 2>&1 &
 	CLIENTS="$CLIENTS $!"
-	ip netns exec client podserver -client tcp://10.96.101.10:80 -hold 2 -load 1h -interval 1s -timeout 2s >/tmp/held-clusterip 2>&1 &
+	ip netns exec client podserver -client tcp://10.96.101.10:80 -hold 2 -load 1h -interval 1s -timeout 5s >/tmp/held-clusterip 2>&1 &
 	CLIENTS="$CLIENTS $!"
-	ip netns exec ext-in podserver -client tcp://10.255.0.2:30180 -hold 2 -load 1h -interval 1s -timeout 2s >/tmp/held-nodeport 2>&1 &
+	ip netns exec ext-in podserver -client tcp://10.255.0.2:30180 -hold 2 -load 1h -interval 1s -timeout 5s >/tmp/held-nodeport 2>&1 &
 	CLIENTS="$CLIENTS $!"
-	ip netns exec ext-in podserver -client tcp://10.255.3.40:80 -hold 2 -load 1h -interval 1s -timeout 2s >/tmp/held-lb 2>&1 &
+	ip netns exec ext-in podserver -client tcp://10.255.3.40:80 -hold 2 -load 1h -interval 1s -timeout 5s >/tmp/held-lb 2>&1 &
 	CLIENTS="$CLIENTS $!"
 	sleep 2
 }
@@ -51,6 +55,33 @@ clients_seen() {
 		esac
 		[ "$n" = 0 ] || FAILED="$FAILED+$n"
 	done
+}
+# UDP flows from the client to the ClusterIP, one source port each. Each
+# is asked right before and right after a switch, so that its conntrack
+# entry (30 s, or 120 s once it has lived 2 s) does not expire in between.
+udp_flows_start() {
+	UDP_FLOWS=
+	for p in 40123 40124 40125 40126; do
+		reply=$(ip netns exec client podserver -client udp://10.96.101.10:53 -sport $p -timeout 2s) || fail "UDP flow from port $p: $reply"
+		UDP_FLOWS="$UDP_FLOWS $p=${reply%% *}"
+	done
+}
+# udp_flows_kept: every UDP flow is answered by the pod that answered it first.
+udp_flows_kept() {
+	DETAIL=
+	for flow in $UDP_FLOWS; do
+		p=${flow%%=*} want=${flow#*=}
+		reply=$(ip netns exec client podserver -client udp://10.96.101.10:53 -sport $p -timeout 2s 2>&1) || reply="no-answer"
+		[ "${reply%% *}" = "$want" ] || DETAIL="$DETAIL port $p: ${reply%% *}, before $want;"
+	done
+	[ -z "$DETAIL" ]
+}
+# switch_keeping_udp WHAT BINARY CONFIG: in_mode, with the UDP flows
+# checked right before and right after.
+switch_keeping_udp() {
+	check "$1: UDP flows on their endpoints before" udp_flows_kept
+	in_mode "$2" "$3"
+	check "$1: UDP flows keep their endpoints" udp_flows_kept
 }
 # in_mode BINARY CONFIG: stops kube-proxy, starts BINARY with CONFIG and
 # waits for its first sync.
@@ -79,21 +110,22 @@ switching() { DETAIL=$(wget -q -O - http://127.0.0.1:10249/metrics | grep '^kube
 start kube-proxy
 check "ClusterIP in IPVS mode" serves "pod-a pod-b" client tcp://10.96.101.10:80 4
 clients_start
-in_mode kube-proxy $CONFIG_NFT
+udp_flows_start
+switch_keeping_udp "ipvs -> nftables" kube-proxy $CONFIG_NFT
 eventually "ipvs -> nftables: the IPVS mode's chains are gone" 90 none_of_ipvs_chains
 eventually "ipvs -> nftables: its ipsets are gone" 90 no_ipsets
 check "ipvs -> nftables: a virtual server with long-lived connections stays" has_vs 10.96.101.10:80
 check "ipvs -> nftables: one without connections goes" no_vs 10.96.101.20:80
 check "ipvs -> nftables: the switch is in progress while they drain" switching 1
-in_mode kube-proxy $IPVS
+switch_keeping_udp "nftables -> ipvs" kube-proxy $IPVS
 eventually "nftables -> ipvs: the nftables tables are gone" 30 no_nft_tables
 eventually "nftables -> ipvs: the switch is over" 30 switching 0
 check "nftables -> ipvs: the virtual server without connections is back" has_vs 10.96.101.20:80
-in_mode kube-proxy $CONFIG_IPT
+switch_keeping_udp "ipvs -> iptables" kube-proxy $CONFIG_IPT
 eventually "ipvs -> iptables: the IPVS mode's chains are gone" 90 none_of_ipvs_chains
 eventually "ipvs -> iptables: its ipsets are gone" 90 no_ipsets
 check "ipvs -> iptables: a virtual server with long-lived connections stays" has_vs 10.96.101.10:80
-in_mode kube-proxy $IPVS
+switch_keeping_udp "iptables -> ipvs" kube-proxy $IPVS
 # Killed midway: a start in the nftables mode killed (SIGKILL) as soon as
 # its table appears; the next start, in the IPVS mode, reverses the switch.
 stop

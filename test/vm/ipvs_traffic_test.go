@@ -84,7 +84,8 @@ func TestIPVSModeWithTraffic(t *testing.T) {
 	}{
 		{"services", trafficScript, 0},
 		{"restart-takeover-cleanup", lifecycleScript, 0},
-		{"switch-modes", switchScript, 0},
+		// Five starts of each proxy under TCG, each waiting for its first sync.
+		{"switch-modes", switchScript, 10 * time.Minute},
 		// A minute of it the API server's outage.
 		{"faults", faultsScript, 15 * time.Minute},
 	} {

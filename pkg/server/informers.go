@@ -1,0 +1,230 @@
+// The informers that feed the proxy: what they watch, what they keep of
+// each object, and the start event.
+
+package server
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	coreinformers "k8s.io/client-go/informers/core/v1"
+	discoveryinformers "k8s.io/client-go/informers/discovery/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/cache"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
+
+	"github.com/rapidproxy/rapidproxy/pkg/config"
+	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
+	"github.com/rapidproxy/rapidproxy/pkg/proxy"
+)
+
+// watch runs the informers and the proxier until the context ends.
+func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.Node, proxier proxy.Proxier, health *healthcheck.ProxyHealth) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	noProxyName, _ := labels.NewRequirement("service.kubernetes.io/service-proxy-name", selection.DoesNotExist, nil)
+	noHeadless, _ := labels.NewRequirement(v1.IsHeadlessService, selection.DoesNotExist, nil)
+	selector := labels.NewSelector().Add(*noProxyName, *noHeadless).String()
+	tweak := func(o *metav1.ListOptions) { o.LabelSelector = selector }
+	factory := informers.NewSharedInformerFactoryWithOptions(client, cfg.ConfigSyncPeriod.Duration,
+		informers.WithTransform(trimForCache))
+	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, cfg.ConfigSyncPeriod.Duration,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+		}))
+
+	// Without the factory's namespace index, which nothing here reads
+	// (1.5 MB at 10k services).
+	services := factory.InformerFor(&v1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, tweak)
+	})
+	slices_ := factory.InformerFor(&discovery.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, tweak)
+	})
+	nodes := nodeFactory.Core().V1().Nodes().Informer()
+	// The registrations' HasSynced, not the informers': it turns true only
+	// once the handler has been given every listed object, so the first
+	// sync sees all of them.
+	servicesHandled, err := services.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { onObject(o, false, proxier.OnService) },
+		UpdateFunc: func(_, o any) { onObject(o, false, proxier.OnService) },
+		DeleteFunc: func(o any) { onObject(o, true, proxier.OnService) },
+	})
+	if err != nil {
+		return err
+	}
+	slicesHandled, err := slices_.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { onObject(o, false, proxier.OnEndpointSlice) },
+		UpdateFunc: func(_, o any) { onObject(o, false, proxier.OnEndpointSlice) },
+		DeleteFunc: func(o any) { onObject(o, true, proxier.OnEndpointSlice) },
+	})
+	if err != nil {
+		return err
+	}
+	var podCIDRs []string
+	if node != nil {
+		podCIDRs = node.Spec.PodCIDRs
+	}
+	onNode := func(o any, deleted bool) {
+		n, ok := o.(*v1.Node)
+		if !ok {
+			return
+		}
+		if deleted {
+			health.SetNode(nil)
+			return
+		}
+		health.SetNode(n)
+		proxier.OnNode(n)
+		if cfg.DetectLocalMode == config.LocalModeNodeCIDR && !slices.Equal(n.Spec.PodCIDRs, podCIDRs) {
+			cancel(errNodeCIDRChanged)
+		}
+	}
+	_, _ = nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { onNode(o, false) },
+		UpdateFunc: func(_, o any) { onNode(o, false) },
+		DeleteFunc: func(o any) { onNode(o, true) },
+	})
+
+	// ServiceCIDRs only for a mode that uses them (the nftables mode).
+	var cidrFactory informers.SharedInformerFactory
+	if proxier.UsesServiceCIDRs() {
+		cidrFactory = informers.NewSharedInformerFactory(client, cfg.ConfigSyncPeriod.Duration)
+		cidrs := cidrFactory.Networking().V1().ServiceCIDRs().Informer()
+		onCIDRs := func(any) { proxier.OnServiceCIDRs(serviceCIDRs(cidrs.GetStore().List())) }
+		_, _ = cidrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    onCIDRs,
+			UpdateFunc: func(_, o any) { onCIDRs(o) },
+			DeleteFunc: onCIDRs,
+		})
+		cidrFactory.Start(ctx.Done())
+	}
+	factory.Start(ctx.Done())
+	nodeFactory.Start(ctx.Done())
+	go func() {
+		if cache.WaitForNamedCacheSync("service config", ctx.Done(), servicesHandled.HasSynced) {
+			proxier.OnServicesSynced()
+		}
+	}()
+	go func() {
+		if cache.WaitForNamedCacheSync("endpoint slice config", ctx.Done(), slicesHandled.HasSynced) {
+			proxier.OnEndpointSlicesSynced()
+		}
+	}()
+	proxier.SyncLoop(ctx)
+	factory.Shutdown()
+	nodeFactory.Shutdown()
+	if cidrFactory != nil {
+		cidrFactory.Shutdown()
+	}
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
+}
+
+// serviceCIDRs are the ranges of every ServiceCIDR object (the API server
+// makes "kubernetes" from --service-cluster-ip-range; others add more).
+func serviceCIDRs(objects []any) []netip.Prefix {
+	var out []netip.Prefix
+	for _, o := range objects {
+		sc, ok := o.(*networkingv1.ServiceCIDR)
+		if !ok {
+			continue
+		}
+		for _, c := range sc.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// trimForCache drops what kube-proxy never reads from the Services and
+// EndpointSlices it caches (a third or more of each object, at 10k
+// services tens of megabytes): managed fields, owner references, every
+// annotation but the trigger time that network programming latency is
+// measured from, the labels (the informers' selectors are applied by the
+// API server; a slice keeps the one naming its service), a Service's pod
+// selector, and each endpoint's target reference, hostname and deprecated
+// topology.
+func trimForCache(o any) (any, error) {
+	obj, ok := o.(metav1.Object)
+	if !ok {
+		return o, nil
+	}
+	obj.SetManagedFields(nil)
+	obj.SetOwnerReferences(nil)
+	if annotations := obj.GetAnnotations(); len(annotations) > 0 {
+		trigger, found := annotations[v1.EndpointsLastChangeTriggerTime]
+		obj.SetAnnotations(nil)
+		if found {
+			obj.SetAnnotations(map[string]string{v1.EndpointsLastChangeTriggerTime: trigger})
+		}
+	}
+	switch v := o.(type) {
+	case *v1.Service:
+		v.Labels = nil
+		v.Spec.Selector = nil
+	case *discovery.EndpointSlice:
+		service, found := v.Labels[discovery.LabelServiceName]
+		switch {
+		case !found:
+			v.Labels = nil
+		case len(v.Labels) > 1:
+			v.Labels = map[string]string{discovery.LabelServiceName: service}
+		}
+		for i := range v.Endpoints {
+			ep := &v.Endpoints[i]
+			ep.TargetRef, ep.Hostname, ep.DeprecatedTopology = nil, nil, nil
+		}
+	}
+	return o, nil
+}
+
+// onObject unwraps informer deletions (tombstones) and passes typed objects on.
+func onObject[T any](o any, deleted bool, handle func(T, bool)) {
+	if tomb, ok := o.(cache.DeletedFinalStateUnknown); ok {
+		o = tomb.Obj
+	}
+	if obj, ok := o.(T); ok {
+		handle(obj, deleted)
+	}
+}
+
+// recordStartEvent tells the cluster this node's proxy started (and, in
+// IPVS mode, that the mode is deprecated, as upstream does).
+func recordStartEvent(ctx context.Context, client kubernetes.Interface, nodeName string, mode kpconfig.ProxyMode) {
+	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
+	broadcaster.StartRecordingToSink(ctx.Done())
+	recorder := broadcaster.NewRecorder(scheme.Scheme, "kube-proxy")
+	ref := &v1.ObjectReference{Kind: "Node", Name: nodeName, UID: types.UID(nodeName)}
+	if mode == config.ModeIPVS {
+		// Upstream's words, so that alerts on them keep working.
+		const deprecated = "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead."
+		klog.ErrorS(nil, deprecated)
+		recorder.Eventf(ref, nil, v1.EventTypeWarning, "IPVSDeprecation", "StartKubeProxy", deprecated)
+	}
+	recorder.Eventf(ref, nil, v1.EventTypeNormal, "Starting", "StartKubeProxy", "")
+}
+
+func clientcmdServer(master string) clientcmdapi.Cluster {
+	return clientcmdapi.Cluster{Server: master}
+}
