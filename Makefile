@@ -16,7 +16,7 @@ export CGO_ENABLED           := 0
 # The upstream tools' directory, known once `tools` has run (it prints it last).
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools test test-ipvs unit fuzz lint demo demo-shell bench synloss soak clean
+.PHONY: all build deps tools test test-ipvs unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
 
 all: build
 
@@ -62,6 +62,14 @@ lint:
 demo: deps build tools
 	$(GO) build -o $(BIN)/demo ./test/demo
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/demo -mode $(MODE)
+
+# docs/img/dashboard.png: the dashboard's main panels (deploy/monitoring) over a real run of a few
+# minutes: our kube-proxy in MODE in the local cluster under endpoint and service churn, scraped by
+# Debian's prometheus on loopback, the panels' own expressions queried through its HTTP API and
+# plotted (test/dashboardchart).
+dashboard-chart: deps build tools
+	$(GO) build -o $(BIN)/dashboardchart ./test/dashboardchart
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/dashboardchart -mode $(MODE) -out docs/img/dashboard.png
 
 # Our kube-proxy against upstream's in the local cluster (not part of `test`):
 # N services x E endpoints (comma lists: every N x E shape runs), on each

@@ -8,7 +8,7 @@ packages=(
   etcd-server                                     # the local cluster's store
   qemu-system-x86 busybox-static ipvsadm xz-utils   # the IPVS test VM (test/vm)
   curl ca-certificates make git gcc               # build and test plumbing
-  prometheus                                      # promtool, for deploy/monitoring's rule tests
+  prometheus                                      # promtool for deploy/monitoring's rule tests; the dashboard chart's server
 )
 
 missing=()

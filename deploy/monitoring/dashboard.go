@@ -10,7 +10,7 @@ type Panel struct {
 	// Unit is Grafana's unit id (s, ops, bytes, percentunit, short).
 	Unit    string
 	Targets []Target
-	// Main panels are those of the rendered chart in docs/.
+	// Main panels are those of the chart in docs/img (test/dashboardchart).
 	Main bool
 }
 
@@ -73,12 +73,12 @@ func Rows() []Row {
 				Targets: []Target{
 					{"time() - " + s("kubeproxy_sync_proxy_rules_last_timestamp_seconds"), "{{instance}} {{ip_family}}"},
 					{"clamp_min(" + s("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds") + " - " + s("kubeproxy_sync_proxy_rules_last_timestamp_seconds") + ", 0)", "queued after it {{instance}} {{ip_family}}"}}},
-			{Title: "Sync failures", Unit: "short", Targets: []Target{
+			{Title: "Sync failures", Unit: "short", Main: true, Targets: []Target{
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_iptables_restore_failures_total") + "[$__rate_interval]))", "iptables-restore {{instance}} {{ip_family}}"},
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total") + "[$__rate_interval]))", "partial iptables-restore {{instance}} {{ip_family}}"},
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_nftables_sync_failures_total") + "[$__rate_interval]))", "nftables {{instance}} {{ip_family}}"},
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total") + "[$__rate_interval]))", "nftables cleanup {{instance}} {{ip_family}}"}}},
-			{Title: "Rules restored after another program changed them", Unit: "short", Targets: []Target{
+			{Title: "Rules restored after another program changed them", Unit: "short", Main: true, Targets: []Target{
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_iptables_flush_recoveries_total") + "[$__rate_interval]))", "iptables {{instance}} {{ip_family}}"},
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_nftables_repairs_total") + "[$__rate_interval]))", "nftables {{instance}} {{ip_family}}"},
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_ipvs_repairs_total") + "[$__rate_interval]))", "IPVS {{instance}} {{ip_family}}"}}},
@@ -89,7 +89,7 @@ func Rows() []Row {
 				{"sum by (instance, code) (" + rate("kubeproxy_proxy_livez_total") + ")", "livez {{code}} {{instance}}"}}},
 		}},
 		{Title: "iptables mode", Panels: []Panel{
-			{Title: "iptables rules", Unit: "short", Targets: []Target{
+			{Title: "iptables rules", Unit: "short", Main: true, Targets: []Target{
 				{"sum by (instance, table, ip_family) (" + s("kubeproxy_sync_proxy_rules_iptables_total") + ")", "{{table}} {{instance}} {{ip_family}}"},
 				{"sum by (instance, table, ip_family) (" + s("kubeproxy_sync_proxy_rules_iptables_last") + ")", "written last sync {{table}} {{instance}} {{ip_family}}"}}},
 			{Title: "Packets counted by the iptables rules", Unit: "pps", Targets: []Target{

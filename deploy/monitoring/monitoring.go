@@ -6,8 +6,6 @@ package monitoring
 
 import (
 	_ "embed"
-	"regexp"
-	"slices"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -101,48 +99,4 @@ func Expressions() ([]string, error) {
 // Substitute sets the dashboard's variables in an expression.
 func Substitute(expr, job, instance, rateInterval string) string {
 	return strings.NewReplacer("$__rate_interval", rateInterval, "$job", job, "$instance", instance).Replace(expr)
-}
-
-var identifier = regexp.MustCompile(`[a-zA-Z_:][a-zA-Z0-9_:]*`)
-
-// MetricNames are the metric families an expression reads from kube-proxy:
-// names with kube-proxy's prefix or the process and Go collectors', with a
-// histogram's series suffix taken off. Recorded names (with a colon) and
-// Prometheus' own up are not kube-proxy's.
-func MetricNames(expr string) []string {
-	var names []string
-	for _, id := range identifier.FindAllString(expr, -1) {
-		if strings.Contains(id, ":") || !(strings.HasPrefix(id, "kubeproxy_") || strings.HasPrefix(id, "process_") || strings.HasPrefix(id, "go_")) {
-			continue
-		}
-		for _, suffix := range []string{"_bucket", "_count", "_sum"} {
-			if base, ok := strings.CutSuffix(id, suffix); ok && strings.HasPrefix(id, "kubeproxy_") {
-				id = base
-				break
-			}
-		}
-		if !slices.Contains(names, id) {
-			names = append(names, id)
-		}
-	}
-	slices.Sort(names)
-	return names
-}
-
-// ModeOf is the proxy mode that serves a metric family: "iptables",
-// "nftables" or "ipvs" for a mode's own, "" for those every mode serves.
-// The IPVS mode also serves the iptables restore failures (its iptables
-// rules), and every mode the mode switch's gauges.
-func ModeOf(name string) string {
-	switch {
-	case strings.HasPrefix(name, "kubeproxy_mode_switch_"):
-		return ""
-	case strings.Contains(name, "_iptables_"):
-		return "iptables"
-	case strings.Contains(name, "_nftables_"):
-		return "nftables"
-	case strings.Contains(name, "_ipvs_"):
-		return "ipvs"
-	}
-	return ""
 }

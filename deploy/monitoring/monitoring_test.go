@@ -8,15 +8,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
 
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
-	proxymetrics "github.com/rapidproxy/rapidproxy/pkg/metrics"
 )
 
 var update = flag.Bool("update", false, "rewrite prometheusrule.yaml and dashboard.json")
@@ -161,45 +158,4 @@ func TestDashboardExpressionsParse(t *testing.T) {
 		t.Fatal(err)
 	}
 	promtool(t, "check", "rules", file)
-}
-
-// Every metric the rules and the dashboard read is one kube-proxy
-// registers (test/e2e checks that a running proxy serves it, in its mode).
-func TestMetricNamesRegistered(t *testing.T) {
-	registered := map[string]bool{}
-	descs := make(chan *prometheus.Desc)
-	go func() {
-		proxymetrics.Registry.Describe(descs)
-		close(descs)
-	}()
-	for d := range descs {
-		// A Desc shows its name only in its String form, Desc{fqName: "...", ...}.
-		if quoted, err := strconv.QuotedPrefix(strings.TrimPrefix(d.String(), "Desc{fqName: ")); err == nil {
-			name, _ := strconv.Unquote(quoted)
-			registered[name] = true
-		}
-	}
-	exprs, err := Expressions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	used := 0
-	for _, e := range exprs {
-		for _, name := range MetricNames(e) {
-			used++
-			if !registered[name] {
-				t.Errorf("%s (in %q) is not a metric kube-proxy registers", name, e)
-			}
-		}
-	}
-	if used == 0 {
-		t.Fatal("no metric names found")
-	}
-}
-
-func TestMetricNames(t *testing.T) {
-	got := MetricNames(`histogram_quantile(0.99, sum by (le) (rate(kubeproxy_a_seconds_bucket{job="kube-proxy"}[5m]))) > instance:kubeproxy_b:rate5m or process_cpu_seconds_total - go_x_count + up`)
-	if want := []string{"go_x_count", "kubeproxy_a_seconds", "process_cpu_seconds_total"}; !reflect.DeepEqual(got, want) {
-		t.Errorf("MetricNames = %v, want %v", got, want)
-	}
 }

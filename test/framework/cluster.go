@@ -380,6 +380,13 @@ func (c *Cluster) createNodes(ctx context.Context) error {
 	return nil
 }
 
+// StartProcess starts a program on this machine (in no namespace of the
+// cluster's), logging to name.log in Dir. Stop ends it, and a later Start
+// kills it if this run died first.
+func (c *Cluster) StartProcess(name string, cmd *exec.Cmd) (*Process, error) {
+	return c.start(name, cmd)
+}
+
 // start starts a process and keeps it for Stop.
 func (c *Cluster) start(name string, cmd *exec.Cmd) (*Process, error) {
 	p, err := startProcess(c.Dir, name, cmd)

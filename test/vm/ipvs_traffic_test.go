@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/rapidproxy/rapidproxy/deploy/monitoring"
 	"github.com/rapidproxy/rapidproxy/test/framework"
 	"github.com/rapidproxy/rapidproxy/test/vm"
 )
@@ -68,8 +71,13 @@ func TestIPVSModeWithTraffic(t *testing.T) {
 	files["/usr/local/bin/podserver"] = cluster.Podserver()
 	files["/usr/local/bin/kube-proxy-explain"] = cluster.KubeProxyExplain()
 	files["/usr/local/bin/probe"] = vm.BuildStatic(t, "./probe")
-	header := fmt.Sprintf("CONFIG=%s CONFIG_NFT=%s CONFIG_IPT=%s HOST_STEPS=%s A=%s B=%s R=%s\n",
-		config, configs["nftables"], configs["iptables"], steps.Addr(), podA, podB, podR)
+	served, err := monitoring.ServedIn("ipvs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := fmt.Sprintf("CONFIG=%s CONFIG_NFT=%s CONFIG_IPT=%s HOST_STEPS=%s A=%s B=%s R=%s\nMON_SERVED=%q MON_NOT_SERVED=%q\n",
+		config, configs["nftables"], configs["iptables"], steps.Addr(), podA, podB, podR,
+		strings.Join(served, " "), strings.Join(slices.Sorted(maps.Keys(monitoring.NotServedIn["ipvs"])), " "))
 	for _, run := range []struct {
 		name, script string
 		timeout      time.Duration
@@ -369,6 +377,21 @@ check "drain: new connections go to $Y" serves $Y client tcp://$drain_vs 4
 exec 3>&-
 wait $held || fail "drain: the held connection failed: $(cat /tmp/held.out)"
 eventually "drain: $X's real server deleted once the connection ended (checked every 10s)" 40 gone
+
+# Every series the rules and the dashboard of deploy/monitoring read is on
+# /metrics (MON_SERVED), and none of the other modes' (MON_NOT_SERVED), now
+# that endpoints changed (partial syncs, network programming latency, UDP
+# flows cleared) and /healthz and /livez were asked, as a kubelet would.
+series_served() {
+	wget -q -O /dev/null http://127.0.0.1:10256/healthz || :
+	wget -q -O /dev/null http://127.0.0.1:10256/livez || :
+	m=$(wget -q -O - http://127.0.0.1:10249/metrics) || return 1
+	DETAIL=
+	for n in $MON_SERVED; do echo "$m" | grep -q "^$n[{ ]" || DETAIL="$DETAIL missing $n"; done
+	for n in $MON_NOT_SERVED; do ! echo "$m" | grep -q "^$n[{ ]" || DETAIL="$DETAIL served $n"; done
+	[ -z "$DETAIL" ]
+}
+eventually "the series of deploy/monitoring served, the other modes' not" 20 series_served
 `
 
 // lifecycleScript restarts kube-proxy, hands the node to upstream's and
@@ -531,6 +554,12 @@ func hostStep(c *framework.Cluster, args []string) error {
 			return err
 		}
 		slice.Endpoints = endpointsAt(args[2:])
+		// As the EndpointSlice controller marks a change: kube-proxy
+		// measures network programming latency from it.
+		if slice.Annotations == nil {
+			slice.Annotations = map[string]string{}
+		}
+		slice.Annotations[v1.EndpointsLastChangeTriggerTime] = time.Now().UTC().Format(time.RFC3339)
 		_, err = slices.Update(ctx, slice, metav1.UpdateOptions{})
 		return err
 	case len(args) >= 2 && args[0] == "externalips":
