@@ -1,0 +1,149 @@
+package node
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rapidproxy/rapidproxy/test/framework"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// The real-node tests run only from `make e2e-node-smoke`, which builds the
+// node tools and names them here: they need minutes of building the first
+// time and start a kubelet and containerd.
+func nodeTools(t *testing.T) string {
+	dir := os.Getenv("RAPIDPROXY_NODE_TOOLS_DIR")
+	if dir == "" {
+		t.Skip("real-node test: run it with `make e2e-node-smoke` (RAPIDPROXY_NODE_TOOLS_DIR unset)")
+	}
+	return dir
+}
+
+// TestNodeSmoke runs one real node (kubelet, containerd, bridge CNI) joined
+// to the framework's control plane and one pod on it, and checks that the
+// Node and the pod become Ready and that the pod got an address from the
+// node's pod CIDR.
+func TestNodeSmoke(t *testing.T) {
+	tools := nodeTools(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c, err := framework.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	n, err := Start(ctx, c, Options{Name: "rpx-real-1", PodCIDR: "10.244.5.0/24", Tools: tools})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop()
+	defer func() {
+		if t.Failed() {
+			t.Logf("kubelet log tail:\n%s", framework.FileTail(c.LogPath(n.Name+"-kubelet"), 40))
+			t.Logf("containerd log tail:\n%s", framework.FileTail(c.LogPath(n.Name+"-containerd"), 40))
+		}
+	}()
+
+	if err := waitFor(ctx, 2*time.Minute, func() (bool, string) {
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, cond := range node.Status.Conditions {
+			if cond.Type == v1.NodeReady {
+				return cond.Status == v1.ConditionTrue, cond.Reason + ": " + cond.Message
+			}
+		}
+		return false, "no Ready condition"
+	}); err != nil {
+		t.Fatalf("node %s not Ready: %v", n.Name, err)
+	}
+	t.Logf("node %s registered and Ready", n.Name)
+
+	pod := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "smoke", Namespace: "default"},
+		Spec: v1.PodSpec{
+			// No scheduler runs: the pod is bound by name.
+			NodeName: n.Name,
+			Containers: []v1.Container{{
+				Name:            "busybox",
+				Image:           "registry.k8s.io/e2e-test-images/busybox:1.37.0-1",
+				ImagePullPolicy: v1.PullNever,
+				Command:         []string{"/bin/sleep", "3600"},
+			}},
+			TerminationGracePeriodSeconds: new(int64),
+		},
+	}
+	if _, err := c.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var podIP string
+	if err := waitFor(ctx, 2*time.Minute, func() (bool, string) {
+		p, err := c.Client.CoreV1().Pods("default").Get(ctx, "smoke", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		podIP = p.Status.PodIP
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == v1.PodReady && cond.Status == v1.ConditionTrue {
+				return true, ""
+			}
+		}
+		return false, podSummary(p)
+	}); err != nil {
+		t.Fatalf("pod not Ready: %v", err)
+	}
+	if !strings.HasPrefix(podIP, "10.244.5.") {
+		t.Fatalf("pod IP %q is not from the node's pod CIDR", podIP)
+	}
+	// The bridge routes to the pod from the node.
+	if out, err := c.Node.Exec("busybox", "ping", "-c", "1", "-W", "2", podIP); err != nil {
+		t.Errorf("node cannot reach its pod at %s: %v %s", podIP, err, out)
+	}
+	t.Logf("pod smoke Ready at %s", podIP)
+}
+
+func podSummary(p *v1.Pod) string {
+	var parts []string
+	parts = append(parts, string(p.Status.Phase))
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.State.Waiting != nil {
+			parts = append(parts, cs.Name+" waiting: "+cs.State.Waiting.Reason+" "+cs.State.Waiting.Message)
+		}
+	}
+	for _, cond := range p.Status.Conditions {
+		if cond.Status != v1.ConditionTrue {
+			parts = append(parts, string(cond.Type)+": "+cond.Reason+" "+cond.Message)
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// waitFor polls ok until it holds, returning its last word on timeout.
+func waitFor(ctx context.Context, timeout time.Duration, ok func() (bool, string)) error {
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		done, why := ok()
+		if done {
+			return nil
+		}
+		last = why
+		if time.Now().After(deadline) {
+			return &timeoutError{last}
+		}
+		select {
+		case <-ctx.Done():
+			return &timeoutError{last + " (" + ctx.Err().Error() + ")"}
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+type timeoutError struct{ last string }
+
+func (e *timeoutError) Error() string { return "timed out; last: " + e.last }
