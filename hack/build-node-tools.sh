@@ -7,6 +7,8 @@
 #   cni/{bridge,host-local,loopback,portmap}  Debian's containernetworking-plugins
 #   images/pause.tar                          registry.k8s.io/pause:<tag> from the module's pause.c
 #   images/busybox.tar                        a static busybox from Debian's busybox-static
+#   images/agnhost.tar                        agnhost from the same module, with that busybox as
+#                                             its shell and tools (upstream's has Alpine's)
 # runc is Debian's (/usr/sbin/runc), installed if missing. The images are OCI archives for
 # `ctr images import`: nothing is pulled from a registry. Prints the directory on its last line.
 set -euo pipefail
@@ -68,22 +70,33 @@ build containerd ctr github.com/containerd/containerd/v2/cmd/ctr \
 build containerd containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
   -tags "urfave_cli_no_docs osusergo netgo static_build no_grpc" -ldflags "$ctrd_ldflags"
 build images ociimage .
+k8s_src=$(cd "$nt/kubelet" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+agnhost_version=$(cat "$k8s_src/test/images/agnhost/VERSION")
+build kubelet agnhost k8s.io/kubernetes/test/images/agnhost -ldflags "-s -w"
 
 # pause: the source and flags of the module's build/pause, the tag its Makefile names.
-k8s_src=$(cd "$nt/kubelet" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 pause_tag=$(awk -F'[ ?=]+' '$1 == "TAG" {print $2}' "$k8s_src/build/pause/Makefile")
 if [ ! -f "$dir/images/pause.tar" ]; then
   gcc -Os -Wall -Werror -static -DVERSION="v$pause_tag-rapidproxy" -o "$dir/images/pause" "$k8s_src/build/pause/linux/pause.c"
   "$dir/ociimage" -name "registry.k8s.io/pause:$pause_tag" -o "$dir/images/pause.tar" \
     -entrypoint /pause -user 65535:65535 -file "/pause=$dir/images/pause"
 fi
+# Every applet busybox has, linked in /bin: the tests' commands run through sh, nc, wget, ...
+applets=()
+for applet in $(/bin/busybox --list); do
+  [ "$applet" = busybox ] || applets+=(-link "/bin/$applet=busybox")
+done
 if [ ! -f "$dir/images/busybox.tar" ]; then
-  links=()
-  for applet in sh ls cat echo sleep hostname ip nc wget ps; do
-    links+=(-link "/bin/$applet=busybox")
-  done
   "$dir/ociimage" -name "registry.k8s.io/e2e-test-images/busybox:1.37.0-1" -o "$dir/images/busybox.tar" \
-    -cmd /bin/sh -file /bin/busybox=/bin/busybox "${links[@]}"
+    -cmd /bin/sh -file /bin/busybox=/bin/busybox "${applets[@]}"
+fi
+if [ ! -f "$dir/images/agnhost.tar" ]; then
+  # As upstream's Dockerfile: /agnhost, an agnhost-2 link, porter's certificate, `pause` by default.
+  porter="$k8s_src/test/images/agnhost/porter"
+  "$dir/ociimage" -name "registry.k8s.io/e2e-test-images/agnhost:$agnhost_version" -o "$dir/images/agnhost.tar" \
+    -entrypoint /agnhost -cmd pause -file "/agnhost=$dir/agnhost" -link /agnhost-2=agnhost \
+    -file "/localhost.crt=$porter/localhost.crt" -file "/localhost.key=$porter/localhost.key" \
+    -file /bin/busybox=/bin/busybox "${applets[@]}"
 fi
 echo "$pause_tag" > "$dir/images/pause.tag"
 touch "$dir/.complete"

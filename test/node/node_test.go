@@ -10,6 +10,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/test/framework"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
 // The real-node tests run only from `make e2e-node-smoke`, which builds the
@@ -24,9 +25,9 @@ func nodeTools(t *testing.T) string {
 }
 
 // TestNodeSmoke runs one real node (kubelet, containerd, bridge CNI) joined
-// to the framework's control plane and one pod on it, and checks that the
-// Node and the pod become Ready and that the pod got an address from the
-// node's pod CIDR.
+// to the framework's control plane and one pod on it (agnhost netexec and a
+// busybox), and checks that the Node and the pod become Ready, that the pod
+// got an address from the node's pod CIDR, and that the node reaches it.
 func TestNodeSmoke(t *testing.T) {
 	tools := nodeTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -69,12 +70,23 @@ func TestNodeSmoke(t *testing.T) {
 		Spec: v1.PodSpec{
 			// No scheduler runs: the pod is bound by name.
 			NodeName: n.Name,
-			Containers: []v1.Container{{
-				Name:            "busybox",
-				Image:           "registry.k8s.io/e2e-test-images/busybox:1.37.0-1",
-				ImagePullPolicy: v1.PullNever,
-				Command:         []string{"/bin/sleep", "3600"},
-			}},
+			Containers: []v1.Container{
+				{
+					Name:            "agnhost",
+					Image:           "registry.k8s.io/e2e-test-images/agnhost:2.63.0",
+					ImagePullPolicy: v1.PullNever,
+					Args:            []string{"netexec", "--http-port=8080"},
+					// The kubelet probes from the node namespace, over the bridge.
+					ReadinessProbe: &v1.Probe{ProbeHandler: v1.ProbeHandler{
+						HTTPGet: &v1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(8080)}}},
+				},
+				{
+					Name:            "busybox",
+					Image:           "registry.k8s.io/e2e-test-images/busybox:1.37.0-1",
+					ImagePullPolicy: v1.PullNever,
+					Command:         []string{"/bin/sleep", "3600"},
+				},
+			},
 			TerminationGracePeriodSeconds: new(int64),
 		},
 	}
@@ -100,9 +112,10 @@ func TestNodeSmoke(t *testing.T) {
 	if !strings.HasPrefix(podIP, "10.244.5.") {
 		t.Fatalf("pod IP %q is not from the node's pod CIDR", podIP)
 	}
-	// The bridge routes to the pod from the node.
-	if out, err := c.Node.Exec("busybox", "ping", "-c", "1", "-W", "2", podIP); err != nil {
-		t.Errorf("node cannot reach its pod at %s: %v %s", podIP, err, out)
+	// The bridge routes to the pod from the node, and agnhost answers.
+	out, err := c.Node.Exec("busybox", "wget", "-qO-", "-T", "5", "http://"+podIP+":8080/hostname")
+	if err != nil || out != "smoke" {
+		t.Errorf("agnhost at %s:8080/hostname from the node: %q, %v", podIP, out, err)
 	}
 	t.Logf("pod smoke Ready at %s", podIP)
 }
