@@ -54,7 +54,7 @@ func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, er
 		Dir: filepath.Join(c.Dir, opts.Name), netns: c.Node.Name, tools: opts.Tools,
 		ca: c.CACertPath(), cluster: c,
 	}
-	cleanupCgroups(n.CgroupRoot())
+	framework.CleanupCgroups(n.CgroupRoot())
 	if err := os.RemoveAll(n.Dir); err != nil {
 		return nil, err
 	}
@@ -71,7 +71,7 @@ func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, er
 	if err := n.writeConfigs(); err != nil {
 		return nil, err
 	}
-	if err := createCgroups(n.CgroupRoot()); err != nil {
+	if err := framework.CreateCgroups(n.CgroupRoot()); err != nil {
 		return nil, fmt.Errorf("cgroups: %w", err)
 	}
 	if err := n.startContainerd(ctx); err != nil {
@@ -91,7 +91,8 @@ func (n *Node) path(rel string) string { return filepath.Join(n.Dir, rel) }
 // Socket is containerd's socket.
 func (n *Node) Socket() string { return n.path("containerd.sock") }
 
-// CgroupRoot is the cgroup under which the kubelet puts every pod.
+// CgroupRoot is the cgroup under which the kubelet puts every pod; the
+// framework's prefix lets a later run remove it if this one is killed.
 func (n *Node) CgroupRoot() string { return "/rpx-" + n.Name }
 
 func (n *Node) writeConfigs() error {
@@ -206,7 +207,7 @@ func (n *Node) Stop() {
 	}
 	// The containers' processes first: they are not children of anything
 	// the framework started (runc reparents them to the shims).
-	cleanupCgroups(n.CgroupRoot())
+	framework.CleanupCgroups(n.CgroupRoot())
 	if n.containerd != nil {
 		n.containerd.Stop()
 	}

@@ -37,7 +37,7 @@ func TestNodeSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Stop()
-	n, err := Start(ctx, c, Options{Name: "rpx-real-1", PodCIDR: "10.244.5.0/24", Tools: tools})
+	n, err := Start(ctx, c, Options{Name: "real-1", PodCIDR: "10.244.5.0/24", Tools: tools})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package node
+package framework
 
 import (
 	"os"
@@ -10,11 +10,12 @@ import (
 	"time"
 )
 
-// cleanupCgroups kills every process under the cgroup root in every
-// hierarchy and removes its cgroups, deepest first. The kubelet makes them
-// (kubepods, the QoS classes, one per pod and container) and nothing else
-// removes them if it dies. It also clears what a killed run left.
-func cleanupCgroups(root string) {
+// CleanupCgroups kills every process under the cgroup root (e.g. "/rpx-x")
+// in every hierarchy and removes its cgroups, deepest first. A real node's
+// kubelet makes them (kubepods, the QoS classes, one per pod and container)
+// and nothing else removes them if it dies: the containers' processes are
+// children of no process the framework started.
+func CleanupCgroups(root string) {
 	hierarchies, _ := filepath.Glob("/sys/fs/cgroup/*")
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -58,10 +59,10 @@ func removeTree(top string) int {
 	return left
 }
 
-// createCgroups makes the cgroup root in every v1 hierarchy: the kubelet
+// CreateCgroups makes the cgroup root in every v1 hierarchy: the kubelet
 // checks that it exists and does not make it. cpuset's must be given the
 // CPUs and memory nodes of its parent before it can hold anything.
-func createCgroups(root string) error {
+func CreateCgroups(root string) error {
 	hierarchies, _ := filepath.Glob("/sys/fs/cgroup/*")
 	for _, h := range hierarchies {
 		dir := filepath.Join(h, root)
@@ -81,4 +82,17 @@ func createCgroups(root string) error {
 		}
 	}
 	return nil
+}
+
+// cleanupLeftoverCgroups removes the cgroups a killed run's nodes left:
+// every top-level cgroup named with the framework's prefix.
+func cleanupLeftoverCgroups() {
+	roots := map[string]bool{}
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*/" + namePrefix + "*")
+	for _, d := range dirs {
+		roots["/"+filepath.Base(d)] = true
+	}
+	for root := range roots {
+		CleanupCgroups(root)
+	}
 }
