@@ -113,7 +113,7 @@ func TestNodeSmoke(t *testing.T) {
 		t.Fatalf("pod IP %q is not from the node's pod CIDR", podIP)
 	}
 	// The bridge routes to the pod from the node, and agnhost answers.
-	out, err := c.Node.Exec("busybox", "wget", "-qO-", "-T", "5", "http://"+podIP+":8080/hostname")
+	out, err := c.Node.Exec("curl", "-sS", "--max-time", "5", "http://"+podIP+":8080/hostname")
 	if err != nil || out != "smoke" {
 		t.Errorf("agnhost at %s:8080/hostname from the node: %q, %v", podIP, out, err)
 	}
