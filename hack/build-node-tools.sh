@@ -2,7 +2,8 @@
 # Builds what a real node needs, beside the upstream programs of hack/build-tools.sh and in the
 # same cache (RAPIDPROXY_TOOLS_CACHE), under a key of its own (node-<hash of hack/node-tools, this
 # script and the Go version>) so that changing one never rebuilds the other:
-#   kubelet                                   k8s.io/kubernetes cmd/kubelet (hack/node-tools/kubelet)
+#   kubelet, kube-scheduler, kubectl          k8s.io/kubernetes cmd/... (hack/node-tools/kubernetes)
+#   e2e.test                                  `go test -c` of k8s.io/kubernetes/test/e2e
 #   containerd, containerd-shim-runc-v2, ctr  containerd 2.x: kubelet v1.36 needs it, Debian has 1.6
 #   cni/{bridge,host-local,loopback,portmap}  Debian's containernetworking-plugins
 #   images/pause.tar                          registry.k8s.io/pause:<tag> from the module's pause.c
@@ -51,13 +52,23 @@ build() { # module-dir output package [go build args...]
   echo "build-node-tools: $out done after $((SECONDS - start))s" >&2
 }
 
-k8s_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$nt/kubelet/go.mod")
+k8s_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$nt/kubernetes/go.mod")
 major_minor=${k8s_version#v}
-build kubelet kubelet k8s.io/kubernetes/cmd/kubelet -ldflags "-s -w \
- -X k8s.io/component-base/version.gitVersion=$k8s_version \
+k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version \
  -X k8s.io/component-base/version.gitMajor=${major_minor%%.*} \
  -X k8s.io/component-base/version.gitMinor=$(echo "$major_minor" | cut -d. -f2) \
  -X k8s.io/component-base/version.gitTreeState=clean"
+for cmd in kubelet kube-scheduler kubectl; do
+  build kubernetes $cmd k8s.io/kubernetes/cmd/$cmd -ldflags "$k8s_ldflags"
+done
+# The suite: the largest of all (about 17 minutes cold on 2 cores).
+if [ ! -x "$dir/e2e.test" ]; then
+  echo "build-node-tools: building e2e.test (first time only)..." >&2
+  (cd "$nt/kubernetes" && CGO_ENABLED=0 nice -n 10 go test -c -trimpath -ldflags "$k8s_ldflags" \
+    -o "$dir/e2e.test.tmp" k8s.io/kubernetes/test/e2e)
+  mv "$dir/e2e.test.tmp" "$dir/e2e.test"
+  echo "build-node-tools: e2e.test done after $((SECONDS - start))s" >&2
+fi
 
 ctrd_version=$(awk '$1 == "require" && $2 == "github.com/containerd/containerd/v2" {print $3}' "$nt/containerd/go.mod")
 ctrd_ldflags="-s -w -X github.com/containerd/containerd/v2/version.Version=$ctrd_version \
@@ -70,9 +81,9 @@ build containerd ctr github.com/containerd/containerd/v2/cmd/ctr \
 build containerd containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
   -tags "urfave_cli_no_docs osusergo netgo static_build no_grpc" -ldflags "$ctrd_ldflags"
 build images ociimage .
-k8s_src=$(cd "$nt/kubelet" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+k8s_src=$(cd "$nt/kubernetes" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)
 agnhost_version=$(cat "$k8s_src/test/images/agnhost/VERSION")
-build kubelet agnhost k8s.io/kubernetes/test/images/agnhost -ldflags "-s -w"
+build kubernetes agnhost k8s.io/kubernetes/test/images/agnhost -ldflags "-s -w"
 
 # pause: the source and flags of the module's build/pause, the tag its Makefile names.
 pause_tag=$(awk -F'[ ?=]+' '$1 == "TAG" {print $2}' "$k8s_src/build/pause/Makefile")

@@ -30,7 +30,9 @@ func nodeTools(t *testing.T) string {
 // got an address from the node's pod CIDR, and that the node reaches it.
 func TestNodeSmoke(t *testing.T) {
 	tools := nodeTools(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	// Long enough for framework.Start to wait for another test's cluster to
+	// end (one runs per machine); each step below has its own deadline.
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	c, err := framework.Start(ctx)
 	if err != nil {
