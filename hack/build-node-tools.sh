@@ -52,7 +52,9 @@ build() { # module-dir output package [go build args...]
   echo "build-node-tools: $out done after $((SECONDS - start))s" >&2
 }
 
-k8s_version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$nt/kubernetes/go.mod")
+k8s_version=$(cd "$nt/kubernetes" && go list -m -f '{{.Version}}' k8s.io/kubernetes)
+# An empty version builds binaries that panic at start (component-base parses it).
+[ -n "$k8s_version" ] || { echo "build-node-tools: no k8s.io/kubernetes version" >&2; exit 1; }
 major_minor=${k8s_version#v}
 k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version \
  -X k8s.io/component-base/version.gitMajor=${major_minor%%.*} \
@@ -70,7 +72,7 @@ if [ ! -x "$dir/e2e.test" ]; then
   echo "build-node-tools: e2e.test done after $((SECONDS - start))s" >&2
 fi
 
-ctrd_version=$(awk '$1 == "require" && $2 == "github.com/containerd/containerd/v2" {print $3}' "$nt/containerd/go.mod")
+ctrd_version=$(cd "$nt/containerd" && go list -m -f '{{.Version}}' github.com/containerd/containerd/v2)
 ctrd_ldflags="-s -w -X github.com/containerd/containerd/v2/version.Version=$ctrd_version \
  -X github.com/containerd/containerd/v2/version.Package=github.com/containerd/containerd/v2"
 # The tags of containerd's own static release build; no_grpc keeps the shim small, as upstream.
