@@ -38,7 +38,8 @@ node-tools:
 	hack/build-node-tools.sh
 
 # One real node (kubelet and containerd in the node namespace, bridge CNI) joined to the local
-# control plane, running one pod to Ready (test/node; not part of `test` yet).
+# control plane, running one pod to Ready, reached through our kube-proxy (test/node; not part
+# of `test` yet).
 e2e-node-smoke: deps build tools node-tools
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
 		$(GO) test -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node

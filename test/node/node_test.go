@@ -27,7 +27,8 @@ func nodeTools(t *testing.T) string {
 // TestNodeSmoke runs one real node (kubelet, containerd, bridge CNI) joined
 // to the framework's control plane and one pod on it (agnhost netexec and a
 // busybox), and checks that the Node and the pod become Ready, that the pod
-// got an address from the node's pod CIDR, and that the node reaches it.
+// got an address from the node's pod CIDR, that the node reaches it, and
+// that our kube-proxy on the node serves a ClusterIP with it as endpoint.
 func TestNodeSmoke(t *testing.T) {
 	tools := nodeTools(t)
 	// Long enough for framework.Start to wait for another test's cluster to
@@ -68,7 +69,7 @@ func TestNodeSmoke(t *testing.T) {
 	t.Logf("node %s registered and Ready", n.Name)
 
 	pod := &v1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "smoke", Namespace: "default"},
+		ObjectMeta: metav1.ObjectMeta{Name: "smoke", Namespace: "default", Labels: map[string]string{"app": "smoke"}},
 		Spec: v1.PodSpec{
 			// No scheduler runs: the pod is bound by name.
 			NodeName: n.Name,
@@ -120,6 +121,34 @@ func TestNodeSmoke(t *testing.T) {
 		t.Errorf("agnhost at %s:8080/hostname from the node: %q, %v", podIP, out, err)
 	}
 	t.Logf("pod smoke Ready at %s", podIP)
+
+	// Our kube-proxy (iptables mode) in the same namespace serves a
+	// ClusterIP whose endpoint is the real pod.
+	svc, err := c.Client.CoreV1().Services("default").Create(ctx, &v1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "smoke"},
+		Spec: v1.ServiceSpec{Selector: map[string]string{"app": "smoke"},
+			Ports: []v1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := c.StartKubeProxy("kube-proxy-real-1", c.KubeProxy(), c.KubeProxyConfig("mode: iptables\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := proxy.WaitHealthy(ctx, time.Minute); err != nil {
+		t.Fatalf("kube-proxy: %v\n%s", err, proxy.LogTail(20))
+	}
+	if err := waitFor(ctx, 30*time.Second, func() (bool, string) {
+		out, err := c.Node.Exec("curl", "-sS", "--max-time", "2", "http://"+svc.Spec.ClusterIP+"/hostname")
+		if err != nil {
+			return false, err.Error()
+		}
+		return out == "smoke", out
+	}); err != nil {
+		t.Fatalf("ClusterIP %s:80 from the node through our kube-proxy: %v", svc.Spec.ClusterIP, err)
+	}
+	t.Logf("ClusterIP %s:80 reaches the pod through our kube-proxy", svc.Spec.ClusterIP)
 }
 
 func podSummary(p *v1.Pod) string {
