@@ -16,7 +16,7 @@ export CGO_ENABLED           := 0
 # The upstream tools' directory, known once `tools` has run (it prints it last).
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools test test-ipvs unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
+.PHONY: all build deps tools node-tools test test-ipvs e2e-node-smoke unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
 
 all: build
 
@@ -31,6 +31,18 @@ deps:
 # kube-apiserver, kube-controller-manager and upstream kube-proxy, built once and cached.
 tools:
 	hack/build-tools.sh
+
+# kubelet, containerd 2.x, CNI plugins and the pause and busybox images for real nodes
+# (hack/build-node-tools.sh), built once and cached under a key of their own.
+node-tools:
+	hack/build-node-tools.sh
+
+# One real node (kubelet and containerd in the node namespace, bridge CNI) joined to the local
+# control plane, running one pod to Ready, reached through our kube-proxy (test/node; not part
+# of `test` yet).
+e2e-node-smoke: deps build tools node-tools
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
+		$(GO) test -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node
 
 # Every test: unit tests and the end-to-end tests against a real API server and kernel,
 # then every fuzz target for a while.

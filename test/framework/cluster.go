@@ -52,6 +52,7 @@ type Cluster struct {
 	External            *Netns
 
 	bins      binaries
+	pki       *pki
 	lock      *os.File
 	processes []*Process
 	// apiServerArgs start kube-apiserver, again after StopAPIServer.
@@ -191,6 +192,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	c.pki = pki
 	steps := []error{
 		pki.issue("apiserver", "kube-apiserver", nil,
 			[]net.IP{net.ParseIP(APIServerIP), net.ParseIP("127.0.0.1"), net.ParseIP("10.96.0.1")},

@@ -226,8 +226,9 @@ func ipCmd(ns *Netns, args ...string) []string {
 	return append([]string{"ip", "-n", ns.Name}, args...)
 }
 
-// cleanupLeftovers removes namespaces and host links a killed run left.
+// cleanupLeftovers removes namespaces, host links and cgroups a killed run left.
 func cleanupLeftovers() error {
+	cleanupLeftoverCgroups()
 	out, err := run("ip", "netns", "list")
 	if err != nil {
 		return err

@@ -1,0 +1,260 @@
+// Package node runs real Kubernetes nodes for the upstream e2e tests: a
+// kubelet and containerd 2.x in one of the framework's network namespaces,
+// with their own state, sockets, cgroup root, pod CIDR and bridge, joined
+// to the framework's control plane. hack/build-node-tools.sh builds what
+// they run.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/rapidproxy/rapidproxy/test/framework"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Node is a running kubelet and containerd.
+type Node struct {
+	Name    string
+	IP      string
+	PodCIDR string
+	// Dir holds the node's state: containerd's root and state, the
+	// kubelet's root directory, CNI configuration and IPAM, logs of pods.
+	Dir string
+
+	netns      string
+	tools      string
+	pauseTag   string
+	ca         string
+	cluster    *framework.Cluster
+	containerd *framework.Process
+	kubelet    *framework.Process
+}
+
+// Options say which node to run.
+type Options struct {
+	Name    string
+	PodCIDR string
+	// Tools is the directory hack/build-node-tools.sh printed.
+	Tools string
+}
+
+// Start runs a node in the framework's node namespace, whose address is
+// framework.NodeIPv4, imports the locally built images and waits for the
+// kubelet to register its Node. On error, what was started is stopped.
+func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, err error) {
+	n := &Node{
+		Name: opts.Name, IP: framework.NodeIPv4, PodCIDR: opts.PodCIDR,
+		Dir: filepath.Join(c.Dir, opts.Name), netns: c.Node.Name, tools: opts.Tools,
+		ca: c.CACertPath(), cluster: c,
+	}
+	framework.CleanupCgroups(n.CgroupRoot())
+	if err := os.RemoveAll(n.Dir); err != nil {
+		return nil, err
+	}
+	tag, err := os.ReadFile(filepath.Join(n.tools, "images", "pause.tag"))
+	if err != nil {
+		return nil, fmt.Errorf("node tools: %w (run hack/build-node-tools.sh)", err)
+	}
+	n.pauseTag = strings.TrimSpace(string(tag))
+	defer func() {
+		if err != nil {
+			n.Stop()
+		}
+	}()
+	if err := n.writeConfigs(); err != nil {
+		return nil, err
+	}
+	if err := framework.CreateCgroups(n.CgroupRoot()); err != nil {
+		return nil, fmt.Errorf("cgroups: %w", err)
+	}
+	if err := n.startContainerd(ctx); err != nil {
+		return nil, err
+	}
+	if err := n.importImages(ctx); err != nil {
+		return nil, err
+	}
+	if err := n.startKubelet(ctx); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+func (n *Node) path(rel string) string { return filepath.Join(n.Dir, rel) }
+
+// Socket is containerd's socket.
+func (n *Node) Socket() string { return n.path("containerd.sock") }
+
+// CgroupRoot is the cgroup under which the kubelet puts every pod; the
+// framework's prefix lets a later run remove it if this one is killed.
+func (n *Node) CgroupRoot() string { return "/rpx-" + n.Name }
+
+func (n *Node) writeConfigs() error {
+	files := map[string]string{
+		"containerd.toml":           n.containerdConfig(),
+		"cni/net.d/10-rpx.conflist": n.cniConfig(),
+		"kubelet.yaml":              n.kubeletConfig(),
+		"resolv.conf":               "nameserver 10.96.0.10\n",
+	}
+	for rel, content := range files {
+		if err := os.MkdirAll(filepath.Dir(n.path(rel)), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(n.path(rel), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{"pod-logs", "volume-plugins", "kubelet", "cni/ipam"} {
+		if err := os.MkdirAll(n.path(d), 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startContainerd starts containerd in the node's network namespace and a
+// new mount namespace (see initScript), and waits for its socket.
+func (n *Node) startContainerd(ctx context.Context) error {
+	script := n.path("init.sh")
+	if err := os.WriteFile(script, []byte(n.initScript(filepath.Join(n.tools, "containerd"))), 0o755); err != nil {
+		return err
+	}
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+n.netns, "--",
+		"unshare", "--mount", "--propagation", "private", "--", "sh", script)
+	// The shim is found on PATH; runc is Debian's.
+	cmd.Env = append(os.Environ(), "PATH="+n.tools+":"+os.Getenv("PATH"))
+	p, err := n.cluster.StartProcess(n.Name+"-containerd", cmd)
+	if err != nil {
+		return err
+	}
+	n.containerd = p
+	return waitUntil(ctx, p, time.Minute, "containerd's socket", func() bool {
+		_, err := n.ctr(ctx, "version")
+		return err == nil
+	})
+}
+
+// ctr runs containerd's client against the node, in the CRI's namespace.
+func (n *Node) ctr(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(n.tools, "ctr"),
+		append([]string{"--address", n.Socket(), "--namespace", "k8s.io"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// importImages loads the OCI archives hack/build-node-tools.sh made.
+func (n *Node) importImages(ctx context.Context) error {
+	archives, err := filepath.Glob(filepath.Join(n.tools, "images", "*.tar"))
+	if err != nil || len(archives) == 0 {
+		return fmt.Errorf("no image archives in %s/images: %v", n.tools, err)
+	}
+	for _, a := range archives {
+		if _, err := n.ctr(ctx, "images", "import", "--platform", "linux/amd64", a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startKubelet starts the kubelet in containerd's namespaces (network and
+// mount) and waits for its Node object.
+func (n *Node) startKubelet(ctx context.Context) error {
+	// A client certificate in system:masters: the control plane runs RBAC
+	// alone, without the Node authorizer that would grant system:nodes
+	// what a kubelet needs.
+	kubeconfig, err := n.cluster.IssueKubeconfig(n.Name+"-kubelet", "system:node:"+n.Name, []string{"system:nodes", "system:masters"})
+	if err != nil {
+		return err
+	}
+	pid := n.containerd.Pid()
+	cmd := exec.Command("nsenter", "--target", fmt.Sprint(pid), "--mount", "--net", "--",
+		filepath.Join(n.tools, "kubelet"),
+		"--config="+n.path("kubelet.yaml"),
+		"--kubeconfig="+kubeconfig,
+		"--root-dir="+n.path("kubelet"),
+		"--cert-dir="+n.path("kubelet/pki"),
+		"--hostname-override="+n.Name,
+		"--node-ip="+n.IP,
+		"--v=2",
+	)
+	p, err := n.cluster.StartProcess(n.Name+"-kubelet", cmd)
+	if err != nil {
+		return err
+	}
+	n.kubelet = p
+	return waitUntil(ctx, p, 2*time.Minute, "the kubelet's Node", func() bool {
+		_, err := n.cluster.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+		return err == nil
+	})
+}
+
+// Stop ends the node and removes everything it made: the pods' processes
+// and cgroups, the kubelet and containerd (and with them their mount
+// namespace and every mount in it), the bridge and the node's directory.
+// It is safe to call more than once and after a failed Start.
+func (n *Node) Stop() {
+	if n.kubelet != nil {
+		n.kubelet.Stop()
+	}
+	// The containers' processes first: they are not children of anything
+	// the framework started (runc reparents them to the shims).
+	framework.CleanupCgroups(n.CgroupRoot())
+	if n.containerd != nil {
+		n.containerd.Stop()
+	}
+	killShims(n.Socket())
+	_ = exec.Command("ip", "-n", n.netns, "link", "delete", "cni0").Run()
+	_ = os.RemoveAll(n.Dir)
+}
+
+// killShims kills the runc shims serving this node's containerd: they
+// outlive containerd by design, and hold the node's mount namespace.
+func killShims(socket string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range procs {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(data), "\x00")
+		if len(args) == 0 || filepath.Base(args[0]) != "containerd-shim-runc-v2" {
+			continue
+		}
+		for i, a := range args {
+			if a == "-address" && i+1 < len(args) && args[i+1] == socket {
+				var pid int
+				fmt.Sscanf(filepath.Base(filepath.Dir(f)), "%d", &pid)
+				if p, err := os.FindProcess(pid); err == nil {
+					_ = p.Kill()
+				}
+			}
+		}
+	}
+}
+
+// waitUntil polls ready until it holds, p exits, or timeout passes.
+func waitUntil(ctx context.Context, p *framework.Process, timeout time.Duration, what string, ready func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !ready() {
+		select {
+		case <-p.Exited():
+			return fmt.Errorf("%s exited before %s: %v\n%s", p.Name, what, p.Err(), p.LogTail(30))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return errors.New("timed out waiting for " + what + "; last log lines of " + p.Name + ":\n" + p.LogTail(30))
+		}
+	}
+	return nil
+}
