@@ -42,7 +42,7 @@ node-tools:
 # of `test` yet).
 e2e-node-smoke: deps build tools node-tools
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
-		$(GO) test -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node
+		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node
 
 # Every test: unit tests and the end-to-end tests against a real API server and kernel,
 # then every fuzz target for a while.

@@ -1,3 +1,9 @@
+//go:build realnode
+
+// Built only with -tags realnode (make e2e-node-smoke): the real-node tests
+// need the node tools, minutes of building the first time, and are not
+// part of make test yet.
+
 package node
 
 import (
@@ -13,13 +19,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// The real-node tests run only from `make e2e-node-smoke`, which builds the
-// node tools and names them here: they need minutes of building the first
-// time and start a kubelet and containerd.
+// nodeTools is where `make e2e-node-smoke` built the node tools.
 func nodeTools(t *testing.T) string {
 	dir := os.Getenv("RAPIDPROXY_NODE_TOOLS_DIR")
 	if dir == "" {
-		t.Skip("real-node test: run it with `make e2e-node-smoke` (RAPIDPROXY_NODE_TOOLS_DIR unset)")
+		t.Fatal("RAPIDPROXY_NODE_TOOLS_DIR is not set: run the real-node tests with `make e2e-node-smoke`")
 	}
 	return dir
 }
