@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -516,6 +517,7 @@ func TestKernelNetlinkWriteMatchesNFT(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			wantSizes := setSizes(t, family)
 			if err := Cleanup(t.Context(), realStreamer(t, family)); err != nil {
 				t.Fatal(err)
 			}
@@ -529,8 +531,36 @@ func TestKernelNetlinkWriteMatchesNFT(t *testing.T) {
 			if want, got := tableText(want), tableText(got); want != got {
 				t.Errorf("written over netlink (+), by nft -f (-):\n%s", testutil.LineDiff(want, got))
 			}
+			if got := setSizes(t, family); got != wantSizes {
+				t.Errorf("sets' sizes written over netlink (+), by nft -f (-):\n%s", testutil.LineDiff(wantSizes, got))
+			}
 		})
 	}
+}
+
+// setSizes are the table's sets with the size nft lists for each, which
+// the table's reader leaves out. The writer sends no size: the kernel gives
+// a dynamic set without one 65535 when an update rule binds it, as it does
+// to the same set from nft -f, and as upstream's affinity sets list.
+func setSizes(t *testing.T, family knftables.Family) string {
+	t.Helper()
+	out, err := exec.Command("nft", "list", "table", string(family), TableName).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list table: %v: %s", err, out)
+	}
+	var sizes []string
+	set := ""
+	for _, line := range strings.Split(string(out), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "set ") || strings.HasPrefix(line, "map "):
+			set = strings.TrimSuffix(line, " {")
+		case strings.HasPrefix(line, "size "):
+			sizes = append(sizes, set+": "+line)
+		}
+	}
+	slices.Sort(sizes)
+	return strings.Join(sizes, "\n")
 }
 
 // writerOf is a netlink transaction that makes the table tb.
