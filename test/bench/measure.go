@@ -1,3 +1,8 @@
+// Over 600 lines: measure is one proxy's whole run (first sync, restart,
+// single changes, churn, idle), in the order the table's rows are
+// measured, with the helpers only it uses; splitting it would scatter that
+// order across files.
+
 package main
 
 import (
