@@ -1,7 +1,6 @@
-// Over 600 lines: measure is one proxy's whole run (first sync, restart,
-// single changes, churn, idle), in the order the table's rows are
-// measured, with the helpers only it uses; splitting it would scatter that
-// order across files.
+// Over 600 lines: a shape's objects, the proxies it runs, and measure, one
+// proxy's whole run (first sync, restart, single changes, churn, idle) in
+// the order of the table's rows, which reads best in one place.
 
 package main
 
