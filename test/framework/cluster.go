@@ -399,9 +399,16 @@ func (c *Cluster) start(name string, cmd *exec.Cmd) (*Process, error) {
 	return p, nil
 }
 
-// waitFor polls ready until it holds, the process exits, or time runs out.
+// waitFor polls ready until it holds, the process exits, or the start-up
+// deadline passes.
 func waitFor(ctx context.Context, p *Process, what string, ready func() bool) error {
-	deadline := time.Now().Add(startupDeadline)
+	return WaitUntil(ctx, p, startupDeadline, what, ready)
+}
+
+// WaitUntil polls ready until it holds, p exits, or timeout passes; an
+// error names what was awaited and ends with p's last log lines.
+func WaitUntil(ctx context.Context, p *Process, timeout time.Duration, what string, ready func() bool) error {
+	deadline := time.Now().Add(timeout)
 	for !ready() {
 		select {
 		case <-p.Exited():
@@ -411,7 +418,7 @@ func waitFor(ctx context.Context, p *Process, what string, ready func() bool) er
 		case <-time.After(100 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out waiting for %s; last log lines:\n%s", what, p.LogTail(30))
+			return fmt.Errorf("timed out waiting for %s; last log lines of %s:\n%s", what, p.Name, p.LogTail(30))
 		}
 	}
 	return nil

@@ -7,7 +7,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -134,7 +133,7 @@ func (n *Node) startContainerd(ctx context.Context) error {
 		return err
 	}
 	n.containerd = p
-	return waitUntil(ctx, p, time.Minute, "containerd's socket", func() bool {
+	return framework.WaitUntil(ctx, p, time.Minute, "containerd's socket", func() bool {
 		_, err := n.ctr(ctx, "version")
 		return err == nil
 	})
@@ -191,7 +190,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 		return err
 	}
 	n.kubelet = p
-	return waitUntil(ctx, p, 2*time.Minute, "the kubelet's Node", func() bool {
+	return framework.WaitUntil(ctx, p, 2*time.Minute, "the kubelet's Node", func() bool {
 		_, err := n.cluster.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 		return err == nil
 	})
@@ -239,22 +238,4 @@ func killShims(socket string) {
 			}
 		}
 	}
-}
-
-// waitUntil polls ready until it holds, p exits, or timeout passes.
-func waitUntil(ctx context.Context, p *framework.Process, timeout time.Duration, what string, ready func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for !ready() {
-		select {
-		case <-p.Exited():
-			return fmt.Errorf("%s exited before %s: %v\n%s", p.Name, what, p.Err(), p.LogTail(30))
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return errors.New("timed out waiting for " + what + "; last log lines of " + p.Name + ":\n" + p.LogTail(30))
-		}
-	}
-	return nil
 }
