@@ -1,6 +1,6 @@
 // Over 600 lines: the decoder of every rule shape kube-proxy's tables hold,
 // the inverse of encode.go, kept in one file so a shape and its printing
-// stay side by side; see issue #29 for the google/nftables measurement.
+// stay side by side.
 
 package nftnl
 

@@ -1,6 +1,6 @@
-// Over 600 lines: the batch writer and the text parser of the transactions
-// it sends; splitting it waits for the google/nftables measurement of issue
-// #29.
+// Over 600 lines: the batch writer and the parser of the transaction text
+// it takes, one object kind (table, chain, set, rule, element) after
+// another.
 
 package nftnl
 

@@ -1,6 +1,6 @@
-// Over 600 lines: the syncs, the flush and tamper watch and their pacing
-// live together because they share the syncer's lock and generations; issue
-// #29 moves the watch pacing into the core.
+// Over 600 lines: the full and partial syncs, the flush probes and the
+// kernel state they read, which share the syncer's lock and the tables'
+// generations; the watch's pacing is the core's (pkg/proxy/watch.go).
 
 package iptables
 
