@@ -1,6 +1,6 @@
-// Over 600 lines: the batch writer and the parser of the transaction text
-// it takes, one object kind (table, chain, set, rule, element) after
-// another.
+// Over 600 lines: the batch writer's operations on each object kind
+// (table, chain, rule, set, element), one after another, each with the
+// parsing of its nft text (priorities, set types, elements).
 
 package nftnl
 
