@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 
@@ -33,6 +34,17 @@ type VirtualServerKey struct {
 
 func (k VirtualServerKey) String() string {
 	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.Addr, k.Port), k.Protocol)
+}
+
+// Compare orders keys by address, port, then protocol.
+func (k VirtualServerKey) Compare(o VirtualServerKey) int {
+	if c := k.Addr.Compare(o.Addr); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(k.Port, o.Port); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.Protocol, o.Protocol)
 }
 
 // VirtualServer is one IPVS service as kube-proxy programs it.

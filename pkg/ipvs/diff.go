@@ -1,0 +1,388 @@
+package ipvs
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/rapidproxy/rapidproxy/pkg/state"
+)
+
+// diff decides one sync, service port by service port, from what was
+// applied, what is wanted and what the kernel was read to hold, into a
+// plan (ops.go). It sends nothing: it keeps the syncer's counts of who
+// wants each shared object, and its plan keeps traffic flowing: a
+// virtual server with its real servers before its address, new real
+// servers before the removed ones go, set entries before the chains that
+// match them, and what is no longer wanted last.
+type diff struct {
+	p *Syncer
+	// kernel is what a full sync read; nil in a partial sync, which
+	// trusts what it applied.
+	kernel *kernelObjects
+	// listed are the real servers of the virtual servers that stay, as
+	// the kernel lists them (with their weights and connections).
+	listed map[VirtualServerKey][]RealServer
+	plan   plan
+	// adds and deletes are the set entries to add and delete; an entry
+	// one service port gives up and another takes up in the same sync
+	// is in the kernel and stays: its deletion is cancelled (deleting
+	// says which deletions still hold).
+	adds     []SetEntry
+	deletes  []SetEntry
+	deleting map[SetEntry]bool
+	// queued are the entries to add that this sync found, in order, for
+	// admit; only those it cannot add then wait in objectCounts (at a
+	// first sync, some 30,000 entries at 10,000 services).
+	queued []SetEntry
+	// unbind are the addresses to unbind at the end (false: taken up
+	// again by another service port).
+	unbind map[netip.Addr]bool
+	// touchedServers and touchedBound are what the published snapshot
+	// must look at again.
+	touchedServers map[VirtualServerKey]bool
+	touchedBound   map[netip.Addr]bool
+}
+
+func (p *Syncer) newDiff(kernel *kernelObjects, listed map[VirtualServerKey][]RealServer) *diff {
+	return &diff{p: p, kernel: kernel, listed: listed, deleting: map[SetEntry]bool{}, unbind: map[netip.Addr]bool{},
+		touchedServers: map[VirtualServerKey]bool{}, touchedBound: map[netip.Addr]bool{}}
+}
+
+func (d *diff) step(o op) { d.plan.steps = append(d.plan.steps, o) }
+
+// replace turns one service port's objects from old into updated.
+func (d *diff) replace(name state.ServicePortName, old, updated ServiceObjects) {
+	p := d.p
+	o := &p.objects
+	wanted := map[VirtualServerKey]bool{}
+	for i := range updated.Servers {
+		s := &updated.Servers[i]
+		if owner, taken := o.servers[s.VirtualServerKey]; taken && owner != name {
+			klog.InfoS("Virtual server already belongs to another service port; skipping it", "servicePort", name, "virtualServer", s.VirtualServerKey, "owner", owner)
+			continue
+		}
+		wanted[s.VirtualServerKey] = true
+		d.touchedServers[s.VirtualServerKey] = true
+		d.server(s, findServer(old.Servers, s.VirtualServerKey))
+		o.servers[s.VirtualServerKey] = name
+	}
+	for _, s := range old.Servers {
+		if !wanted[s.VirtualServerKey] && o.servers[s.VirtualServerKey] == name {
+			delete(o.servers, s.VirtualServerKey)
+			d.touchedServers[s.VirtualServerKey] = true
+			d.plan.deleteServers = append(d.plan.deleteServers, s.VirtualServerKey)
+		}
+	}
+	for _, a := range updated.Bound {
+		if o.bound[a]++; o.bound[a] == 1 {
+			d.bind(a)
+		}
+	}
+	for _, a := range old.Bound {
+		if o.bound[a]--; o.bound[a] == 0 {
+			delete(o.bound, a)
+			d.unbind[a] = true
+			d.touchedBound[a] = true
+			d.entry(SetEntry{Set: p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, true)
+		}
+	}
+	for _, e := range updated.Entries {
+		if o.entries[e]++; o.entries[e] == 1 {
+			d.entry(e, false)
+		}
+	}
+	for _, e := range old.Entries {
+		if o.entries[e]--; o.entries[e] == 0 {
+			delete(o.entries, e)
+			d.entry(e, true)
+		}
+	}
+	for _, r := range updated.OutFilter {
+		o.outFilter[r]++
+	}
+	for _, r := range old.OutFilter {
+		if o.outFilter[r]--; o.outFilter[r] == 0 {
+			delete(o.outFilter, r)
+		}
+	}
+	if len(updated.Servers) == 0 && len(updated.Entries) == 0 {
+		delete(p.applied, name)
+	} else {
+		p.applied[name] = updated
+	}
+}
+
+func findServer(servers []Server, key VirtualServerKey) *Server {
+	for i := range servers {
+		if servers[i].VirtualServerKey == key {
+			return &servers[i]
+		}
+	}
+	return nil
+}
+
+// server makes the kernel hold one virtual server with its real servers;
+// old is what was applied (nil if none, or in a full sync).
+func (d *diff) server(s *Server, old *Server) {
+	var exists, same bool
+	if d.kernel != nil {
+		have, ok := d.kernel.servers[s.VirtualServerKey]
+		exists, same = ok, have == s.VirtualServer
+		delete(d.kernel.servers, s.VirtualServerKey)
+	} else if old != nil {
+		exists, same = true, old.VirtualServer == s.VirtualServer
+	}
+	switch {
+	case !exists:
+		d.step(op{kind: opAddServer, server: s})
+		return
+	case !same:
+		d.step(op{kind: opUpdateServer, server: s})
+	}
+	d.reals(s)
+}
+
+// reals brings an existing virtual server's real servers in line with
+// what the kernel listed: draining ones are at weight 0, and their
+// connection counts say whether a removed one can go at once. The wanted
+// ones come first, so that a virtual server never goes without.
+func (d *diff) reals(s *Server) {
+	current := d.listed[s.VirtualServerKey]
+	unwanted := make(map[netip.AddrPort]RealServer, len(current))
+	for _, rs := range current {
+		unwanted[rs.AddrPort()] = rs
+	}
+	for _, rs := range s.Reals {
+		have, ok := unwanted[rs]
+		delete(unwanted, rs)
+		switch {
+		case !ok:
+			d.step(op{kind: opAddReal, server: s, real: rs})
+		case have.Weight != 1:
+			// Draining, or left at weight 0 by a previous run: wanted again.
+			d.step(op{kind: opRestoreReal, server: s, real: rs})
+		}
+	}
+	for _, rs := range slices.SortedFunc(maps.Values(unwanted), func(a, b RealServer) int { return a.AddrPort().Compare(b.AddrPort()) }) {
+		d.removeReal(s, rs)
+	}
+}
+
+// removeReal deletes a real server at once (UDP, SCTP: expire_nodest_conn
+// ends their flows, and a TCP one without connections), or drains a TCP
+// one: at weight 0 its connections finish while new ones go elsewhere.
+func (d *diff) removeReal(s *Server, rs RealServer) {
+	if _, draining := d.p.draining[drainKey{s.VirtualServerKey, rs.AddrPort()}]; draining {
+		return
+	}
+	switch {
+	case s.Protocol != v1.ProtocolTCP || rs.ActiveConns+rs.InactiveConns == 0:
+		d.step(op{kind: opDeleteReal, server: s, real: rs.AddrPort()})
+	case rs.Weight != 0:
+		d.step(op{kind: opDrainReal, server: s, real: rs.AddrPort()})
+	default:
+		d.step(op{kind: opWatchDrain, server: s, real: rs.AddrPort()})
+	}
+}
+
+func (d *diff) bind(a netip.Addr) {
+	d.touchedBound[a] = true
+	d.entry(SetEntry{Set: d.p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, false)
+	if d.unbind[a] {
+		// Another service port gave it up in this sync: it is bound.
+		d.unbind[a] = false
+		return
+	}
+	if d.kernel != nil && d.kernel.bound[a] {
+		delete(d.kernel.bound, a)
+		return
+	}
+	d.step(op{kind: opBind, addr: a})
+}
+
+// entry records a set change; a full sync skips what the kernel holds,
+// and an entry given up and taken up again in one sync stays. An entry
+// to add waits until finish, which knows how much room its set has.
+func (d *diff) entry(e SetEntry, remove bool) {
+	o := &d.p.objects
+	_, waiting := o.waiting[e]
+	switch {
+	case remove && waiting:
+		o.unwait(e) // never written
+	case remove:
+		d.deletes = append(d.deletes, e)
+		d.deleting[e] = true
+		o.resize(e.Set, -1)
+	case d.deleting[e]:
+		d.deleting[e] = false
+		o.resize(e.Set, 1)
+	case d.kernel != nil && d.kernel.entries[e.Set][e.Entry]:
+		delete(d.kernel.entries[e.Set], e.Entry)
+		o.resize(e.Set, 1)
+	default:
+		// Never given up in the same sync: a sync replaces each service
+		// port once, so an entry comes from no owner to one only once.
+		d.queued = append(d.queued, e)
+	}
+}
+
+// admit adds the waiting entries whose sets have room: all of them while
+// a hash set stays within its maxelem, else the ones that came first (a
+// full sync takes the service ports by name, after what the kernel holds
+// already) up to it. The rest wait for a later sync whose deletions make
+// room: ipset would refuse them, and with them every later line of the
+// restore, other services' entries too.
+func (d *diff) admit() {
+	o := &d.p.objects
+	fits := func(set string) bool {
+		limit, ok := d.p.limits[set]
+		return !ok || o.setSizes[set] < limit
+	}
+	add := func(e SetEntry) {
+		o.resize(e.Set, 1)
+		d.adds = append(d.adds, e)
+	}
+	// What waited before this sync first, oldest first; then this sync's
+	// entries in the order it found them.
+	if len(o.waiting) > 0 {
+		older := slices.SortedFunc(maps.Keys(o.waiting), func(a, b SetEntry) int { return cmp.Compare(o.waiting[a], o.waiting[b]) })
+		for _, e := range older {
+			if fits(e.Set) {
+				o.unwait(e)
+				add(e)
+			}
+		}
+		if len(o.waiting) == 0 {
+			o.waiting = map[SetEntry]uint64{} // a map keeps its largest size
+		}
+	}
+	for _, e := range d.queued {
+		if fits(e.Set) {
+			add(e)
+		} else {
+			o.wait(e)
+		}
+	}
+	d.queued = nil
+}
+
+// finish decides the set changes, the chains and what goes (after a full
+// sync: whatever else of ours the kernel held), and returns the plan.
+func (d *diff) finish(full bool) *plan {
+	p := d.p
+	pl := &d.plan
+	pl.full = full
+	d.admit()
+	// Deletions before additions, so that a full set has room for what
+	// admit let in; an entry never is in both. After a full sync the
+	// kernel's entries no service port wants go too.
+	pl.sets = make([]SetChange, 0, len(d.adds)+len(d.deletes))
+	for _, e := range d.deletes {
+		if d.deleting[e] {
+			pl.sets = append(pl.sets, SetChange{Set: e.Set, Entry: e.Entry, Delete: true})
+		}
+	}
+	if d.kernel != nil {
+		for _, set := range slices.Sorted(maps.Keys(d.kernel.entries)) {
+			for _, e := range slices.Sorted(maps.Keys(d.kernel.entries[set])) {
+				pl.sets = append(pl.sets, SetChange{Set: set, Entry: e, Delete: true})
+			}
+		}
+	}
+	for _, e := range d.adds {
+		pl.sets = append(pl.sets, SetChange{Set: e.Set, Entry: e.Entry})
+	}
+	// Entries left out are not the sync's failure: the service ports that
+	// fit are written, and a failed sync would hold back what follows a
+	// sync (health-check servers, conntrack cleanup, the healthz update)
+	// and retry a full sync, reading the whole kernel, for as long as the
+	// set is full. They wait, and a later sync that frees room adds them.
+	if p.left = p.leftOut(); p.left != nil {
+		klog.ErrorS(p.left, "Set entries left out: the service ports named may not work until their set has room", "ipFamily", p.cfg.Family)
+	}
+	nonEmpty := func(set string) bool { return p.objects.setSizes[p.cfg.Params.setName(set)] > 0 }
+	pl.chains = p.cfg.Params.Chains(nonEmpty, slices.Sorted(maps.Keys(p.objects.outFilter)))
+	if d.kernel != nil {
+		// A bound address no service wants is one a previous run (ours
+		// or upstream's) bound if KUBE-IPVS-IPS lists it; another
+		// program's addresses on the link are left alone.
+		previous := d.kernel.entries[p.cfg.Params.setName(setIPVSAddresses)]
+		for a := range d.kernel.bound {
+			if previous[a.String()] {
+				d.unbind[a] = true
+			}
+		}
+		for _, key := range slices.SortedFunc(maps.Keys(d.kernel.servers), VirtualServerKey.Compare) {
+			if !p.excluded(key.Addr) {
+				pl.deleteServers = append(pl.deleteServers, key)
+			}
+		}
+	}
+	for _, a := range slices.SortedFunc(maps.Keys(d.unbind), netip.Addr.Compare) {
+		if d.unbind[a] {
+			pl.unbind = append(pl.unbind, a)
+		}
+	}
+	return pl
+}
+
+// leftOut names, set by set, the entries waiting for room and the service
+// ports that want them; nil when none wait. It reads every service
+// port's objects, which it does only while some wait.
+func (p *Syncer) leftOut() error {
+	o := &p.objects
+	if len(o.waiting) == 0 {
+		return nil
+	}
+	ipvsIPs := p.cfg.Params.setName(setIPVSAddresses)
+	wanting := map[string]map[state.ServicePortName]bool{}
+	want := func(e SetEntry, name state.ServicePortName) {
+		if _, ok := o.waiting[e]; !ok {
+			return
+		}
+		if wanting[e.Set] == nil {
+			wanting[e.Set] = map[state.ServicePortName]bool{}
+		}
+		wanting[e.Set][name] = true
+	}
+	for name, objects := range p.applied {
+		for _, e := range objects.Entries {
+			want(e, name)
+		}
+		if o.waitingIn[ipvsIPs] > 0 {
+			for _, a := range objects.Bound {
+				want(SetEntry{Set: ipvsIPs, Entry: a.String()}, name)
+			}
+		}
+	}
+	var errs []error
+	for _, set := range slices.Sorted(maps.Keys(o.waitingIn)) {
+		names := slices.SortedFunc(maps.Keys(wanting[set]), state.ServicePortName.Compare)
+		var some []string
+		for _, n := range names[:min(len(names), 3)] {
+			some = append(some, n.String())
+		}
+		if len(names) > 3 {
+			some = append(some, "...")
+		}
+		errs = append(errs, fmt.Errorf("ipset %s is full (maxelem %d): %s of %s not added (%s)", set, p.limits[set],
+			count(o.waitingIn[set], "entry", "entries"), count(len(names), "service port", "service ports"), strings.Join(some, ", ")))
+	}
+	return errors.Join(errs...)
+}
+
+func count(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
+}

@@ -1,0 +1,219 @@
+package ipvs
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/rapidproxy/rapidproxy/pkg/iptables"
+	"github.com/rapidproxy/rapidproxy/pkg/metrics"
+)
+
+// plan is what one sync sends to the kernel, decided before anything is
+// sent, in the order apply sends it: each service port's virtual servers,
+// real servers and addresses; then the set entries; then the iptables
+// chains, which match the sets; then what no service port wants any more.
+type plan struct {
+	steps []op
+	// sets are the entry changes, deletions first, so that a full set
+	// has room for the additions.
+	sets []SetChange
+	// chains are every chain of the mode; with full, ChainSet compares
+	// them with the kernel, else with what it last wrote.
+	chains map[iptables.Table][]iptables.OwnChain
+	full   bool
+	// unbind go before deleteServers: an address stays bound only while
+	// its virtual server is there (a bound address without one would take
+	// the service's traffic to the node's own sockets).
+	unbind        []netip.Addr
+	deleteServers []VirtualServerKey
+}
+
+type opKind uint8
+
+const (
+	// opAddServer adds a virtual server with all its real servers.
+	opAddServer opKind = iota
+	opUpdateServer
+	opAddReal
+	// opRestoreReal puts a real server at weight 0 (draining, or left so
+	// by an earlier run) back to weight 1.
+	opRestoreReal
+	// opDrainReal sets a removed TCP real server to weight 0, so that its
+	// connections finish while new ones go elsewhere, and opWatchDrain
+	// follows one already at weight 0; the drain check deletes them.
+	opDrainReal
+	opWatchDrain
+	opDeleteReal
+	// opBind binds an address to kube-ipvs0, after its virtual server.
+	opBind
+)
+
+// op is one step of a plan: server is the virtual server it is about
+// (the wanted one), real the real server, addr the address to bind.
+type op struct {
+	kind   opKind
+	server *Server
+	real   netip.AddrPort
+	addr   netip.Addr
+}
+
+func (o op) String() string {
+	key := ""
+	if o.server != nil {
+		key = o.server.VirtualServerKey.String()
+	}
+	switch o.kind {
+	case opAddServer:
+		reals := make([]string, len(o.server.Reals))
+		for i, r := range o.server.Reals {
+			reals[i] = r.String()
+		}
+		return fmt.Sprintf("add server %s -> [%s]", key, strings.Join(reals, " "))
+	case opUpdateServer:
+		return "update server " + key
+	case opAddReal:
+		return fmt.Sprintf("add real %s to %s", o.real, key)
+	case opRestoreReal:
+		return fmt.Sprintf("restore real %s of %s", o.real, key)
+	case opDrainReal:
+		return fmt.Sprintf("drain real %s of %s", o.real, key)
+	case opWatchDrain:
+		return fmt.Sprintf("watch draining real %s of %s", o.real, key)
+	case opDeleteReal:
+		return fmt.Sprintf("delete real %s of %s", o.real, key)
+	case opBind:
+		return "bind " + o.addr.String()
+	}
+	return fmt.Sprintf("op %d", o.kind)
+}
+
+// lines renders the plan one operation per line, for tests and logs.
+func (pl *plan) lines() []string {
+	var out []string
+	for _, o := range pl.steps {
+		out = append(out, o.String())
+	}
+	for _, c := range pl.sets {
+		sign := "+"
+		if c.Delete {
+			sign = "-"
+		}
+		out = append(out, fmt.Sprintf("ipset %s%s %s", sign, c.Set, c.Entry))
+	}
+	if pl.chains != nil {
+		var names []string
+		for _, t := range slices.Sorted(maps.Keys(pl.chains)) {
+			for _, c := range pl.chains[t] {
+				names = append(names, fmt.Sprintf("%s/%s:%d", t, c.Name, len(c.Rules)))
+			}
+		}
+		out = append(out, "chains "+strings.Join(names, " "))
+	}
+	for _, a := range pl.unbind {
+		out = append(out, "unbind "+a.String())
+	}
+	for _, key := range pl.deleteServers {
+		out = append(out, "delete server "+key.String())
+	}
+	return out
+}
+
+// apply sends a plan to the kernel, step by step: a step that fails is
+// reported and the others still run, but for the real servers of a
+// virtual server that could not be added. It keeps the draining real
+// servers' deadlines. The caller holds mu.
+func (p *Syncer) apply(pl *plan) error {
+	k := p.cfg.Kernel
+	var errs []error
+	fail := func(err error, format string, args ...any) {
+		errs = append(errs, fmt.Errorf(format+": %w", append(args, err)...))
+	}
+	var notAdded map[VirtualServerKey]bool
+	for _, o := range pl.steps {
+		var key VirtualServerKey
+		if o.server != nil {
+			key = o.server.VirtualServerKey
+		}
+		if notAdded[key] && o.kind != opBind {
+			continue
+		}
+		switch o.kind {
+		case opAddServer:
+			if err := k.AddVirtualServer(o.server.VirtualServer); err != nil {
+				fail(err, "adding virtual server %s", key)
+				if notAdded == nil {
+					notAdded = map[VirtualServerKey]bool{}
+				}
+				notAdded[key] = true
+				continue
+			}
+			for _, rs := range o.server.Reals {
+				delete(p.draining, drainKey{key, rs})
+				if err := k.AddRealServer(key, RealServer{Addr: rs.Addr(), Port: rs.Port(), Weight: 1}); err != nil {
+					fail(err, "adding real server %s to %s", rs, key)
+				}
+			}
+		case opUpdateServer:
+			if err := k.UpdateVirtualServer(o.server.VirtualServer); err != nil {
+				fail(err, "updating virtual server %s", key)
+			}
+		case opAddReal, opRestoreReal:
+			delete(p.draining, drainKey{key, o.real})
+			real := RealServer{Addr: o.real.Addr(), Port: o.real.Port(), Weight: 1}
+			var err error
+			if o.kind == opRestoreReal {
+				err = k.UpdateRealServer(key, real)
+			} else {
+				err = k.AddRealServer(key, real)
+			}
+			if err != nil {
+				fail(err, "adding real server %s to %s", o.real, key)
+			}
+		case opDrainReal, opWatchDrain:
+			if o.kind == opDrainReal {
+				if err := k.UpdateRealServer(key, RealServer{Addr: o.real.Addr(), Port: o.real.Port(), Weight: 0}); err != nil {
+					fail(err, "draining real server %s of %s", o.real, key)
+					continue
+				}
+			}
+			p.draining[drainKey{key, o.real}] = p.now().Add(p.cfg.MaxDrain)
+		case opDeleteReal:
+			if err := k.DeleteRealServer(key, o.real); err != nil {
+				fail(err, "deleting real server %s of %s", o.real, key)
+			}
+		case opBind:
+			if err := k.Bind(o.addr); err != nil {
+				fail(err, "binding %s to %s", o.addr, DummyLink)
+			}
+		}
+	}
+	if len(pl.sets) > 0 {
+		if err := k.ChangeSets(pl.sets); err != nil {
+			fail(err, "changing ipset entries")
+		}
+	}
+	if err := p.chains.Sync(pl.chains, Jumps(), pl.full); err != nil {
+		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
+		fail(err, "writing the iptables chains")
+	}
+	for _, a := range pl.unbind {
+		if err := k.Unbind(a); err != nil {
+			fail(err, "unbinding %s from %s", a, DummyLink)
+		}
+	}
+	for _, key := range pl.deleteServers {
+		if err := k.DeleteVirtualServer(key); err != nil {
+			fail(err, "deleting virtual server %s", key)
+		}
+		for d := range p.draining {
+			if d.server == key {
+				delete(p.draining, d)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
