@@ -1,8 +1,10 @@
 // Package ipvs is the IPVS mode: plan.go decides each service port's
 // virtual servers, addresses and set entries (a pure function), rules.go
-// the iptables chains around the sets, proxier.go makes the kernel hold
-// them, changing only what the changed service ports own; cleanup.go
-// removes what the mode (ours or upstream's) leaves on a node.
+// the iptables chains around the sets; a sync (proxier.go) reads what it
+// compares (kernelread.go), decides an ordered plan of what to send for
+// the service ports that changed (diff.go), sends it (ops.go) and
+// publishes what it applied (snapshot.go) for the drift check (drift.go);
+// cleanup.go removes what the mode (ours or upstream's) leaves on a node.
 package ipvs
 
 import (
@@ -37,18 +39,11 @@ func Cleanup(kernels []Kernel, excludeCIDRs []netip.Prefix) ([]string, error) {
 	var errs []error
 	deleted := 0
 	for _, k := range kernels {
-		servers, err := k.VirtualServers()
+		r, err := Retire(k, excludeCIDRs, true)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("listing IPVS virtual servers: %w", err))
-			continue
-		}
-		if _, _, err := Retire(k, excludeCIDRs, true); err != nil {
 			errs = append(errs, err)
 		}
-		after, err := k.VirtualServers()
-		if err == nil {
-			deleted += len(servers) - len(after)
-		}
+		deleted += r.Removed
 	}
 	if deleted > 0 {
 		removed = append(removed, fmt.Sprintf("%d IPVS virtual servers", deleted))

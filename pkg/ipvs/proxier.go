@@ -62,6 +62,7 @@ var (
 	_ proxy.Describer = (*Syncer)(nil)
 	_ proxy.Preparer  = (*Syncer)(nil)
 	_ proxy.Watcher   = (*Syncer)(nil)
+	_ proxy.Tracer    = (*Syncer)(nil)
 )
 
 // Syncer is the IPVS mode for one IP family: the proxy core hands it the

@@ -15,14 +15,14 @@ import (
 // while any of its real servers has connections (all go when force), and
 // an address stays bound while a remaining virtual server uses it. The
 // new mode's rules take every new connection before routing, so what
-// stays serves only the old ones. It returns how many virtual servers
-// still drain, and those force removed with connections (cut); the link
-// itself and the ipsets go with Cleanup once none drains.
-func Retire(k Kernel, excludeCIDRs []netip.Prefix, force bool) (draining int, cut []VirtualServerKey, err error) {
+// stays serves only the old ones. The link itself and the ipsets go with
+// Cleanup once none drains.
+func Retire(k Kernel, excludeCIDRs []netip.Prefix, force bool) (Retired, error) {
 	var errs []error
+	var r Retired
 	kept := map[netip.Addr]bool{}
 	var remove []VirtualServerKey
-	err = k.EachVirtualServer(func(key VirtualServerKey, reals []RealServer) error {
+	err := k.EachVirtualServer(func(key VirtualServerKey, reals []RealServer) error {
 		if slices.ContainsFunc(excludeCIDRs, func(p netip.Prefix) bool { return p.Contains(key.Addr) }) {
 			kept[key.Addr] = true // another program's
 			return nil
@@ -30,26 +30,28 @@ func Retire(k Kernel, excludeCIDRs []netip.Prefix, force bool) (draining int, cu
 		if slices.ContainsFunc(reals, func(rs RealServer) bool { return rs.ActiveConns+rs.InactiveConns > 0 }) {
 			if !force {
 				kept[key.Addr] = true
-				draining++
+				r.Draining++
 				return nil
 			}
-			cut = append(cut, key)
+			r.Cut = append(r.Cut, key)
 		}
 		remove = append(remove, key)
 		return nil
 	})
 	if err != nil {
-		return 0, nil, fmt.Errorf("listing the IPVS virtual servers: %w", err)
+		return Retired{}, fmt.Errorf("listing the IPVS virtual servers: %w", err)
 	}
 	for _, key := range remove {
 		if err := k.DeleteVirtualServer(key); err != nil {
 			errs = append(errs, fmt.Errorf("deleting virtual server %s: %w", key, err))
+			continue
 		}
+		r.Removed++
 	}
 	bound, err := k.BoundAddresses()
 	if err != nil {
 		// No kube-ipvs0: nothing is bound.
-		return draining, cut, errors.Join(errs...)
+		return r, errors.Join(errs...)
 	}
 	for _, a := range bound {
 		if !kept[a] {
@@ -58,5 +60,13 @@ func Retire(k Kernel, excludeCIDRs []netip.Prefix, force bool) (draining int, cu
 			}
 		}
 	}
-	return draining, cut, errors.Join(errs...)
+	return r, errors.Join(errs...)
+}
+
+// Retired is what one round of Retire did: how many virtual servers it
+// removed and how many still drain; Cut are those removed with
+// connections (force).
+type Retired struct {
+	Removed, Draining int
+	Cut               []VirtualServerKey
 }

@@ -28,12 +28,12 @@ func TestRetireKeepsWhatStillHasConnections(t *testing.T) {
 	}
 	exclude := []netip.Prefix{netip.MustParsePrefix("10.96.0.11/32")} // dns
 
-	draining, _, err := ipvs.Retire(n.kernel, exclude, false)
+	r, err := ipvs.Retire(n.kernel, exclude, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if draining != 2 {
-		t.Errorf("%d virtual servers draining, want 2 (web, lb)", draining)
+	if r.Draining != 2 {
+		t.Errorf("%d virtual servers draining, want 2 (web, lb)", r.Draining)
 	}
 	assertServers(t, n, []string{"10.96.0.10:80", "10.96.0.11:80", "10.255.3.1:80"})
 	bound, err := n.kernel.BoundAddresses()
@@ -48,15 +48,15 @@ func TestRetireKeepsWhatStillHasConnections(t *testing.T) {
 	if err := n.kernel.SetConnections(web, webEndpoint, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	if draining, _, err = ipvs.Retire(n.kernel, exclude, false); err != nil || draining != 1 {
-		t.Errorf("after web's connection ended: %d draining, %v", draining, err)
+	if r, err = ipvs.Retire(n.kernel, exclude, false); err != nil || r.Draining != 1 || r.Removed != 1 {
+		t.Errorf("after web's connection ended: %d draining, %d removed, %v; want 1 and 1", r.Draining, r.Removed, err)
 	}
 	assertServers(t, n, []string{"10.96.0.11:80", "10.255.3.1:80"})
 
 	// At the bound, whatever still has connections goes too.
-	draining, cut, err := ipvs.Retire(n.kernel, exclude, true)
-	if err != nil || draining != 0 || len(cut) != 1 || cut[0] != lb {
-		t.Errorf("forced: %d draining, cut %v, %v; want 0 draining and lb cut", draining, cut, err)
+	r, err = ipvs.Retire(n.kernel, exclude, true)
+	if err != nil || r.Draining != 0 || len(r.Cut) != 1 || r.Cut[0] != lb {
+		t.Errorf("forced: %d draining, cut %v, %v; want 0 draining and lb cut", r.Draining, r.Cut, err)
 	}
 	assertServers(t, n, []string{"10.96.0.11:80"})
 	if bound, _ := n.kernel.BoundAddresses(); len(bound) != 1 {

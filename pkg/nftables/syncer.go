@@ -70,6 +70,7 @@ var (
 	_ proxy.ServiceCIDRUser = (*Syncer)(nil)
 	_ proxy.Prober          = (*Syncer)(nil)
 	_ proxy.Deferrer        = (*Syncer)(nil)
+	_ proxy.Tracer          = (*Syncer)(nil)
 )
 
 // Syncer is the nftables mode for one IP family: the proxy core hands it

@@ -229,14 +229,14 @@ func drainIPVS(ctx context.Context, exclude []netip.Prefix) {
 		force := time.Now().After(deadline)
 		draining := 0
 		for _, k := range kernels {
-			n, cut, err := ipvs.Retire(k, exclude, force)
+			r, err := ipvs.Retire(k, exclude, force)
 			if err != nil {
 				klog.ErrorS(err, "Removing the IPVS mode's virtual servers")
 			}
-			draining += n
-			if len(cut) > 0 {
-				klog.InfoS("Removed IPVS virtual servers that still forwarded connections", "virtualServers", len(cut), "bound", ipvs.DefaultMaxDrain)
-				releaseUDPFlows(cut)
+			draining += r.Draining
+			if len(r.Cut) > 0 {
+				klog.InfoS("Removed IPVS virtual servers that still forwarded connections", "virtualServers", len(r.Cut), "bound", ipvs.DefaultMaxDrain)
+				releaseUDPFlows(r.Cut)
 			}
 		}
 		metrics.ModeSwitchDrainingVirtualServers.Set(float64(draining))
