@@ -107,16 +107,9 @@ func (p *Params) ServiceRules(svc *state.ServicePort, sel state.Selection) Servi
 	}
 
 	hasEndpoints := sel.HasAny
-	usesCluster := len(sel.Cluster) > 0 && svc.UsesClusterEndpoints()
-	usesLocal := len(sel.Local) > 0 && svc.UsesLocalEndpoints()
-	internalChain, hasInternal := names.cluster, hasEndpoints
-	if svc.InternalPolicyLocal {
-		internalChain, hasInternal = names.local, len(sel.Local) > 0
-	}
-	externalPolicyChain, hasExternal := names.cluster, hasEndpoints
-	if svc.ExternalPolicyLocal {
-		externalPolicyChain, hasExternal = names.local, len(sel.Local) > 0
-	}
+	paths := state.PathsOf(svc, sel)
+	internalChain, hasInternal := names.policyChain(paths.Internal), paths.Internal.Served
+	externalPolicyChain, hasExternal := names.policyChain(paths.External), paths.External.Served
 	usesExternalChain := hasEndpoints && svc.HasExternal()
 	usesFirewall := hasEndpoints && len(svc.LoadBalancerIPs) > 0 && len(svc.LoadBalancerSourceRanges) > 0
 	lbChain := names.external
@@ -233,11 +226,11 @@ func (p *Params) ServiceRules(svc *state.ServicePort, sel state.Selection) Servi
 		rules = append(rules, rule(comment("other traffic to "+name+" will be dropped by KUBE-PROXY-FIREWALL")))
 		own(names.firewall, rules...)
 	}
-	if usesCluster {
+	if paths.ClusterUsed {
 		rules := masqueradeIfInternal(internalChain, names.cluster, masqueradeInternal)
 		own(names.cluster, append(rules, p.spreadRules(svc, names, sel.Cluster)...)...)
 	}
-	if usesLocal {
+	if paths.LocalUsed {
 		rules := masqueradeIfInternal(internalChain, names.local, masqueradeInternal)
 		own(names.local, append(rules, p.spreadRules(svc, names, sel.Local)...)...)
 	}
@@ -254,6 +247,14 @@ func (p *Params) ServiceRules(svc *state.ServicePort, sel state.Selection) Servi
 			rule(svcComment, affinity, dnat))
 	}
 	return out
+}
+
+// policyChain is the chain traffic on the path jumps to.
+func (n serviceChains) policyChain(p state.Path) Chain {
+	if p.Local {
+		return n.local
+	}
+	return n.cluster
 }
 
 func masqueradeIfInternal(internal, chain Chain, masquerade []Rule) []Rule {

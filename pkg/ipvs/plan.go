@@ -158,14 +158,13 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, endpoints []*state.Endpo
 		}
 	}
 
-	// Cluster traffic goes to the local endpoints for iTP=Local, external
-	// traffic for eTP=Local; with none there, upstream falls back to the
-	// cluster endpoints (empty for iTP=Local) so that pods on the node
-	// still reach the service.
-	reals := func(local bool) []netip.AddrPort {
-		eps := sel.Cluster
-		if local && len(sel.Local) > 0 {
-			eps = sel.Local
+	// A Local path with no local endpoint falls back, as upstream's does,
+	// to the cluster endpoints (empty for iTP=Local) so that pods on the
+	// node still reach the service.
+	reals := func(path state.Path) []netip.AddrPort {
+		eps := path.Endpoints
+		if len(eps) == 0 {
+			eps = sel.Cluster
 		}
 		out := make([]netip.AddrPort, 0, len(eps))
 		for _, ep := range eps {
@@ -173,7 +172,8 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, endpoints []*state.Endpo
 		}
 		return out
 	}
-	internal, external := reals(svc.InternalPolicyLocal), reals(svc.ExternalPolicyLocal)
+	paths := state.PathsOf(svc, sel)
+	internal, external := reals(paths.Internal), reals(paths.External)
 	server := func(ip netip.Addr, port int32, to []netip.AddrPort) {
 		vs := VirtualServer{
 			VirtualServerKey: VirtualServerKey{Addr: ip, Port: uint16(port), Protocol: svc.Protocol},

@@ -57,6 +57,14 @@ func namesFor(name state.ServicePortName) serviceNames {
 	}
 }
 
+// policyChain is the chain traffic on the path goes to.
+func (n serviceNames) policyChain(p state.Path) string {
+	if p.Local {
+		return n.local
+	}
+	return n.cluster
+}
+
 // endpointBase is the hashed "ns/name/proto/port__ip/port", IPv6 colons
 // written as dots (a chain name may not hold a colon).
 func endpointBase(name state.ServicePortName, ep *state.Endpoint) string {

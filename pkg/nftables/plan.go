@@ -243,14 +243,9 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, sel state.Selection) Ser
 	}
 
 	hasEndpoints := sel.HasAny
-	internalChain, hasInternal := n.cluster, hasEndpoints
-	if svc.InternalPolicyLocal {
-		internalChain, hasInternal = n.local, hasEndpoints && len(sel.Local) > 0
-	}
-	externalPolicyChain, hasExternal := n.cluster, hasEndpoints
-	if svc.ExternalPolicyLocal {
-		externalPolicyChain, hasExternal = n.local, hasEndpoints && len(sel.Local) > 0
-	}
+	paths := state.PathsOf(svc, sel)
+	internalChain, hasInternal := n.policyChain(paths.Internal), paths.Internal.Served
+	externalPolicyChain, hasExternal := n.policyChain(paths.External), paths.External.Served
 	// The external chain is there whenever there are endpoints anywhere:
 	// its short-circuits for pod and node traffic need no local ones.
 	usesExternal := hasEndpoints && svc.HasExternal()
@@ -364,10 +359,10 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, sel state.Selection) Ser
 		}
 		out.Chains = append(out.Chains, c)
 	}
-	if len(sel.Cluster) > 0 && svc.UsesClusterEndpoints() {
+	if paths.ClusterUsed {
 		policyChain(n.cluster, sel.Cluster)
 	}
-	if len(sel.Local) > 0 && svc.UsesLocalEndpoints() {
+	if paths.LocalUsed {
 		policyChain(n.local, sel.Local)
 	}
 	if affinity {
