@@ -28,17 +28,11 @@ func (b *bench) restoreFloor(backend framework.IPTablesBackend, r results) error
 		}
 	}
 	input += "COMMIT\n"
-	var times []float64
-	for range 5 {
-		cmd := b.cluster.Node.Command("iptables-"+string(backend)+"-restore", "-w", "--noflush")
-		cmd.Stdin = strings.NewReader(input)
-		start := time.Now()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("restoring %s alone: %w: %s", chain, err, out)
-		}
-		times = append(times, time.Since(start).Seconds())
+	floor, err := b.medianRun(input, "restoring "+chain+" alone", "iptables-"+string(backend)+"-restore", "-w", "--noflush")
+	if err != nil {
+		return err
 	}
-	r["restoreFloor"] = cell{value: quantile(times, 0.5)}
+	r["restoreFloor"] = cell{value: floor}
 	b.logf("  floor: %s rewritten alone in %.3f s", chain, r["restoreFloor"].value)
 	return nil
 }
@@ -55,17 +49,27 @@ func (b *bench) nftFloor(r results) error {
 		return fmt.Errorf("listing %s: %w", chain, err)
 	}
 	input := "flush chain ip kube-proxy " + chain + "\n" + listed
+	floor, err := b.medianRun(input, "rewriting "+chain+" alone", "nft", "-f", "-")
+	if err != nil {
+		return err
+	}
+	r["nftFloor"] = cell{value: floor}
+	b.logf("  floor: %s rewritten alone in %.3f s", chain, r["nftFloor"].value)
+	return nil
+}
+
+// medianRun is the median time, in seconds, of 5 runs of the command on
+// the node, each fed input; what names the command in an error.
+func (b *bench) medianRun(input, what string, command ...string) (float64, error) {
 	var times []float64
 	for range 5 {
-		cmd := b.cluster.Node.Command("nft", "-f", "-")
+		cmd := b.cluster.Node.Command(command...)
 		cmd.Stdin = strings.NewReader(input)
 		start := time.Now()
 		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("rewriting %s alone: %w: %s", chain, err, out)
+			return 0, fmt.Errorf("%s: %w: %s", what, err, out)
 		}
 		times = append(times, time.Since(start).Seconds())
 	}
-	r["nftFloor"] = cell{value: quantile(times, 0.5)}
-	b.logf("  floor: %s rewritten alone in %.3f s", chain, r["nftFloor"].value)
-	return nil
+	return quantile(times, 0.5), nil
 }
