@@ -485,11 +485,13 @@ type noLocalPolicies struct{ internal, external bool }
 // update re-decides one service port.
 func (n noLocalEndpoints) update(v state.View, name state.ServicePortName) {
 	svc, sel, ok := v.Select(name)
-	if !ok || !sel.HasAny || len(sel.Local) > 0 {
+	if !ok || !sel.HasAny {
 		delete(n, name)
 		return
 	}
-	p := noLocalPolicies{internal: svc.InternalPolicyLocal, external: svc.ExternalPolicyLocal}
+	// With endpoints somewhere, only a Local path can go unserved.
+	paths := state.PathsOf(svc, sel)
+	p := noLocalPolicies{internal: !paths.Internal.Served, external: !paths.External.Served}
 	if p == (noLocalPolicies{}) {
 		delete(n, name)
 		return
