@@ -9,7 +9,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/rapidproxy/rapidproxy/internal/badinput"
-	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 )
 
 // failureKernel counts restores and records every one the kernel
@@ -40,7 +40,7 @@ func TestBadObjectsNeverBreakTheRestore(t *testing.T) {
 		return
 	}
 	nfacct := EnsureNFAcctObjects() == nil
-	backend, err := iptablesrunner.DetectBackend()
+	backend, err := iptableskernel.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestBadObjectsNeverBreakTheRestore(t *testing.T) {
 		bad = append(bad, c.Objects)
 	}
 	for _, family := range families {
-		kernel := &failureKernel{Kernel: iptablesrunner.New(family == v1.IPv6Protocol, backend)}
+		kernel := &failureKernel{Kernel: iptableskernel.New(family == v1.IPv6Protocol, backend)}
 		p := objectsProxier(t, family, kernel, nfacct, badinput.Good())
 		if err := p.sync(); err != nil {
 			t.Fatalf("%s %s: the good services alone: %v", backend, family, err)

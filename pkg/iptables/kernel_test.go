@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/internal/nfacct"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
@@ -33,8 +33,8 @@ import (
 func runInNetns(t *testing.T) (inner bool) {
 	testutil.RequireCommands(t, "iptables-legacy-restore", "iptables-nft-restore")
 	var variants [][2]string
-	for _, backend := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
-		variants = append(variants, [2]string{string(backend) + " backend", iptablesrunner.BackendEnv + "=" + string(backend)})
+	for _, backend := range []iptableskernel.Backend{iptableskernel.NFT, iptableskernel.Legacy} {
+		variants = append(variants, [2]string{string(backend) + " backend", iptableskernel.BackendEnv + "=" + string(backend)})
 	}
 	return testutil.RerunInNetns(t, variants)
 }
@@ -178,13 +178,13 @@ func savedText(t *testing.T, k Kernel) string {
 
 // syncedProxier is a proxier that has synced n services into this
 // namespace's kernel with the backend chosen for the run.
-func syncedProxier(t *testing.T, n int) (testProxier, Kernel, iptablesrunner.Backend) {
+func syncedProxier(t *testing.T, n int) (testProxier, Kernel, iptableskernel.Backend) {
 	t.Helper()
-	backend, err := iptablesrunner.DetectBackend()
+	backend, err := iptableskernel.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}
-	kernel := iptablesrunner.New(false, backend)
+	kernel := iptableskernel.New(false, backend)
 	p := newTestProxier(t, kernel)
 	feed(p, n)
 	if err := p.sync(); err != nil {
@@ -283,11 +283,11 @@ func TestSplitFullSyncGivesTheSameRules(t *testing.T) {
 	if !runInNetns(t) {
 		return
 	}
-	backend, err := iptablesrunner.DetectBackend()
+	backend, err := iptableskernel.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}
-	real := iptablesrunner.New(false, backend)
+	real := iptableskernel.New(false, backend)
 	split := &countingKernel{Kernel: real}
 	p := newTestProxier(t, split)
 	p.cfg.ChainRefsPerRestore = 7
@@ -460,7 +460,7 @@ func TestFlushProbesSkipOurOwnWritesOnTheRealKernel(t *testing.T) {
 		t.Fatalf("%v: %v: %s", foreign, err, out)
 	}
 	want := map[string]int{"nat": 1}
-	if backend == iptablesrunner.NFT {
+	if backend == iptableskernel.NFT {
 		// One generation counts the changes of the whole nftables ruleset.
 		want = map[string]int{"mangle": 1, "filter": 1, "nat": 1}
 	}
@@ -475,11 +475,11 @@ func TestPartialSyncWritesOnlyTheChange(t *testing.T) {
 	if !runInNetns(t) {
 		return
 	}
-	backend, err := iptablesrunner.DetectBackend()
+	backend, err := iptableskernel.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}
-	kernel := &countingKernel{Kernel: iptablesrunner.New(false, backend)}
+	kernel := &countingKernel{Kernel: iptableskernel.New(false, backend)}
 	p := newTestProxier(t, kernel)
 	feed(p, 20)
 	if err := p.sync(); err != nil {
@@ -541,11 +541,11 @@ func TestNFAcctCountersOnTheRealKernel(t *testing.T) {
 	if !runInNetns(t) {
 		return
 	}
-	backend, err := iptablesrunner.DetectBackend()
+	backend, err := iptableskernel.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}
-	real := iptablesrunner.New(false, backend)
+	real := iptableskernel.New(false, backend)
 	nfacctErr := EnsureNFAcctObjects()
 	if nfacctErr != nil {
 		t.Logf("%s: no nfacct here, checking the plain rules: %v", backend, nfacctErr)

@@ -5,7 +5,7 @@ import (
 	"os/exec"
 	"testing"
 
-	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 )
 
@@ -17,7 +17,7 @@ import (
 //	go test -run '^$' -bench 'FullSyncIntoAnEmptyKernel/nft/N=10000' -benchtime 3x ./pkg/iptables
 func BenchmarkFullSyncIntoAnEmptyKernel(b *testing.B) {
 	testutil.RequireCommands(b, "iptables-legacy-restore", "iptables-nft-restore")
-	for _, backend := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
+	for _, backend := range []iptableskernel.Backend{iptableskernel.NFT, iptableskernel.Legacy} {
 		for _, n := range []int{1000, 10000, 30000} {
 			b.Run(fmt.Sprintf("%s/N=%d", backend, n), func(b *testing.B) {
 				for range b.N {
@@ -25,8 +25,8 @@ func BenchmarkFullSyncIntoAnEmptyKernel(b *testing.B) {
 					netns := testutil.NewNetns(b)
 					// The iptables tools the sync starts run in the namespace.
 					testutil.DoInNetns(b, netns, func() {
-						p := newTestProxier(b, iptablesrunner.New(false, backend))
-						if backend == iptablesrunner.NFT {
+						p := newTestProxier(b, iptableskernel.New(false, backend))
+						if backend == iptableskernel.NFT {
 							p.cfg.ChainRefsPerRestore = ChainRefsPerRestoreNFT
 						}
 						feedClusterIPs(p, n, 5)

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/iptables"
 )
@@ -33,13 +33,13 @@ func (k *countingIPTables) Restore(in io.Reader) error {
 func TestChainsRoundTripThroughTheKernel(t *testing.T) {
 	testutil.RequireCommands(t, "iptables-legacy-restore", "iptables-nft-restore", "ipset")
 	var variants [][2]string
-	for _, b := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
-		variants = append(variants, [2]string{string(b) + " backend", iptablesrunner.BackendEnv + "=" + string(b)})
+	for _, b := range []iptableskernel.Backend{iptableskernel.NFT, iptableskernel.Legacy} {
+		variants = append(variants, [2]string{string(b) + " backend", iptableskernel.BackendEnv + "=" + string(b)})
 	}
 	if !testutil.RerunInNetns(t, variants) {
 		return
 	}
-	backend, err := iptablesrunner.DetectBackend()
+	backend, err := iptableskernel.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestChainsRoundTripThroughTheKernel(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { _ = exec.Command("ipset", "destroy").Run() })
-	real := iptablesrunner.New(false, backend)
+	real := iptableskernel.New(false, backend)
 	// What the iptables mode leaves: a service chain, the shared chains
 	// jumping to it, and its jumps from the built-in chains.
 	leftovers := `*filter

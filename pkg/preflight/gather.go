@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/knftables"
 
 	"github.com/rapidproxy/rapidproxy/internal/firewalld"
-	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/internal/kernel"
 )
 
@@ -151,23 +151,23 @@ func parseMetrics(body string) map[string]float64 {
 // (reading it may load its modules).
 func gatherIPTables() []SavedRules {
 	var saved []SavedRules
-	for _, backend := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
+	for _, backend := range []iptableskernel.Backend{iptableskernel.NFT, iptableskernel.Legacy} {
 		for _, ipv6 := range []bool{false, true} {
 			s := SavedRules{Backend: string(backend), IPv6: ipv6}
 			if _, err := exec.LookPath(s.Source() + "-save"); err != nil {
 				continue
 			}
-			if backend == iptablesrunner.Legacy {
-				if err := iptablesrunner.LegacyPermitted(); err != nil {
+			if backend == iptableskernel.Legacy {
+				if err := iptableskernel.LegacyPermitted(); err != nil {
 					s.Err = err
 					saved = append(saved, s)
 					continue
 				}
-				if !iptablesrunner.LegacyHoldsTables() {
+				if !iptableskernel.LegacyHoldsTables() {
 					continue
 				}
 			}
-			s.Text, s.Err = save(iptablesrunner.New(ipv6, backend))
+			s.Text, s.Err = save(iptableskernel.New(ipv6, backend))
 			saved = append(saved, s)
 		}
 	}
@@ -176,7 +176,7 @@ func gatherIPTables() []SavedRules {
 
 // save reads a backend's rules, less the rules of kube-proxy's own
 // chains: at 10k services those are some 18 MB.
-func save(r *iptablesrunner.Runner) (string, error) {
+func save(r *iptableskernel.Runner) (string, error) {
 	var kept strings.Builder
 	err := r.Save(func(out io.Reader) error {
 		lines := bufio.NewScanner(out)

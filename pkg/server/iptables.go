@@ -9,7 +9,7 @@ import (
 	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
-	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/internal/sysctl"
 	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/iptables"
@@ -77,8 +77,8 @@ func localhostNodePorts(cfg *kpconfig.KubeProxyConfiguration, nodeIP netip.Addr)
 }
 
 // chainRefsPerRestore is how a full sync splits its work for the backend.
-func chainRefsPerRestore(b iptablesrunner.Backend) int {
-	if b == iptablesrunner.NFT {
+func chainRefsPerRestore(b iptableskernel.Backend) int {
+	if b == iptableskernel.NFT {
 		return iptables.ChainRefsPerRestoreNFT
 	}
 	return 0

@@ -13,7 +13,7 @@ import (
 	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
-	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
@@ -109,9 +109,9 @@ func otherModesPresent(cfg *kpconfig.KubeProxyConfiguration) []string {
 // iptablesChainPresent tells whether any iptables backend and family
 // holds the nat chain.
 func iptablesChainPresent(chain string) bool {
-	for _, backend := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
+	for _, backend := range []iptableskernel.Backend{iptableskernel.NFT, iptableskernel.Legacy} {
 		for _, ipv6 := range []bool{false, true} {
-			r := iptablesrunner.New(ipv6, backend)
+			r := iptableskernel.New(ipv6, backend)
 			if r.Available() != nil {
 				continue
 			}
@@ -197,9 +197,9 @@ func removeOtherRules(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration,
 func eachIPTables(remove func(iptables.Kernel) (int, error)) (int, error) {
 	var errs []error
 	total := 0
-	for _, backend := range []iptablesrunner.Backend{iptablesrunner.NFT, iptablesrunner.Legacy} {
+	for _, backend := range []iptableskernel.Backend{iptableskernel.NFT, iptableskernel.Legacy} {
 		for _, ipv6 := range []bool{false, true} {
-			kernel := iptablesrunner.New(ipv6, backend)
+			kernel := iptableskernel.New(ipv6, backend)
 			if kernel.Available() != nil {
 				continue
 			}

@@ -15,7 +15,7 @@ import (
 	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
-	iptablesrunner "github.com/rapidproxy/rapidproxy/internal/iptables"
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/internal/sysctl"
 	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
@@ -42,14 +42,14 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 	}
 	// The nftables mode needs no iptables tools.
 	iptablesBased := cfg.Mode != config.ModeNFTables
-	var backend iptablesrunner.Backend
+	var backend iptableskernel.Backend
 	var err error
 	if iptablesBased {
-		if backend, err = iptablesrunner.DetectBackend(); err != nil {
+		if backend, err = iptableskernel.DetectBackend(); err != nil {
 			return nil, err
 		}
-		if legacyErr := iptablesrunner.LegacyPermitted(); legacyErr != nil && os.Getenv(iptablesrunner.BackendEnv) == "" {
-			klog.InfoS("Picked the iptables backend without seeing the legacy one's tables; on a node whose other programs use iptables-legacy, grant CAP_NET_RAW or set "+iptablesrunner.BackendEnv+"=legacy",
+		if legacyErr := iptableskernel.LegacyPermitted(); legacyErr != nil && os.Getenv(iptableskernel.BackendEnv) == "" {
+			klog.InfoS("Picked the iptables backend without seeing the legacy one's tables; on a node whose other programs use iptables-legacy, grant CAP_NET_RAW or set "+iptableskernel.BackendEnv+"=legacy",
 				"backend", backend, "err", legacyErr)
 		}
 	}
@@ -88,9 +88,9 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 	}
 	var proxiers proxy.DualStack
 	for _, family := range []v1.IPFamily{primary, otherFamily(primary)} {
-		var ipt *iptablesrunner.Runner
+		var ipt *iptableskernel.Runner
 		if iptablesBased {
-			ipt = iptablesrunner.New(family == v1.IPv6Protocol, backend)
+			ipt = iptableskernel.New(family == v1.IPv6Protocol, backend)
 		}
 		if err := familyUsable(cfg.Mode, family, ipt); err != nil {
 			if family == primary {
@@ -143,7 +143,7 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 // familyUsable tells whether the node can serve a family in the mode: the
 // iptables-based modes need the family's iptables tools (ipt), the
 // nftables mode an IPv6-enabled kernel for IPv6 (its nft serves both).
-func familyUsable(mode kpconfig.ProxyMode, family v1.IPFamily, ipt *iptablesrunner.Runner) error {
+func familyUsable(mode kpconfig.ProxyMode, family v1.IPFamily, ipt *iptableskernel.Runner) error {
 	if ipt != nil {
 		if err := ipt.Available(); err != nil {
 			return fmt.Errorf("%s mode needs the iptables tools: %w", mode, err)
@@ -160,7 +160,7 @@ func familyUsable(mode kpconfig.ProxyMode, family v1.IPFamily, ipt *iptablesrunn
 type familySetup struct {
 	family v1.IPFamily
 	// iptables is nil in the nftables mode.
-	iptables   *iptablesrunner.Runner
+	iptables   *iptableskernel.Runner
 	detector   localdetect.Detector
 	nodeIP     netip.Addr
 	syncPeriod time.Duration
