@@ -88,3 +88,30 @@ func legacyTableInfo(fd int, ipv6 bool, table string) (uint64, error) {
 	}
 	return uint64(info.NumEntries)<<32 | uint64(info.Size), nil
 }
+
+// TableGeneration is one table's generation, if it could be read.
+type TableGeneration struct {
+	Value uint64
+	OK    bool
+}
+
+// ReadGenerations reads each table's generation.
+func ReadGenerations(k Kernel, tables []Table) []TableGeneration {
+	out := make([]TableGeneration, len(tables))
+	for i, t := range tables {
+		value, err := k.Generation(string(t))
+		out[i] = TableGeneration{Value: value, OK: err == nil}
+	}
+	return out
+}
+
+// SameGenerations tells whether every table's generation was read twice
+// and did not move.
+func SameGenerations(a, b []TableGeneration) bool {
+	for i := range a {
+		if !a[i].OK || !b[i].OK || a[i].Value != b[i].Value {
+			return false
+		}
+	}
+	return len(a) == len(b)
+}

@@ -1,6 +1,13 @@
-// Package iptables runs the iptables tools: iptables-restore to change rules
-// atomically, iptables-save to read them, and iptables for single checks.
-// It picks the backend (legacy or nft) the host already uses.
+// Package iptables is the kernel side of the modes that write iptables
+// rules (the iptables and IPVS modes). It runs the iptables tools:
+// iptables-restore to change rules atomically, iptables-save to read them,
+// and iptables for single checks, with the backend (legacy or nft) the
+// host already uses (iptables.go, generation.go). And it holds what both
+// modes write through them: chains and rules (rules.go), restore input
+// (restore.go), the kernel's tables as a full sync compares them
+// (kernelstate.go, canonical.go), a fixed set of whole chains kept in
+// place (chainset.go), and the removal of kube-proxy's chains
+// (cleanup.go). It imports no mode.
 package iptables
 
 import (

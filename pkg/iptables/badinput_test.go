@@ -75,14 +75,14 @@ func TestBadObjectsNeverBreakTheRestore(t *testing.T) {
 		canonical := func(rules []string) []string {
 			out := make([]string, len(rules))
 			for i, r := range uncommented(rules) {
-				out[i] = canonicalRule(Rule(r))
+				out[i] = iptableskernel.CanonicalRule(Rule(r))
 			}
 			return out
 		}
 		goodChains := 0
 		for key, rules := range restoreChains(firstSync(t, family, nfacct, badinput.Good())) {
 			_, chain, _ := strings.Cut(key, " ")
-			if !IsServiceChain(Chain(chain)) {
+			if !iptableskernel.IsServiceChain(Chain(chain)) {
 				continue
 			}
 			goodChains++

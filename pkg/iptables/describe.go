@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -69,7 +70,7 @@ func (p *Syncer) verify(rules ServiceRules) ([]string, error) {
 			have = asRules(list)
 			shared[chain] = have
 		}
-		if !containsRule(have, r.Rule) {
+		if !iptableskernel.ContainsRule(have, r.Rule) {
 			differences = append(differences, fmt.Sprintf("%s %s lacks: %s", r.Table, r.Chain, r.Rule))
 		}
 	}
@@ -79,7 +80,7 @@ func (p *Syncer) verify(rules ServiceRules) ([]string, error) {
 // chainDifferences lists how the kernel's rules of a chain differ from
 // the wanted ones, compared in canonical form.
 func chainDifferences(want OwnChain, have []Rule) []string {
-	return proxy.RuleDifferences(string(TableNAT)+" "+string(want.Name), want.Rules, have, canonicalRule)
+	return proxy.RuleDifferences(string(TableNAT)+" "+string(want.Name), want.Rules, have, iptableskernel.CanonicalRule)
 }
 
 func asRules(lines []string) []Rule {
@@ -100,7 +101,7 @@ func ruleTexts(rules []Rule) []string {
 
 // withoutComment is a rule without its comment, short enough for a table.
 func withoutComment(r Rule) string {
-	args := splitArgs(r)
+	args := iptableskernel.Args(r)
 	var out []string
 	for i := 0; i < len(args); i++ {
 		if i+3 < len(args) && args[i] == "-m" && args[i+1] == "comment" && args[i+2] == "--comment" {

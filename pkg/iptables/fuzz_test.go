@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
+
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/rapidproxy/rapidproxy/internal/badinput"
@@ -135,10 +137,10 @@ func malformedLines(family v1.IPFamily, input string) []string {
 // affinity timeout iptables refuses.
 func ruleProblems(family v1.IPFamily, r Rule) []string {
 	var bad []string
-	if c := canonicalRule(r); canonicalRule(Rule(c)) != c {
+	if c := iptableskernel.CanonicalRule(r); iptableskernel.CanonicalRule(Rule(c)) != c {
 		bad = append(bad, "canonical form changes again: "+c)
 	}
-	args := splitArgs(r)
+	args := iptableskernel.Args(r)
 	ofFamily := func(a netip.Addr) bool { return a.Is4() == (family == v1.IPv4Protocol) }
 	for i := 0; i+1 < len(args); i++ {
 		v := args[i+1]
@@ -214,7 +216,7 @@ func missingGoodRules(good, input string) []string {
 	var missing []string
 	for key, rules := range restoreChains(good) {
 		table, chain, _ := strings.Cut(key, " ")
-		if IsServiceChain(Chain(chain)) {
+		if iptableskernel.IsServiceChain(Chain(chain)) {
 			if !slices.Equal(uncommented(have[key]), uncommented(rules)) {
 				missing = append(missing, fmt.Sprintf("%s %s differs", table, chain))
 			}
@@ -239,14 +241,14 @@ func missingGoodRules(good, input string) []string {
 func FuzzIPTablesSave(f *testing.F) {
 	// The built-in chains' rules are kept as text, the others' as
 	// fingerprints, as a full sync keeps them.
-	keep := func(_ Table, c Chain) ruleKeeping {
-		if builtinChains[c] {
-			return keepRuleText
+	keep := func(_ Table, c Chain) iptableskernel.RuleKeeping {
+		if iptableskernel.BuiltinChains[c] {
+			return iptableskernel.KeepRuleText
 		}
-		return keepRuleFingerprints
+		return iptableskernel.KeepRuleFingerprints
 	}
 	f.Fuzz(func(t *testing.T, save string) {
-		tables, err := readTables(strings.NewReader(save), keep)
+		tables, err := iptableskernel.ReadTables(strings.NewReader(save), keep)
 		if err != nil {
 			if !errors.Is(err, bufio.ErrTooLong) {
 				t.Fatalf("reading: %v", err)
@@ -254,33 +256,37 @@ func FuzzIPTablesSave(f *testing.F) {
 			return
 		}
 		var canonical strings.Builder
+		declared := map[Table][]Chain{}
+		var table Table
 		for _, line := range strings.Split(save, "\n") {
 			if chain, rule, ok := strings.Cut(strings.TrimPrefix(line, "-A "), " "); ok && strings.HasPrefix(line, "-A ") {
-				c := canonicalRule(Rule(rule))
-				if again := canonicalRule(Rule(c)); again != c {
+				c := iptableskernel.CanonicalRule(Rule(rule))
+				if again := iptableskernel.CanonicalRule(Rule(c)); again != c {
 					t.Fatalf("canonical form of %q changes again:\n %s\n %s", rule, c, again)
 				}
 				line = "-A " + chain + " " + c
 			}
+			if name, ok := strings.CutPrefix(line, "*"); ok {
+				table = Table(name)
+			} else if name, _, ok := strings.Cut(strings.TrimPrefix(line, ":"), " "); ok && strings.HasPrefix(line, ":") {
+				// Chains declared before any table are not read.
+				if _, read := tables[table]; read {
+					declared[table] = append(declared[table], Chain(name))
+				}
+			}
 			canonical.WriteString(line + "\n")
 		}
-		again, err := readTables(strings.NewReader(canonical.String()), keep)
+		again, err := iptableskernel.ReadTables(strings.NewReader(canonical.String()), keep)
 		if err != nil {
 			t.Fatalf("reading the canonical text: %v", err)
 		}
-		for table, kt := range tables {
-			for chain, fp := range kt.fingerprints {
-				if again[table].fingerprints[chain] != fp {
+		for table, chains := range declared {
+			for _, chain := range chains {
+				fp, ok := tables[table].Fingerprint(chain)
+				if fpAgain, okAgain := again[table].Fingerprint(chain); fp != fpAgain || ok != okAgain {
 					t.Errorf("%s %s reads differently with its rules in canonical form", table, chain)
 				}
-			}
-			for _, c := range kt.services.chains {
-				if fp, _ := again[table].services.fingerprint(c.key); fp != c.fingerprint {
-					t.Errorf("%s: the service chain of name hash %x reads differently with its rules in canonical form", table, c.key)
-				}
-			}
-			for chain, fps := range kt.ruleFingerprints {
-				if !slices.Equal(again[table].ruleFingerprints[chain], fps) {
+				if !slices.Equal(again[table].RuleFingerprints(chain), tables[table].RuleFingerprints(chain)) {
 					t.Errorf("%s %s: its rules' fingerprints differ with the rules in canonical form", table, chain)
 				}
 			}

@@ -371,7 +371,7 @@ func TestForeignChangesToOurChainsAreRepairedAndCounted(t *testing.T) {
 			position = i + 1
 		}
 	}
-	var before []tableGeneration
+	var before []iptableskernel.TableGeneration
 	fullSync := func(verifying bool) int {
 		t.Helper()
 		p.writtenMu.Lock()
@@ -611,7 +611,7 @@ func TestNFAcctCountersOnTheRealKernel(t *testing.T) {
 		t.Errorf("%s: the conntrack INVALID drops are not served: %v", backend, served)
 	}
 
-	if _, err := Cleanup(real); err != nil {
+	if _, err := iptableskernel.Cleanup(real); err != nil {
 		t.Fatal(err)
 	}
 	removed, err := CleanupNFAcctObjects()

@@ -8,24 +8,26 @@ import (
 	"crypto/sha256"
 	"encoding/base32"
 
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
-// Chain is an iptables chain name.
-type Chain string
-
-// Table is an iptables table.
-type Table string
-
-const (
-	TableFilter Table = "filter"
-	TableNAT    Table = "nat"
-	TableMangle Table = "mangle"
+// The kernel objects the mode writes, named as its own: they are
+// internal/iptables's, which the IPVS mode writes its chains with too.
+type (
+	Chain    = iptableskernel.Chain
+	Table    = iptableskernel.Table
+	Rule     = iptableskernel.Rule
+	OwnChain = iptableskernel.OwnChain
+	Jump     = iptableskernel.Jump
+	Kernel   = iptableskernel.Kernel
 )
 
-// kubeTables are the tables kube-proxy writes to, in the order it writes and
-// reads them.
-var kubeTables = []Table{TableMangle, TableFilter, TableNAT}
+const (
+	TableFilter = iptableskernel.TableFilter
+	TableNAT    = iptableskernel.TableNAT
+	TableMangle = iptableskernel.TableMangle
+)
 
 // Chains shared by all services, named as upstream so that a node can move
 // between upstream kube-proxy and this project in either direction.
@@ -40,28 +42,6 @@ const (
 	chainCanary           Chain = "KUBE-PROXY-CANARY"
 	chainLocalnetGuard    Chain = "KUBE-FIREWALL"
 )
-
-// Prefixes of the per-service chains.
-const (
-	prefixClusterPolicy = "KUBE-SVC-"
-	prefixLocalPolicy   = "KUBE-SVL-"
-	prefixExternal      = "KUBE-EXT-"
-	prefixFirewall      = "KUBE-FW-"
-	prefixEndpoint      = "KUBE-SEP-"
-)
-
-// IsServiceChain tells whether a chain is one of the per-service chains
-// this mode (or upstream) creates, which may be deleted when unused.
-func IsServiceChain(c Chain) bool { return isServiceChainName(c) }
-
-func isServiceChainName[T Chain | []byte](c T) bool {
-	for _, p := range []string{prefixClusterPolicy, prefixLocalPolicy, prefixExternal, prefixFirewall, prefixEndpoint} {
-		if len(c) >= len(p) && string(c[:len(p)]) == p {
-			return true
-		}
-	}
-	return false
-}
 
 // hashedChain is prefix and the first 16 characters of base32(sum) (of
 // 10 bytes, exactly), where sum is sha256 of the chain's key: upstream's
@@ -90,10 +70,10 @@ func chainsFor(name state.ServicePortName) serviceChains {
 	key = append(key, protocolOf(name.Protocol)...)
 	sum := sha256.Sum256(key)
 	return serviceChains{
-		cluster:  hashedChain(prefixClusterPolicy, &sum),
-		local:    hashedChain(prefixLocalPolicy, &sum),
-		external: hashedChain(prefixExternal, &sum),
-		firewall: hashedChain(prefixFirewall, &sum),
+		cluster:  hashedChain(iptableskernel.PrefixClusterPolicy, &sum),
+		local:    hashedChain(iptableskernel.PrefixLocalPolicy, &sum),
+		external: hashedChain(iptableskernel.PrefixExternal, &sum),
+		firewall: hashedChain(iptableskernel.PrefixFirewall, &sum),
 		key:      string(key),
 	}
 }
@@ -103,5 +83,11 @@ func chainsFor(name state.ServicePortName) serviceChains {
 func (c serviceChains) endpointChain(ep *state.Endpoint) Chain {
 	var buf [192]byte
 	sum := sha256.Sum256(ep.AddrPort().AppendTo(append(buf[:0], c.key...)))
-	return hashedChain(prefixEndpoint, &sum)
+	return hashedChain(iptableskernel.PrefixEndpoint, &sum)
 }
+
+// ChainSet and NewChainSet are internal/iptables's, named here as well
+// until the IPVS mode's proxier.go imports that package.
+type ChainSet = iptableskernel.ChainSet
+
+func NewChainSet(kernel Kernel) *ChainSet { return iptableskernel.NewChainSet(kernel) }

@@ -1,197 +1,25 @@
 package iptables
 
 import (
-	"bytes"
 	"io"
 	"slices"
 	"strings"
+
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 )
 
-// restoreInput builds iptables-restore --noflush input, one section per
-// table, each applied atomically by the kernel. Within a table the order
-// is what keeps every intermediate step valid: chains are declared (which
-// creates or flushes them) first, then rules are deleted, written and
-// inserted, and unused chains are deleted last, once nothing jumps to them.
-type restoreInput struct {
-	tables map[Table]*tableInput
-	// natFirst writes the nat table before filter (see joinInputs).
-	natFirst bool
-}
-
-// tableInput holds one table's lines as text, section by section: at 10k
-// services a full sync writes some 200k lines, and one string each would
-// double the memory they take.
-type tableInput struct {
-	declare, deleteRules, appendRules, insertRules, deleteChains section
-}
-
-// section is text in chunks, each twice the last up to chunkSize: growing
-// one buffer would copy it at each doubling and leave the old copies to
-// the collector, tens of MB at 10k services.
-type section struct {
-	chunks [][]byte
-	lines  int
-}
-
-const firstChunkSize, chunkSize = 512, 64 << 10
-
-func (s *section) add(parts ...string) {
-	n := 1
-	for _, p := range parts {
-		n += len(p)
-	}
-	if len(s.chunks) == 0 || cap(s.chunks[len(s.chunks)-1])-len(s.chunks[len(s.chunks)-1]) < n {
-		size := chunkSize
-		if len(s.chunks) == 0 {
-			size = firstChunkSize
-		} else if last := cap(s.chunks[len(s.chunks)-1]); last < chunkSize {
-			size = 2 * last
-		}
-		s.chunks = append(s.chunks, make([]byte, 0, max(size, n)))
-	}
-	last := &s.chunks[len(s.chunks)-1]
-	for _, p := range parts {
-		*last = append(*last, p...)
-	}
-	*last = append(*last, '\n')
-	s.lines++
-}
-
-func newRestoreInput() *restoreInput { return &restoreInput{tables: map[Table]*tableInput{}} }
-
-func (in *restoreInput) table(t Table) *tableInput {
-	ti := in.tables[t]
-	if ti == nil {
-		ti = &tableInput{}
-		in.tables[t] = ti
-	}
-	return ti
-}
-
-// writeChain declares a chain and gives it exactly these rules.
-func (in *restoreInput) writeChain(t Table, c OwnChain) {
-	in.table(t).declare.add(":", string(c.Name), " - [0:0]")
-	in.appendRules(t, c)
-}
-
-// appendRules writes a chain's rules without declaring it.
-func (in *restoreInput) appendRules(t Table, c OwnChain) {
-	ti := in.table(t)
-	for _, r := range c.Rules {
-		ti.appendRules.add("-A ", string(c.Name), " ", string(r))
-	}
-}
-
-// deleteChain flushes a chain and deletes it.
-func (in *restoreInput) deleteChain(t Table, c Chain) {
-	ti := in.table(t)
-	ti.declare.add(":", string(c), " - [0:0]")
-	ti.deleteChains.add("-X ", string(c))
-}
-
-func (in *restoreInput) addShared(r SharedRule) {
+// addShared writes a service's rule into a shared chain.
+func addShared(in *iptableskernel.RestoreInput, r SharedRule) {
 	if r.Table == TableNAT && r.Chain == chainServices {
 		// Ahead of the NodePort jump that must stay last.
-		in.insertFirst(r.Table, r.Chain, r.Rule)
+		in.InsertFirst(r.Table, r.Chain, r.Rule)
 		return
 	}
-	in.table(r.Table).insertRules.add("-A ", string(r.Chain), " ", string(r.Rule))
+	in.AddRule(r.Table, r.Chain, r.Rule)
 }
 
-// insertFirst puts a rule at the top of a chain, where the jumps from the
-// built-in chains go, ahead of other programs' rules.
-func (in *restoreInput) insertFirst(t Table, c Chain, r Rule) {
-	in.table(t).insertRules.add("-I ", string(c), " 1 ", string(r))
-}
-
-func (in *restoreInput) removeShared(r SharedRule) {
-	in.table(r.Table).deleteRules.add("-D ", string(r.Chain), " ", string(r.Rule))
-}
-
-// empty tells whether there is nothing to restore.
-func (in *restoreInput) empty() bool {
-	for _, ti := range in.tables {
-		if ti.lines() > 0 {
-			return false
-		}
-	}
-	return true
-}
-
-func (ti *tableInput) sections() []*section {
-	return []*section{&ti.declare, &ti.deleteRules, &ti.appendRules, &ti.insertRules, &ti.deleteChains}
-}
-
-// body is the table's lines, section by section.
-func (ti *tableInput) body() [][]byte {
-	var parts [][]byte
-	for _, s := range ti.sections() {
-		parts = append(parts, s.chunks...)
-	}
-	return parts
-}
-
-func (ti *tableInput) lines() int {
-	n := 0
-	for _, s := range ti.sections() {
-		n += s.lines
-	}
-	return n
-}
-
-// reader renders the input without copying it.
-func (in *restoreInput) reader() io.Reader {
-	if r := joinInputs(in); r != nil {
-		return r
-	}
-	return strings.NewReader("")
-}
-
-// joinInputs renders inputs as one, each table holding their lines in
-// turn, or nil if they are all empty. filter goes before nat so that a
-// service losing its endpoints is rejected before its nat rules disappear,
-// unless an input asks for nat first (natFirst).
-func joinInputs(inputs ...*restoreInput) io.Reader {
-	var parts []io.Reader
-	order := kubeTables
-	if slices.ContainsFunc(inputs, func(in *restoreInput) bool { return in.natFirst }) {
-		order = []Table{TableMangle, TableNAT, TableFilter}
-	}
-	for _, t := range order {
-		var body []io.Reader
-		for _, in := range inputs {
-			if ti := in.tables[t]; ti != nil && ti.lines() > 0 {
-				for _, b := range ti.body() {
-					body = append(body, bytes.NewReader(b))
-				}
-			}
-		}
-		if len(body) == 0 {
-			continue
-		}
-		parts = append(parts, strings.NewReader("*"+string(t)+"\n"))
-		parts = append(append(parts, body...), strings.NewReader("COMMIT\n"))
-	}
-	if len(parts) == 0 {
-		return nil
-	}
-	return io.MultiReader(parts...)
-}
-
-// String renders the input, for tests and errors.
-func (in *restoreInput) String() string {
-	var b strings.Builder
-	io.Copy(&b, in.reader())
-	return b.String()
-}
-
-// counts returns the rules written per table, for the metrics.
-func (in *restoreInput) counts() map[Table]int {
-	out := map[Table]int{}
-	for t, ti := range in.tables {
-		out[t] = ti.appendRules.lines + ti.insertRules.lines
-	}
-	return out
+func removeShared(in *iptableskernel.RestoreInput, r SharedRule) {
+	in.DeleteRule(r.Table, r.Chain, r.Rule)
 }
 
 // appliedService is what one service port has in the kernel: its chains
@@ -214,19 +42,9 @@ type appliedChain struct {
 func summarize(r ServiceRules) appliedService {
 	a := appliedService{chains: make([]appliedChain, len(r.Chains)), shared: r.Shared}
 	for i, c := range r.Chains {
-		a.chains[i] = appliedChain{name: c.Name, fingerprint: textFingerprint(c.Rules), rules: len(c.Rules)}
+		a.chains[i] = appliedChain{name: c.Name, fingerprint: iptableskernel.TextFingerprint(c.Rules), rules: len(c.Rules)}
 	}
 	return a
-}
-
-// textFingerprint identifies a chain's rules as generated, rule order
-// included.
-func textFingerprint(rules []Rule) uint64 {
-	h := fnvOffset
-	for _, r := range rules {
-		h = fnvLine(h, string(r))
-	}
-	return h
 }
 
 // ruleCounts counts the rules per table.
@@ -244,7 +62,7 @@ func (a appliedService) ruleCounts() map[Table]int {
 // diffService adds to in what turns old into updated for one service port:
 // only its changed chains are rewritten, and only its changed shared rules
 // are deleted or inserted.
-func diffService(in *restoreInput, old, updated appliedService, rules ServiceRules) {
+func diffService(in *iptableskernel.RestoreInput, old, updated appliedService, rules ServiceRules) {
 	oldChains := make(map[Chain]uint64, len(old.chains))
 	for _, c := range old.chains {
 		oldChains[c.name] = c.fingerprint
@@ -253,12 +71,12 @@ func diffService(in *restoreInput, old, updated appliedService, rules ServiceRul
 	for i, c := range updated.chains {
 		kept[c.name] = true
 		if fp, ok := oldChains[c.name]; !ok || fp != c.fingerprint {
-			in.writeChain(TableNAT, rules.Chains[i])
+			in.WriteChain(TableNAT, rules.Chains[i])
 		}
 	}
 	for _, c := range old.chains {
 		if !kept[c.name] {
-			in.deleteChain(TableNAT, c.name)
+			in.DeleteChain(TableNAT, c.name)
 		}
 	}
 	oldShared := countRules(old.shared)
@@ -268,15 +86,79 @@ func diffService(in *restoreInput, old, updated appliedService, rules ServiceRul
 			newShared[r]--
 			continue
 		}
-		in.removeShared(r)
+		removeShared(in, r)
 	}
 	for _, r := range updated.shared {
 		if oldShared[r] > 0 {
 			oldShared[r]--
 			continue
 		}
-		in.addShared(r)
+		addShared(in, r)
 	}
+}
+
+// diffSharedChain adds to in what turns the kernel's content of a shared
+// chain (current, the fingerprints of its rules) into want, whose last
+// tail rules are fixed and must stay last: rule insertions when the tail
+// is in place, with the fingerprints of the kernel's rules to delete
+// returned, else a rewrite. The order of most rules does not matter, each
+// matching its own destination; where it does, a rule comes before the
+// broader rule of its service that follows it in want (the counted
+// localhost NodePort rule, added to rules written without nfacct, must
+// match before the general one). So a rule that want has ahead of a rule
+// kept goes to the top, those together in want's order, and the others
+// are appended.
+func diffSharedChain(in *iptableskernel.RestoreInput, t Table, current []uint64, want OwnChain, tail int) (remove []uint64) {
+	if len(current) < tail || !sameRules(current[len(current)-tail:], want.Rules[len(want.Rules)-tail:]) {
+		in.WriteChain(t, want)
+		return nil
+	}
+	head := want.Rules[:len(want.Rules)-tail]
+	unmatched := map[uint64]int{}
+	for _, r := range head {
+		unmatched[iptableskernel.RuleFingerprint(r)]++
+	}
+	for _, key := range current[:len(current)-tail] {
+		if unmatched[key] > 0 {
+			unmatched[key]--
+			continue
+		}
+		remove = append(remove, key)
+	}
+	added := make([]bool, len(head))
+	lastKept := -1
+	for i, r := range head {
+		key := iptableskernel.RuleFingerprint(r)
+		if unmatched[key] > 0 {
+			unmatched[key]--
+			added[i] = true
+		} else {
+			lastKept = i
+		}
+	}
+	// Each insertion goes to the top: the last one first.
+	for i := lastKept - 1; i >= 0; i-- {
+		if added[i] {
+			in.InsertFirst(t, want.Name, head[i])
+		}
+	}
+	for i := lastKept + 1; i < len(head); i++ {
+		addShared(in, SharedRule{Table: t, Chain: want.Name, Rule: head[i]})
+	}
+	return remove
+}
+
+// sameRules tells whether the rules of these fingerprints are rules.
+func sameRules(fingerprints []uint64, rules []Rule) bool {
+	if len(fingerprints) != len(rules) {
+		return false
+	}
+	for i, r := range rules {
+		if fingerprints[i] != iptableskernel.RuleFingerprint(r) {
+			return false
+		}
+	}
+	return true
 }
 
 func countRules(rules []SharedRule) map[SharedRule]int {
@@ -305,11 +187,11 @@ func chainRefs(c OwnChain) int {
 // them all, sharedLevel holds the service rules of new shared chains.
 func chainLevel(c Chain) int {
 	switch {
-	case strings.HasPrefix(string(c), prefixEndpoint):
+	case strings.HasPrefix(string(c), iptableskernel.PrefixEndpoint):
 		return 0
-	case strings.HasPrefix(string(c), prefixClusterPolicy), strings.HasPrefix(string(c), prefixLocalPolicy):
+	case strings.HasPrefix(string(c), iptableskernel.PrefixClusterPolicy), strings.HasPrefix(string(c), iptableskernel.PrefixLocalPolicy):
 		return 1
-	case strings.HasPrefix(string(c), prefixExternal):
+	case strings.HasPrefix(string(c), iptableskernel.PrefixExternal):
 		return 2
 	default: // KUBE-FW-
 		return 3
@@ -347,21 +229,21 @@ const sharedLevel = 4
 type fullSyncWriter struct {
 	restore func(io.Reader) error
 	size    int
-	fixed   *restoreInput
-	levels  [sharedLevel + 1]*restoreInput
+	fixed   *iptableskernel.RestoreInput
+	levels  [sharedLevel + 1]*iptableskernel.RestoreInput
 	refs    [sharedLevel + 1]int
 
 	// Unsplit: the service chains to declare and their rules.
 	declared []Chain
-	held     *restoreInput
+	held     *iptableskernel.RestoreInput
 }
 
 // newFullSyncWriter writes service chains in inputs referring to about size
 // chain names, or, with size 0, all in one input at the end.
-func newFullSyncWriter(restore func(io.Reader) error, size int, fixed *restoreInput) (*fullSyncWriter, error) {
-	w := &fullSyncWriter{restore: restore, size: size, fixed: fixed, held: newRestoreInput()}
-	if size > 0 && !fixed.empty() {
-		return w, restore(fixed.reader())
+func newFullSyncWriter(restore func(io.Reader) error, size int, fixed *iptableskernel.RestoreInput) (*fullSyncWriter, error) {
+	w := &fullSyncWriter{restore: restore, size: size, fixed: fixed, held: iptableskernel.NewRestoreInput()}
+	if size > 0 && !fixed.Empty() {
+		return w, restore(fixed.Reader())
 	}
 	return w, nil
 }
@@ -371,14 +253,14 @@ func (w *fullSyncWriter) addService(chains []OwnChain) error {
 	if w.size <= 0 {
 		for _, c := range chains {
 			w.declared = append(w.declared, c.Name)
-			w.held.appendRules(TableNAT, c)
+			w.held.AppendChainRules(TableNAT, c)
 		}
 		return nil
 	}
 	full := -1
 	for _, c := range chains {
 		level := chainLevel(c.Name)
-		w.level(level).writeChain(TableNAT, c)
+		w.level(level).WriteChain(TableNAT, c)
 		w.refs[level] += chainRefs(c)
 		if w.refs[level] >= w.size {
 			full = max(full, level)
@@ -392,19 +274,19 @@ func (w *fullSyncWriter) addService(chains []OwnChain) error {
 // after every service chain, and the tail to the final input, where the
 // chain it jumps to (KUBE-NODEPORTS) is written; unsplit, all of it goes
 // to the final input.
-func (w *fullSyncWriter) addNewSharedChain(t Table, c OwnChain, tail int, final *restoreInput) error {
+func (w *fullSyncWriter) addNewSharedChain(t Table, c OwnChain, tail int, final *iptableskernel.RestoreInput) error {
 	head := c.Rules[:len(c.Rules)-tail]
 	if w.size <= 0 || len(head) == 0 {
-		final.writeChain(t, c)
+		final.WriteChain(t, c)
 		return nil
 	}
 	for i := 0; i < len(head); {
 		n := min(len(head)-i, w.size-w.refs[sharedLevel])
 		part := OwnChain{Name: c.Name, Rules: head[i : i+n]}
 		if i == 0 {
-			w.level(sharedLevel).writeChain(t, part)
+			w.level(sharedLevel).WriteChain(t, part)
 		} else {
-			w.level(sharedLevel).appendRules(t, part)
+			w.level(sharedLevel).AppendChainRules(t, part)
 		}
 		i += n
 		if w.refs[sharedLevel] += n; w.refs[sharedLevel] >= w.size {
@@ -413,13 +295,13 @@ func (w *fullSyncWriter) addNewSharedChain(t Table, c OwnChain, tail int, final 
 			}
 		}
 	}
-	final.appendRules(t, OwnChain{Name: c.Name, Rules: c.Rules[len(head):]})
+	final.AppendChainRules(t, OwnChain{Name: c.Name, Rules: c.Rules[len(head):]})
 	return nil
 }
 
-func (w *fullSyncWriter) level(l int) *restoreInput {
+func (w *fullSyncWriter) level(l int) *iptableskernel.RestoreInput {
 	if w.levels[l] == nil {
-		w.levels[l] = newRestoreInput()
+		w.levels[l] = iptableskernel.NewRestoreInput()
 	}
 	return w.levels[l]
 }
@@ -429,7 +311,7 @@ func (w *fullSyncWriter) restoreUpTo(level int) error {
 		if w.refs[l] == 0 {
 			continue
 		}
-		if err := w.restore(w.levels[l].reader()); err != nil {
+		if err := w.restore(w.levels[l].Reader()); err != nil {
 			return err
 		}
 		w.levels[l], w.refs[l] = nil, 0
@@ -438,23 +320,22 @@ func (w *fullSyncWriter) restoreUpTo(level int) error {
 }
 
 // finish writes the final input after every service chain.
-func (w *fullSyncWriter) finish(final *restoreInput) error {
+func (w *fullSyncWriter) finish(final *iptableskernel.RestoreInput) error {
 	if w.size > 0 {
 		if err := w.restoreUpTo(len(w.levels) - 1); err != nil {
 			return err
 		}
-		if final.empty() {
+		if final.Empty() {
 			return nil
 		}
-		return w.restore(final.reader())
+		return w.restore(final.Reader())
 	}
 	slices.SortFunc(w.declared, func(a, b Chain) int { return strings.Compare(string(b), string(a)) })
-	declare := &w.held.table(TableNAT).declare
 	for _, c := range w.declared {
-		declare.add(":", string(c), " - [0:0]")
+		w.held.DeclareChain(TableNAT, c)
 	}
 	w.declared = nil
-	in := joinInputs(w.fixed, w.held, final)
+	in := iptableskernel.JoinInputs(w.fixed, w.held, final)
 	if in == nil {
 		return nil
 	}

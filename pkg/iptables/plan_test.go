@@ -2,7 +2,6 @@ package iptables
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"net/netip"
 	"regexp"
@@ -10,6 +9,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rapidproxy/rapidproxy/internal/iptables/iptablestest"
+
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -113,28 +116,6 @@ func TestUnsplitFullSyncDeclaresServiceChainsInDescendingOrder(t *testing.T) {
 	}
 }
 
-// A section keeps its lines in order across chunks that grow to
-// chunkSize.
-func TestSectionChunks(t *testing.T) {
-	var s section
-	var want strings.Builder
-	for i := range 5000 {
-		line := fmt.Sprintf("-A KUBE-SVC-%d -j KUBE-SEP-%d", i, i)
-		s.add("-A KUBE-SVC-", fmt.Sprint(i), " -j KUBE-SEP-", fmt.Sprint(i))
-		want.WriteString(line + "\n")
-	}
-	var got strings.Builder
-	for _, c := range s.chunks {
-		got.Write(c)
-		if cap(c) > chunkSize {
-			t.Errorf("a chunk of %d bytes, want at most %d", cap(c), chunkSize)
-		}
-	}
-	if got.String() != want.String() || s.lines != 5000 {
-		t.Errorf("the section holds %d lines, %d bytes; want 5000 lines, %d bytes", s.lines, got.Len(), want.Len())
-	}
-}
-
 // The counted localhost NodePort rule must match before its service's
 // general NodePort rule, which would take its packets. A sync adding both
 // writes them in that order; a full sync over rules written without
@@ -159,25 +140,25 @@ func TestCountedLocalhostNodePortRuleGoesFirst(t *testing.T) {
 		t.Fatalf("KUBE-NODEPORTS rules: %q, want each service's counted localhost rule, then its general one", want)
 	}
 
-	partial := newRestoreInput()
+	partial := iptableskernel.NewRestoreInput()
 	diffService(partial, appliedService{}, summarize(rules[0]), rules[0])
 	if got, expect := partial.String(), "-A KUBE-NODEPORTS "+string(want[0])+"\n-A KUBE-NODEPORTS "+string(want[1])+"\n"; !strings.Contains(got, expect) {
 		t.Errorf("a new service's NodePort rules:\n%s\nwant, in this order:\n%s", got, expect)
 	}
 
-	full := newRestoreInput()
+	full := iptableskernel.NewRestoreInput()
 	diffSharedChain(full, TableNAT, fingerprintsOf(want[1], want[3]), OwnChain{Name: chainNodePorts, Rules: want}, 0)
 	if got, expect := full.String(), "*nat\n-I KUBE-NODEPORTS 1 "+string(want[2])+"\n-I KUBE-NODEPORTS 1 "+string(want[0])+"\nCOMMIT\n"; got != expect {
 		t.Errorf("a full sync over the general rules writes:\n%s\nwant:\n%s", got, expect)
 	}
 	// A new service after those in place is appended, in order.
-	full = newRestoreInput()
+	full = iptableskernel.NewRestoreInput()
 	diffSharedChain(full, TableNAT, fingerprintsOf(want[:2]...), OwnChain{Name: chainNodePorts, Rules: want}, 0)
 	if got, expect := full.String(), "*nat\n-A KUBE-NODEPORTS "+string(want[2])+"\n-A KUBE-NODEPORTS "+string(want[3])+"\nCOMMIT\n"; got != expect {
 		t.Errorf("a full sync adding a service writes:\n%s\nwant:\n%s", got, expect)
 	}
 	// One before them goes to the top, in order.
-	full = newRestoreInput()
+	full = iptableskernel.NewRestoreInput()
 	diffSharedChain(full, TableNAT, fingerprintsOf(want[2:]...), OwnChain{Name: chainNodePorts, Rules: want}, 0)
 	if got, expect := full.String(), "*nat\n-I KUBE-NODEPORTS 1 "+string(want[1])+"\n-I KUBE-NODEPORTS 1 "+string(want[0])+"\nCOMMIT\n"; got != expect {
 		t.Errorf("a full sync adding a service ahead of the others writes:\n%s\nwant:\n%s", got, expect)
@@ -188,7 +169,41 @@ func TestCountedLocalhostNodePortRuleGoesFirst(t *testing.T) {
 func fingerprintsOf(rules ...Rule) []uint64 {
 	out := make([]uint64, len(rules))
 	for i, r := range rules {
-		out[i] = ruleFingerprint(fnvOffset, r)
+		out[i] = iptableskernel.RuleFingerprint(r)
 	}
 	return out
+}
+
+// A full sync keeps only fingerprints of the shared chains' rules: a rule
+// no service wants any more is deleted with the text the kernel lists it
+// in, and a chain with nothing to delete is not listed.
+func TestFullSyncDeletesSharedRulesAsTheKernelListsThem(t *testing.T) {
+	p := newTestProxier(t, nil)
+	var save strings.Builder
+	save.WriteString("*nat\n")
+	for _, c := range p.cfg.Params.StaticRules().Shared[TableNAT] {
+		save.WriteString(":" + string(c.Name) + " - [0:0]\n")
+	}
+	gone := `-d 10.96.0.99/32 -p tcp -m comment --comment "ns/gone:p cluster IP" -m tcp --dport 80 -j KUBE-SVC-GONE`
+	save.WriteString("-A KUBE-SERVICES " + gone + "\n")
+	for _, c := range p.cfg.Params.StaticRules().Shared[TableNAT] {
+		for _, r := range c.Rules {
+			save.WriteString("-A " + string(c.Name) + " " + string(r) + "\n")
+		}
+	}
+	save.WriteString("COMMIT\n")
+	kernel := &listingKernel{Kernel: &iptablestest.SavedKernel{Saved: save.String()}, listed: map[string]int{}}
+	p.cfg.Kernel = kernel
+	p.OnServicesSynced()
+	p.OnEndpointSlicesSynced()
+	if err := p.sync(); err != nil {
+		t.Fatal(err)
+	}
+	written := kernel.Kernel.(*iptablestest.SavedKernel).Written.String()
+	if !strings.Contains(written, "-D KUBE-SERVICES "+gone+"\n") {
+		t.Errorf("the stale rule is not deleted as the kernel lists it:\n%s", written)
+	}
+	if kernel.listed["nat"] != 1 {
+		t.Errorf("%d nat chains listed, want 1 (KUBE-SERVICES)", kernel.listed["nat"])
+	}
 }

@@ -11,7 +11,6 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -19,27 +18,11 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
-
-// Kernel is what the proxier needs from the iptables tools of one family.
-type Kernel interface {
-	// Restore applies iptables-restore --noflush input, atomically per table.
-	Restore(input io.Reader) error
-	// Save hands iptables-save output of every table to read as the tool
-	// prints it: one dump costs no more than one table's on nft, which
-	// fetches the whole ruleset anyway, and it is never held whole (some
-	// 18 MB at 10k services).
-	Save(read func(io.Reader) error) error
-	// ListRules returns a chain's rules without "-A CHAIN"; an error
-	// when the chain does not exist.
-	ListRules(table, chain string) ([]string, error)
-	// Generation changes whenever the rules of the table may have
-	// changed; reading it is far cheaper than listing rules.
-	Generation(table string) (uint64, error)
-}
 
 // Config are the iptables mode's inputs.
 type Config struct {
@@ -95,7 +78,7 @@ type Syncer struct {
 	probeTick int
 
 	// prepared is the kernel as Prepare read it, for the first full sync.
-	prepared *preparedKernel
+	prepared *iptableskernel.PreparedKernel
 
 	// rewritten names (the first few) the chains a full sync found
 	// differing in the kernel; repairs counts those it had written
@@ -203,15 +186,15 @@ func (p *Syncer) partialSync(changed map[state.ServicePortName]bool) error {
 	if len(changed) == 0 {
 		return nil
 	}
-	in := newRestoreInput()
+	in := iptableskernel.NewRestoreInput()
 	updated := make(map[state.ServicePortName]appliedService, len(changed))
 	for name := range changed {
 		rules, _ := p.rulesFor(name)
 		updated[name] = summarize(rules)
 		diffService(in, p.applied[name], updated[name], rules)
 	}
-	if !in.empty() {
-		if err := p.restore(in.reader()); err != nil {
+	if !in.Empty() {
+		if err := p.restore(in.Reader()); err != nil {
 			return err
 		}
 	}
@@ -243,17 +226,17 @@ func (p *Syncer) fullSync(verifying bool) error {
 	}
 	static := p.cfg.Params.StaticRules()
 
-	fixed := newRestoreInput()
-	for _, t := range kubeTables {
-		if !kernel[t].has(chainCanary) {
-			fixed.writeChain(t, OwnChain{Name: chainCanary})
+	fixed := iptableskernel.NewRestoreInput()
+	for _, t := range iptableskernel.KubeTables {
+		if !kernel[t].Has(chainCanary) {
+			fixed.WriteChain(t, OwnChain{Name: chainCanary})
 			p.noteRewritten(chainCanary, verifying)
 		}
 	}
 	for t, chains := range static.Chains {
 		for _, c := range chains {
-			if !kernel[t].holds(c) {
-				fixed.writeChain(t, c)
+			if !kernel[t].Holds(c) {
+				fixed.WriteChain(t, c)
 				p.noteRewritten(c.Name, verifying)
 			}
 		}
@@ -271,11 +254,11 @@ func (p *Syncer) fullSync(verifying bool) error {
 		shared = append(shared, rules.Shared)
 		var differ []OwnChain
 		for i, c := range rules.Chains {
-			if !kernel[TableNAT].holds(c) {
+			if !kernel[TableNAT].Holds(c) {
 				differ = append(differ, c)
 				p.noteRewritten(c.Name, slices.Contains(p.applied[name].chains, desired[name].chains[i]))
 			}
-			kernel[TableNAT].claim(c.Name)
+			kernel[TableNAT].Claim(c.Name)
 		}
 		if err := writer.addService(differ); err != nil {
 			return err
@@ -284,37 +267,37 @@ func (p *Syncer) fullSync(verifying bool) error {
 
 	// Read before the shared chains are gathered, the sync's peak, since
 	// it drops the index of service chains.
-	stale, err := kernel[TableNAT].serviceChainNames(p.cfg.Kernel, TableNAT)
+	stale, err := kernel[TableNAT].ServiceChainNames(p.cfg.Kernel, TableNAT)
 	if err != nil {
 		return err
 	}
-	final := newRestoreInput()
+	final := iptableskernel.NewRestoreInput()
 	contents := sharedChainContents(static, shared)
-	for _, t := range kubeTables {
+	for _, t := range iptableskernel.KubeTables {
 		for i, want := range contents[t] {
 			tail := len(static.Shared[t][i].Rules)
-			if !kernel[t].has(want.Name) {
+			if !kernel[t].Has(want.Name) {
 				if err := writer.addNewSharedChain(t, want, tail, final); err != nil {
 					return err
 				}
 				continue
 			}
-			lines := final.table(t).lines()
-			remove := diffSharedChain(final, t, kernel[t].ruleFingerprints[want.Name], want, tail)
+			lines := final.Lines(t)
+			remove := diffSharedChain(final, t, kernel[t].RuleFingerprints(want.Name), want, tail)
 			if err := p.removeKernelRules(final, t, want.Name, remove); err != nil {
 				return err
 			}
-			if final.table(t).lines() > lines {
+			if final.Lines(t) > lines {
 				p.noteRewritten(want.Name, false)
 			}
 		}
 	}
 	for _, c := range stale {
-		final.deleteChain(TableNAT, c)
+		final.DeleteChain(TableNAT, c)
 	}
 	for _, j := range static.Jumps {
-		if !containsRule(kernel[j.Table].rules[j.From], j.Rule) {
-			final.insertFirst(j.Table, j.From, j.Rule)
+		if !iptableskernel.ContainsRule(kernel[j.Table].Rules(j.From), j.Rule) {
+			final.InsertFirst(j.Table, j.From, j.Rule)
 			p.noteRewritten(j.From, verifying)
 		}
 	}
@@ -323,9 +306,9 @@ func (p *Syncer) fullSync(verifying bool) error {
 	// INPUT, where this mode's firewall would drop those to a load
 	// balancer's IP. Otherwise (a restart, upstream's rules) the jumps
 	// of other kube-proxies stay as they are.
-	if holdsIPVSModeChains(kernel) {
-		removeOtherJumps(final, kernel, static.Jumps)
-		final.natFirst = true
+	if iptableskernel.HoldsIPVSModeChains(kernel) {
+		iptableskernel.RemoveOtherJumps(final, kernel, static.Jumps)
+		final.NATFirst = true
 	}
 	if err := writer.finish(final); err != nil {
 		return err
@@ -372,13 +355,6 @@ func sharedChainContents(static StaticRules, services [][]SharedRule) map[Table]
 	return out
 }
 
-// preparedKernel is the kernel read ahead of the first sync, and the
-// tables' generations while it was read.
-type preparedKernel struct {
-	tables      map[Table]kernelTable
-	generations []tableGeneration
-}
-
 // Prepare reads the kernel while the informers list, before the first
 // sync: a restart reads some 18 MB of iptables-save text at 10k services,
 // and its garbage would otherwise come on top of the sync's peak, the
@@ -388,32 +364,21 @@ type preparedKernel struct {
 func (p *Syncer) Prepare() {
 	before := p.watch.generations()
 	tables, err := p.saveKernel()
-	if after := p.watch.generations(); err == nil && sameGenerations(before, after) {
-		p.prepared = &preparedKernel{tables: tables, generations: after}
+	if after := p.watch.generations(); err == nil && iptableskernel.SameGenerations(before, after) {
+		p.prepared = &iptableskernel.PreparedKernel{Tables: tables, Generations: after}
 	}
-}
-
-// sameGenerations tells whether every table's generation was read twice
-// and did not move.
-func sameGenerations(a, b []tableGeneration) bool {
-	for i := range a {
-		if !a[i].ok || !b[i].ok || a[i].value != b[i].value {
-			return false
-		}
-	}
-	return len(a) == len(b)
 }
 
 // readKernel reads the three tables kube-proxy writes to, keeping the
 // rules of the shared and built-in chains, or takes what Prepare read if
 // the tables have not changed since.
-func (p *Syncer) readKernel() (map[Table]kernelTable, error) {
+func (p *Syncer) readKernel() (map[Table]iptableskernel.KernelTable, error) {
 	before := p.watch.generations()
 	if prepared := p.prepared; prepared != nil {
 		p.prepared = nil
-		if sameGenerations(prepared.generations, before) {
+		if iptableskernel.SameGenerations(prepared.Generations, before) {
 			p.watch.fullSyncRead(before, before)
-			return prepared.tables, nil
+			return prepared.Tables, nil
 		}
 	}
 	tables, err := p.saveKernel()
@@ -425,15 +390,15 @@ func (p *Syncer) readKernel() (map[Table]kernelTable, error) {
 }
 
 // saveKernel reads every table with what a full sync keeps of its chains.
-func (p *Syncer) saveKernel() (map[Table]kernelTable, error) {
-	return saveTables(p.cfg.Kernel, func(t Table, c Chain) ruleKeeping {
+func (p *Syncer) saveKernel() (map[Table]iptableskernel.KernelTable, error) {
+	return iptableskernel.SaveTables(p.cfg.Kernel, func(t Table, c Chain) iptableskernel.RuleKeeping {
 		switch {
-		case builtinChains[c]:
-			return keepRuleText
+		case iptableskernel.BuiltinChains[c]:
+			return iptableskernel.KeepRuleText
 		case slices.Contains(SharedChains[t], c):
-			return keepRuleFingerprints
+			return iptableskernel.KeepRuleFingerprints
 		}
-		return keepNoRules
+		return iptableskernel.KeepNoRules
 	})
 }
 
@@ -441,7 +406,7 @@ func (p *Syncer) saveKernel() (map[Table]kernelTable, error) {
 // these fingerprints: a full sync keeps only fingerprints of those chains'
 // rules, so the chain is listed again for the text of the rules to
 // delete (none on a restart over rules in place).
-func (p *Syncer) removeKernelRules(in *restoreInput, t Table, c Chain, remove []uint64) error {
+func (p *Syncer) removeKernelRules(in *iptableskernel.RestoreInput, t Table, c Chain, remove []uint64) error {
 	if len(remove) == 0 {
 		return nil
 	}
@@ -454,53 +419,13 @@ func (p *Syncer) removeKernelRules(in *restoreInput, t Table, c Chain, remove []
 		left[fp]++
 	}
 	for _, r := range rules {
-		if fp := ruleFingerprint(fnvOffset, Rule(r)); left[fp] > 0 {
+		if fp := iptableskernel.RuleFingerprint(Rule(r)); left[fp] > 0 {
 			left[fp]--
-			in.removeShared(SharedRule{Table: t, Chain: c, Rule: Rule(r)})
+			in.DeleteRule(t, c, Rule(r))
 		}
 	}
 	return nil
 }
-
-// removeOtherJumps removes the built-in chains' jumps into kube-proxy
-// chains other than this mode's, in the commit that writes those chains:
-// the IPVS mode jumps into KUBE-PROXY-FIREWALL for every packet, not just
-// a connection's first, and this mode's rules there drop what was not
-// DNATed, as the connections IPVS forwards are not.
-func removeOtherJumps(in *restoreInput, kernel map[Table]kernelTable, wanted []Jump) {
-	want := map[jumpKey]bool{}
-	for _, j := range wanted {
-		want[jumpKey{j.Table, j.From, canonicalRule(j.Rule)}] = true
-	}
-	for _, t := range kubeTables {
-		for _, from := range slices.Sorted(maps.Keys(kernel[t].rules)) {
-			if !builtinChains[from] {
-				continue // another chain's rules, kept for a comparison
-			}
-			for _, r := range kernel[t].rules[from] {
-				if IsKubeProxyChain(JumpTarget(string(r))) && !want[jumpKey{t, from, canonicalRule(r)}] {
-					in.removeShared(SharedRule{Table: t, Chain: from, Rule: r})
-				}
-			}
-		}
-	}
-}
-
-// holdsIPVSModeChains tells whether the kernel holds a chain only the IPVS
-// mode makes.
-func holdsIPVSModeChains(kernel map[Table]kernelTable) bool {
-	for _, t := range kubeTables {
-		for c := range ipvsOnlyChains {
-			if kernel[t].has(c) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// builtinChains are the kernel's own chains, which hold our jumps.
-var builtinChains = map[Chain]bool{"PREROUTING": true, "INPUT": true, "FORWARD": true, "OUTPUT": true, "POSTROUTING": true}
 
 func (p *Syncer) setApplied(name state.ServicePortName, applied appliedService) {
 	for t, n := range applied.ruleCounts() {
@@ -532,9 +457,9 @@ func (p *Syncer) countAllRules(static StaticRules) {
 	}
 }
 
-func (p *Syncer) reportRuleCounts(in *restoreInput) {
+func (p *Syncer) reportRuleCounts(in *iptableskernel.RestoreInput) {
 	family := string(p.cfg.Family)
-	written := in.counts()
+	written := in.Counts()
 	for _, t := range []Table{TableFilter, TableNAT} {
 		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
 		metrics.IPTablesRulesLastSync.WithLabelValues(string(t), family).Set(float64(written[t]))
@@ -572,7 +497,7 @@ func (p *Syncer) flushProbes() []flushProbe {
 	probes := []flushProbe{{table: TableMangle, chain: chainCanary, every: slow}}
 	for _, j := range p.cfg.Params.StaticRules().Jumps {
 		switch {
-		case j.Table == TableFilter && j.From == "FORWARD" && JumpTarget(string(j.Rule)) == chainForward:
+		case j.Table == TableFilter && j.From == "FORWARD" && iptableskernel.JumpTarget(string(j.Rule)) == chainForward:
 			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: 1})
 		case j.Table == TableNAT && j.From == "PREROUTING":
 			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: slow},
@@ -599,7 +524,7 @@ func (p *Syncer) flushed(probe flushProbe) bool {
 	for i, r := range rules {
 		have[i] = Rule(r)
 	}
-	return !containsRule(have, probe.rule)
+	return !iptableskernel.ContainsRule(have, probe.rule)
 }
 
 // ProbeInterval is how often the core runs Probe.
@@ -693,40 +618,24 @@ func (w *flushWatch) check(tick int) (_ flushProbe, flushed, changed bool) {
 	return flushProbe{}, false, changed
 }
 
-// tableGeneration is one probe's table generation, if it could be read.
-type tableGeneration struct {
-	value uint64
-	ok    bool
-}
-
 // generations reads each probe's table generation.
-func (w *flushWatch) generations() []tableGeneration {
+func (w *flushWatch) generations() []iptableskernel.TableGeneration {
 	tables := make([]Table, len(w.probes))
 	for i, probe := range w.probes {
 		tables[i] = probe.table
 	}
-	return readGenerations(w.p.cfg.Kernel, tables)
-}
-
-// readGenerations reads each table's generation.
-func readGenerations(k Kernel, tables []Table) []tableGeneration {
-	out := make([]tableGeneration, len(tables))
-	for i, t := range tables {
-		value, err := k.Generation(string(t))
-		out[i] = tableGeneration{value: value, ok: err == nil}
-	}
-	return out
+	return iptableskernel.ReadGenerations(w.p.cfg.Kernel, tables)
 }
 
 // ownWrite records that a restore of ours moved the tables from the
 // generations before to those after: a probe that had found its rule at
 // before still has it at after.
-func (w *flushWatch) ownWrite(before, after []tableGeneration) {
+func (w *flushWatch) ownWrite(before, after []iptableskernel.TableGeneration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i := range w.probes {
-		if before[i].ok && after[i].ok && before[i].value == w.seen[i] {
-			w.seen[i] = after[i].value
+		if before[i].OK && after[i].OK && before[i].Value == w.seen[i] {
+			w.seen[i] = after[i].Value
 		}
 	}
 }
@@ -736,12 +645,12 @@ func (w *flushWatch) ownWrite(before, after []tableGeneration) {
 // written by that sync (and if the sync fails, the next full one writes
 // it, while the watch waits), so the probes need not list their chains
 // after the first sync or the recovery from a flush.
-func (w *flushWatch) fullSyncRead(before, after []tableGeneration) {
+func (w *flushWatch) fullSyncRead(before, after []iptableskernel.TableGeneration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i := range w.probes {
-		if before[i].ok && after[i].ok && before[i].value == after[i].value {
-			w.seen[i] = before[i].value
+		if before[i].OK && after[i].OK && before[i].Value == after[i].Value {
+			w.seen[i] = before[i].Value
 		}
 	}
 }
@@ -755,58 +664,4 @@ func (p *Syncer) restore(in io.Reader) error {
 	}
 	p.watch.ownWrite(before, p.watch.generations())
 	return nil
-}
-
-// splitArgs splits a rule into arguments, unquoting the quoted comments.
-func splitArgs(r Rule) []string { return appendArgs(nil, r) }
-
-// appendArgs appends the arguments of r to args.
-func appendArgs(args []string, r Rule) []string {
-	s := string(r)
-	for len(s) > 0 {
-		s = strings.TrimLeft(s, " ")
-		if s == "" {
-			break
-		}
-		if s[0] == '"' {
-			if arg, rest, ok := unquoteArg(s); ok {
-				args = append(args, arg)
-				s = rest
-				continue
-			}
-		}
-		end := strings.IndexByte(s, ' ')
-		if end < 0 {
-			end = len(s)
-		}
-		args = append(args, s[:end])
-		s = s[end:]
-	}
-	return args
-}
-
-// unquoteArg takes the double-quoted argument s starts with, as
-// iptables-save quotes it: a backslash escapes the next character (it
-// prints a comment's ' as \', which Go's unquoting rejects).
-func unquoteArg(s string) (arg, rest string, ok bool) {
-	// Most quoted arguments (every rule's comment) escape nothing: those
-	// are returned as they are, without a copy.
-	if end := strings.IndexAny(s[1:], "\"\\"); end >= 0 && s[1+end] == '"' {
-		return s[1 : 1+end], s[2+end:], true
-	}
-	var b strings.Builder
-	for i := 1; i < len(s); i++ {
-		switch s[i] {
-		case '\\':
-			if i+1 < len(s) {
-				i++
-				b.WriteByte(s[i])
-			}
-		case '"':
-			return b.String(), s[i+1:], true
-		default:
-			b.WriteByte(s[i])
-		}
-	}
-	return "", s, false
 }

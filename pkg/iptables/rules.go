@@ -13,19 +13,6 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
-// Rule is one rule in iptables-restore syntax, without "-A CHAIN".
-type Rule string
-
-// OwnChain is a chain with its whole content.
-type OwnChain struct {
-	Name  Chain
-	Rules []Rule
-	// Unordered says the rules' order does not matter, each matching
-	// packets no other does: a ChainSet leaves the chain as it is when
-	// the kernel holds the same rules in another order.
-	Unordered bool
-}
-
 // SharedRule is a rule that one service adds to a chain all services share.
 type SharedRule struct {
 	Table Table
@@ -287,13 +274,6 @@ func (p *Params) spreadRules(svc *state.ServicePort, names serviceChains, eps []
 	return rules
 }
 
-// Jump is a rule in a built-in chain that leads into one of ours.
-type Jump struct {
-	Table Table
-	From  Chain
-	Rule  Rule
-}
-
 // StaticRules are the rules that depend only on the node's configuration.
 type StaticRules struct {
 	// Chains are chains whose content is entirely fixed.
@@ -374,23 +354,23 @@ func (p *Params) StaticRules() StaticRules {
 
 	newConn := []string{"-m", "conntrack", "--ctstate", "NEW"}
 	jumps := []Jump{
-		{TableFilter, "INPUT", rule(newConn, comment("kubernetes externally-visible service portals"), jump(chainExternalServices))},
-		{TableFilter, "FORWARD", rule(newConn, comment("kubernetes externally-visible service portals"), jump(chainExternalServices))},
-		{TableFilter, "INPUT", rule(comment("kubernetes health check service ports"), jump(chainNodePorts))},
-		{TableFilter, "FORWARD", rule(newConn, comment("kubernetes service portals"), jump(chainServices))},
-		{TableFilter, "OUTPUT", rule(newConn, comment("kubernetes service portals"), jump(chainServices))},
-		{TableFilter, "FORWARD", rule(comment("kubernetes forwarding rules"), jump(chainForward))},
-		{TableFilter, "INPUT", rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
-		{TableFilter, "OUTPUT", rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
-		{TableFilter, "FORWARD", rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
-		{TableNAT, "OUTPUT", rule(comment("kubernetes service portals"), jump(chainServices))},
-		{TableNAT, "PREROUTING", rule(comment("kubernetes service portals"), jump(chainServices))},
-		{TableNAT, "POSTROUTING", rule(comment("kubernetes postrouting rules"), jump(chainPostrouting))},
+		{Table: TableFilter, From: "INPUT", Rule: rule(newConn, comment("kubernetes externally-visible service portals"), jump(chainExternalServices))},
+		{Table: TableFilter, From: "FORWARD", Rule: rule(newConn, comment("kubernetes externally-visible service portals"), jump(chainExternalServices))},
+		{Table: TableFilter, From: "INPUT", Rule: rule(comment("kubernetes health check service ports"), jump(chainNodePorts))},
+		{Table: TableFilter, From: "FORWARD", Rule: rule(newConn, comment("kubernetes service portals"), jump(chainServices))},
+		{Table: TableFilter, From: "OUTPUT", Rule: rule(newConn, comment("kubernetes service portals"), jump(chainServices))},
+		{Table: TableFilter, From: "FORWARD", Rule: rule(comment("kubernetes forwarding rules"), jump(chainForward))},
+		{Table: TableFilter, From: "INPUT", Rule: rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
+		{Table: TableFilter, From: "OUTPUT", Rule: rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
+		{Table: TableFilter, From: "FORWARD", Rule: rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
+		{Table: TableNAT, From: "OUTPUT", Rule: rule(comment("kubernetes service portals"), jump(chainServices))},
+		{Table: TableNAT, From: "PREROUTING", Rule: rule(comment("kubernetes service portals"), jump(chainServices))},
+		{Table: TableNAT, From: "POSTROUTING", Rule: rule(comment("kubernetes postrouting rules"), jump(chainPostrouting))},
 	}
 	if p.localhostNodePorts() {
 		jumps = append(jumps,
-			Jump{TableFilter, "INPUT", rule(jump(chainLocalnetGuard))},
-			Jump{TableFilter, "OUTPUT", rule(jump(chainLocalnetGuard))})
+			Jump{Table: TableFilter, From: "INPUT", Rule: rule(jump(chainLocalnetGuard))},
+			Jump{Table: TableFilter, From: "OUTPUT", Rule: rule(jump(chainLocalnetGuard))})
 	}
 	return StaticRules{Chains: map[Table][]OwnChain{TableNAT: nat, TableFilter: filter}, Shared: shared, Jumps: jumps}
 }

@@ -6,9 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
+	"github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
-	"github.com/rapidproxy/rapidproxy/pkg/iptables"
 )
 
 // countingIPTables counts the restores a chain sync makes.
@@ -33,13 +32,13 @@ func (k *countingIPTables) Restore(in io.Reader) error {
 func TestChainsRoundTripThroughTheKernel(t *testing.T) {
 	testutil.RequireCommands(t, "iptables-legacy-restore", "iptables-nft-restore", "ipset")
 	var variants [][2]string
-	for _, b := range []iptableskernel.Backend{iptableskernel.NFT, iptableskernel.Legacy} {
-		variants = append(variants, [2]string{string(b) + " backend", iptableskernel.BackendEnv + "=" + string(b)})
+	for _, b := range []iptables.Backend{iptables.NFT, iptables.Legacy} {
+		variants = append(variants, [2]string{string(b) + " backend", iptables.BackendEnv + "=" + string(b)})
 	}
 	if !testutil.RerunInNetns(t, variants) {
 		return
 	}
-	backend, err := iptableskernel.DetectBackend()
+	backend, err := iptables.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +53,7 @@ func TestChainsRoundTripThroughTheKernel(t *testing.T) {
 		}
 	}
 	t.Cleanup(func() { _ = exec.Command("ipset", "destroy").Run() })
-	real := iptableskernel.New(false, backend)
+	real := iptables.New(false, backend)
 	// What the iptables mode leaves: a service chain, the shared chains
 	// jumping to it, and its jumps from the built-in chains.
 	leftovers := `*filter

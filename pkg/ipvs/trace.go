@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/rapidproxy/rapidproxy/pkg/iptables"
+	"github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 	"github.com/rapidproxy/rapidproxy/pkg/trace"
 )
@@ -50,8 +50,8 @@ func (p *Params) trace(svc *state.ServicePort, want ServiceObjects, pkt trace.Pa
 	// Sets only this port's entries could match the packet in: the
 	// others' rules are the same whether written or not.
 	chains := p.Chains(func(set string) bool { return len(entries[p.setName(set)]) > 0 }, want.OutFilter)
-	tracer := func(pkt trace.Packet) *iptables.RuleTracer {
-		rs := iptables.NewRuleTracer(pkt)
+	tracer := func(pkt trace.Packet) *trace.IPTablesRuleset {
+		rs := trace.NewIPTablesRuleset(pkt)
 		for table, cs := range chains {
 			for _, c := range cs {
 				rs.Add(table, c.Name, c.Rules...)

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
@@ -18,7 +19,7 @@ var ownJumps = func() []iptables.Jump {
 // isOwnJump tells whether rule, in a built-in chain, is one of kube-proxy's.
 func isOwnJump(table, chain, rule string) bool {
 	for _, j := range ownJumps {
-		if string(j.Table) == table && string(j.From) == chain && iptables.SameRule(j.Rule, iptables.Rule(rule)) {
+		if string(j.Table) == table && string(j.From) == chain && iptableskernel.SameRule(j.Rule, iptableskernel.Rule(rule)) {
 			return true
 		}
 	}
@@ -43,10 +44,10 @@ func foreignReferences(saved string) []string {
 			continue
 		}
 		chain, rule, _ := strings.Cut(rest, " ")
-		if iptables.IsKubeProxyChain(iptables.Chain(chain)) {
+		if iptableskernel.IsKubeProxyChain(iptableskernel.Chain(chain)) {
 			continue
 		}
-		if iptables.IsKubeProxyChain(iptables.JumpTarget(rule)) && !isOwnJump(table, chain, rule) || usesKubeProxySet(rule) {
+		if iptableskernel.IsKubeProxyChain(iptableskernel.JumpTarget(rule)) && !isOwnJump(table, chain, rule) || usesKubeProxySet(rule) {
 			found = append(found, table+": "+line)
 		}
 	}
@@ -56,7 +57,7 @@ func foreignReferences(saved string) []string {
 // usesKubeProxySet tells whether a rule matches on one of the IPVS mode's
 // ipsets.
 func usesKubeProxySet(rule string) bool {
-	args := iptables.Args(iptables.Rule(rule))
+	args := iptableskernel.Args(iptableskernel.Rule(rule))
 	for i := 0; i+1 < len(args); i++ {
 		if args[i] == "--match-set" && ipvs.IsKubeProxySet(args[i+1]) {
 			return true
@@ -71,7 +72,7 @@ func holdsKubeProxyChains(saved string) bool {
 	for line := range strings.Lines(saved) {
 		if name, ok := strings.CutPrefix(line, ":"); ok {
 			name, _, _ = strings.Cut(name, " ")
-			if iptables.IsKubeProxyChain(iptables.Chain(name)) {
+			if iptableskernel.IsKubeProxyChain(iptableskernel.Chain(name)) {
 				return true
 			}
 		}
@@ -88,7 +89,7 @@ func keepSavedLine(line string) bool {
 		return true
 	}
 	chain, _, _ := strings.Cut(rest, " ")
-	return !iptables.IsKubeProxyChain(iptables.Chain(chain))
+	return !iptableskernel.IsKubeProxyChain(iptableskernel.Chain(chain))
 }
 
 // checkForeignReferences: other programs' rules that lead into what the

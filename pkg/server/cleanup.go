@@ -8,6 +8,7 @@ import (
 	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
@@ -38,7 +39,7 @@ func Cleanup(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
 // servers, link and ipsets, and the nfacct objects; it says how many
 // chains and what else it removed.
 func cleanupIPTablesModes(cfg *kpconfig.KubeProxyConfiguration) (int, []string, error) {
-	total, err := eachIPTables(iptables.Cleanup)
+	total, err := eachIPTables(iptableskernel.Cleanup)
 	var errs []error
 	if err != nil {
 		errs = append(errs, err)

@@ -170,9 +170,9 @@ func removeOtherRules(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration,
 	if cfg.Mode == config.ModeIPVS || (cfg.Mode == config.ModeIPTables && !slices.Contains(from, string(config.ModeIPVS))) {
 		return errors.Join(errs...)
 	}
-	removeChains := iptables.Cleanup
+	removeChains := iptableskernel.Cleanup
 	if cfg.Mode == config.ModeIPTables {
-		removeChains = iptables.CleanupIPVSModeChains
+		removeChains = iptableskernel.CleanupIPVSModeChains
 	}
 	chains, err := eachIPTables(removeChains)
 	errs = append(errs, err)
@@ -194,7 +194,7 @@ func removeOtherRules(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration,
 
 // eachIPTables runs remove over every iptables backend and family there
 // are tools for, and says how many chains it removed.
-func eachIPTables(remove func(iptables.Kernel) (int, error)) (int, error) {
+func eachIPTables(remove func(iptableskernel.Kernel) (int, error)) (int, error) {
 	var errs []error
 	total := 0
 	for _, backend := range []iptableskernel.Backend{iptableskernel.NFT, iptableskernel.Legacy} {

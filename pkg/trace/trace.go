@@ -7,8 +7,9 @@
 // pure "what does this service port put into the kernel" function
 // decides (the ones a sync writes), with the endpoints pkg/state selects,
 // so the trace cannot disagree with the rules. This package holds what
-// the modes share: the packet, the answer, and a walker over chains of
-// rules whose matching each mode supplies.
+// the modes share: the packet, the answer, a walker over chains of rules
+// whose matching each mode supplies, and the matching of iptables rules,
+// which the iptables and IPVS modes both write.
 package trace
 
 import (

@@ -8,40 +8,40 @@ import (
 	"slices"
 )
 
-// kernelTable is what a full sync needs to know of one table as the kernel
+// KernelTable is what a full sync needs to know of one table as the kernel
 // holds it: a fingerprint of every chain, so unchanged chains are not
 // rewritten, and the rules of the chains others add to (the shared and
 // built-in chains), so only their differences are. Service chains are known
 // by a hash of their name (nameKey): a restart at 10k services reads some
 // 70k of them, whose names would raise its peak memory above a cold
 // start's; the names of those a sync must delete are read again
-// (serviceChainNames).
-type kernelTable struct {
+// (ServiceChainNames).
+type KernelTable struct {
 	fingerprints map[Chain]uint64 // chains other than service chains
 	services     *serviceIndex
 	// rules and ruleFingerprints are the kept chains' rules, as text or
-	// as the fingerprint of each rule's canonical form (ruleKeeping).
+	// as the fingerprint of each rule's canonical form (RuleKeeping).
 	rules            map[Chain][]Rule
 	ruleFingerprints map[Chain][]uint64
 }
 
-func newKernelTable() kernelTable {
-	return kernelTable{fingerprints: map[Chain]uint64{}, services: &serviceIndex{},
+func newKernelTable() KernelTable {
+	return KernelTable{fingerprints: map[Chain]uint64{}, services: &serviceIndex{},
 		rules: map[Chain][]Rule{}, ruleFingerprints: map[Chain][]uint64{}}
 }
 
-// ruleKeeping is what readTables keeps of a chain's rules besides the
+// RuleKeeping is what ReadTables keeps of a chain's rules besides the
 // chain's fingerprint.
-type ruleKeeping uint8
+type RuleKeeping uint8
 
 const (
-	keepNoRules ruleKeeping = iota
-	// keepRuleFingerprints keeps what tells which rules the chain holds,
+	KeepNoRules RuleKeeping = iota
+	// KeepRuleFingerprints keeps what tells which rules the chain holds,
 	// 8 bytes a rule: at 10k services the text of KUBE-SERVICES alone is
 	// 1.2 MB, held through a restart's sync. The text of rules to delete
-	// is listed again (Syncer.removeKernelRules).
-	keepRuleFingerprints
-	keepRuleText
+	// is listed again (by the iptables mode, which keeps them).
+	KeepRuleFingerprints
+	KeepRuleText
 )
 
 // serviceIndex knows a table's service chains by nameKey, in a slice
@@ -120,34 +120,34 @@ func (s *serviceIndex) unclaimed() []uint64 {
 // and one would only keep a chain that should have gone.
 func nameKey[T Chain | []byte](name T) uint64 { return fnvLine(fnvOffset, name) }
 
-// saveTables reads every table from the kernel with readTables, as
+// SaveTables reads every table from the kernel with ReadTables, as
 // iptables-save prints them.
-func saveTables(k Kernel, keep func(Table, Chain) ruleKeeping) (map[Table]kernelTable, error) {
-	var tables map[Table]kernelTable
+func SaveTables(k Kernel, keep func(Table, Chain) RuleKeeping) (map[Table]KernelTable, error) {
+	var tables map[Table]KernelTable
 	err := k.Save(func(save io.Reader) (err error) {
-		tables, err = readTables(save, keep)
+		tables, err = ReadTables(save, keep)
 		return err
 	})
 	return tables, err
 }
 
 // keepText keeps the text of the rules of the chains keep names.
-func keepText(keep func(Table, Chain) bool) func(Table, Chain) ruleKeeping {
-	return func(t Table, c Chain) ruleKeeping {
+func keepText(keep func(Table, Chain) bool) func(Table, Chain) RuleKeeping {
+	return func(t Table, c Chain) RuleKeeping {
 		if keep(t, c) {
-			return keepRuleText
+			return KeepRuleText
 		}
-		return keepNoRules
+		return KeepNoRules
 	}
 }
 
-// readTables parses iptables-save output of every table; keep says what
+// ReadTables parses iptables-save output of every table; keep says what
 // to keep of each chain's rules (never anything of a service chain's). A
 // table missing from the output is empty.
-func readTables(save io.Reader, keep func(Table, Chain) ruleKeeping) (map[Table]kernelTable, error) {
-	tables := map[Table]kernelTable{}
+func ReadTables(save io.Reader, keep func(Table, Chain) RuleKeeping) (map[Table]KernelTable, error) {
+	tables := map[Table]KernelTable{}
 	var table Table
-	var kt kernelTable
+	var kt KernelTable
 	var services map[uint64]uint64 // the table's service chains, indexed when it ends
 	// The fingerprint of the chain whose rules are being read is stored
 	// when another chain's rules start: iptables-save prints each chain's
@@ -156,7 +156,7 @@ func readTables(save io.Reader, keep func(Table, Chain) ruleKeeping) (map[Table]
 	var kept Chain // chain, when its rules are kept
 	var fingerprint uint64
 	declared, service := false, false
-	keeping := keepNoRules
+	keeping := KeepNoRules
 	store := func() {
 		switch {
 		case !declared:
@@ -201,7 +201,7 @@ func readTables(save io.Reader, keep func(Table, Chain) ruleKeeping) (map[Table]
 			if !bytes.Equal(name, chain) {
 				store()
 				chain = append(chain, name...)
-				service, keeping = isServiceChainName(name), keepNoRules
+				service, keeping = isServiceChainName(name), KeepNoRules
 				if service {
 					fingerprint, declared = services[nameKey(name)]
 				} else if fingerprint, declared = kt.fingerprints[Chain(name)]; declared {
@@ -214,9 +214,9 @@ func readTables(save io.Reader, keep func(Table, Chain) ruleKeeping) (map[Table]
 			r := Rule(rest)
 			fingerprint = ruleFingerprint(fingerprint, r)
 			switch keeping {
-			case keepRuleText:
+			case KeepRuleText:
 				kt.rules[kept] = append(kt.rules[kept], r)
-			case keepRuleFingerprints:
+			case KeepRuleFingerprints:
 				kt.ruleFingerprints[kept] = append(kt.ruleFingerprints[kept], ruleFingerprint(fnvOffset, r))
 			}
 		}
@@ -225,7 +225,7 @@ func readTables(save io.Reader, keep func(Table, Chain) ruleKeeping) (map[Table]
 		return nil, err
 	}
 	endTable()
-	for _, t := range kubeTables {
+	for _, t := range KubeTables {
 		if _, ok := tables[t]; !ok {
 			tables[t] = newKernelTable()
 		}
@@ -233,8 +233,8 @@ func readTables(save io.Reader, keep func(Table, Chain) ruleKeeping) (map[Table]
 	return tables, nil
 }
 
-// fingerprint is the chain's fingerprint, if the table holds it.
-func (kt kernelTable) fingerprint(c Chain) (uint64, bool) {
+// Fingerprint is the chain's fingerprint, if the table holds it.
+func (kt KernelTable) Fingerprint(c Chain) (uint64, bool) {
 	if IsServiceChain(c) {
 		return kt.services.fingerprint(nameKey(c))
 	}
@@ -242,23 +242,30 @@ func (kt kernelTable) fingerprint(c Chain) (uint64, bool) {
 	return fp, ok
 }
 
-// has tells whether the table holds the chain.
-func (kt kernelTable) has(c Chain) bool {
-	_, ok := kt.fingerprint(c)
+// Rules are the kept rules of a chain whose text was kept.
+func (kt KernelTable) Rules(c Chain) []Rule { return kt.rules[c] }
+
+// RuleFingerprints are the fingerprints of the rules of a chain whose
+// rule fingerprints were kept.
+func (kt KernelTable) RuleFingerprints(c Chain) []uint64 { return kt.ruleFingerprints[c] }
+
+// Has tells whether the table holds the chain.
+func (kt KernelTable) Has(c Chain) bool {
+	_, ok := kt.Fingerprint(c)
 	return ok
 }
 
-// claim records that the service chain is a desired one; the service
+// Claim records that the service chain is a desired one; the service
 // chains nobody claims are stale. A claimed chain is forgotten, rather than
 // listed apart, so that a restart holds one index of the chains, not two.
-func (kt kernelTable) claim(c Chain) { kt.services.claim(nameKey(c)) }
+func (kt KernelTable) Claim(c Chain) { kt.services.claim(nameKey(c)) }
 
-// serviceChainNames are the names of table t's service chains that no
+// ServiceChainNames are the names of table t's service chains that no
 // claim took, in order. The first read kept their hashes only, so this
 // reads the table again, but only when there are such chains: a restart
 // over rules in place has none. The index is dropped: after this the
 // table knows no service chain.
-func (kt kernelTable) serviceChainNames(k Kernel, t Table) ([]Chain, error) {
+func (kt KernelTable) ServiceChainNames(k Kernel, t Table) ([]Chain, error) {
 	stale := kt.services.unclaimed()
 	*kt.services = serviceIndex{}
 	if len(stale) == 0 {
@@ -289,24 +296,24 @@ func (kt kernelTable) serviceChainNames(k Kernel, t Table) ([]Chain, error) {
 	return names, err
 }
 
-// holds tells whether the table holds the chain with exactly these rules;
+// Holds tells whether the table holds the chain with exactly these rules;
 // the rules are put in canonical form only when the chain exists at all.
-func (kt kernelTable) holds(c OwnChain) bool {
-	fp, ok := kt.fingerprint(c.Name)
+func (kt KernelTable) Holds(c OwnChain) bool {
+	fp, ok := kt.Fingerprint(c.Name)
 	return ok && fp == chainFingerprint(c.Rules)
 }
 
 // holdsInAnyOrder tells whether the table holds the chain with these
 // rules in some order; the chain's rules must have been kept.
-func (kt kernelTable) holdsInAnyOrder(c OwnChain) bool {
+func (kt KernelTable) holdsInAnyOrder(c OwnChain) bool {
 	current := kt.rules[c.Name]
-	if !kt.has(c.Name) || len(current) != len(c.Rules) {
+	if !kt.Has(c.Name) || len(current) != len(c.Rules) {
 		return false
 	}
 	canonical := func(rules []Rule) []string {
 		out := make([]string, len(rules))
 		for i, r := range rules {
-			out[i] = canonicalRule(r)
+			out[i] = CanonicalRule(r)
 		}
 		slices.Sort(out)
 		return out
@@ -314,77 +321,21 @@ func (kt kernelTable) holdsInAnyOrder(c OwnChain) bool {
 	return slices.Equal(canonical(current), canonical(c.Rules))
 }
 
-// diffSharedChain adds to in what turns the kernel's content of a shared
-// chain (current, the fingerprints of its rules) into want, whose last
-// tail rules are fixed and must stay last: rule insertions when the tail
-// is in place, with the fingerprints of the kernel's rules to delete
-// returned, else a rewrite. The order of most rules does not matter, each
-// matching its own destination; where it does, a rule comes before the
-// broader rule of its service that follows it in want (the counted
-// localhost NodePort rule, added to rules written without nfacct, must
-// match before the general one). So a rule that want has ahead of a rule
-// kept goes to the top, those together in want's order, and the others
-// are appended.
-func diffSharedChain(in *restoreInput, t Table, current []uint64, want OwnChain, tail int) (remove []uint64) {
-	if len(current) < tail || !sameRules(current[len(current)-tail:], want.Rules[len(want.Rules)-tail:]) {
-		in.writeChain(t, want)
-		return nil
-	}
-	head := want.Rules[:len(want.Rules)-tail]
-	unmatched := map[uint64]int{}
-	for _, r := range head {
-		unmatched[ruleFingerprint(fnvOffset, r)]++
-	}
-	for _, key := range current[:len(current)-tail] {
-		if unmatched[key] > 0 {
-			unmatched[key]--
-			continue
-		}
-		remove = append(remove, key)
-	}
-	added := make([]bool, len(head))
-	lastKept := -1
-	for i, r := range head {
-		key := ruleFingerprint(fnvOffset, r)
-		if unmatched[key] > 0 {
-			unmatched[key]--
-			added[i] = true
-		} else {
-			lastKept = i
-		}
-	}
-	// Each insertion goes to the top: the last one first.
-	for i := lastKept - 1; i >= 0; i-- {
-		if added[i] {
-			in.insertFirst(t, want.Name, head[i])
-		}
-	}
-	for i := lastKept + 1; i < len(head); i++ {
-		in.addShared(SharedRule{Table: t, Chain: want.Name, Rule: head[i]})
-	}
-	return remove
-}
-
-// sameRules tells whether the rules of these fingerprints are rules.
-func sameRules(fingerprints []uint64, rules []Rule) bool {
-	if len(fingerprints) != len(rules) {
-		return false
-	}
-	for i, r := range rules {
-		if fingerprints[i] != ruleFingerprint(fnvOffset, r) {
-			return false
-		}
-	}
-	return true
-}
-
-// containsRule tells whether rules hold r.
-func containsRule(rules []Rule, r Rule) bool {
-	key := canonicalRule(r)
+// ContainsRule tells whether rules hold r.
+func ContainsRule(rules []Rule, r Rule) bool {
+	key := CanonicalRule(r)
 	for _, have := range rules {
-		if canonicalRule(have) == key {
+		if CanonicalRule(have) == key {
 			return true
 		}
 	}
 	return false
+}
+
+// PreparedKernel is the kernel's tables read ahead of a full sync, and
+// the tables' generations while they were read: the sync takes the read
+// only if the generations have not moved since.
+type PreparedKernel struct {
+	Tables      map[Table]KernelTable
+	Generations []TableGeneration
 }

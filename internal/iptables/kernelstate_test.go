@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"testing/iotest"
+
+	"github.com/rapidproxy/rapidproxy/internal/iptables/iptablestest"
 )
 
 // One dump of every table is split by table: a chain name in two tables
@@ -29,7 +31,7 @@ COMMIT
 -A PREROUTING -j ACCEPT
 COMMIT
 `)
-	tables, err := readTables(save, keepText(func(_ Table, c Chain) bool { return c == "PREROUTING" }))
+	tables, err := ReadTables(save, keepText(func(_ Table, c Chain) bool { return c == "PREROUTING" }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +71,7 @@ func TestReadTablesFingerprintsEachChain(t *testing.T) {
 -A KUBE-C -j RETURN
 COMMIT
 `)
-	tables, err := readTables(save, func(Table, Chain) ruleKeeping { return keepNoRules })
+	tables, err := ReadTables(save, func(Table, Chain) RuleKeeping { return KeepNoRules })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,11 +80,11 @@ COMMIT
 		"KUBE-A": {"-s 10.0.0.1 -j RETURN", `-m comment --comment "x y" -j ACCEPT`},
 		"KUBE-B": {"-j RETURN"},
 	} {
-		if !nat.holds(OwnChain{Name: chain, Rules: rules}) {
+		if !nat.Holds(OwnChain{Name: chain, Rules: rules}) {
 			t.Errorf("%s does not read as holding %q", chain, rules)
 		}
 	}
-	if nat.has("KUBE-C") {
+	if nat.Has("KUBE-C") {
 		t.Error("KUBE-C, never declared, reads as there")
 	}
 }
@@ -91,7 +93,7 @@ COMMIT
 // and the names of those no sync claimed are read again, in a second
 // dump that is taken only when there are any; the index goes then.
 func TestServiceChainsAreReadByHashAndNamedAgainWhenStale(t *testing.T) {
-	k := &countingKernel{Kernel: &savedKernel{save: `*nat
+	k := &iptablestest.SavedKernel{Saved: `*nat
 :KUBE-SERVICES - [0:0]
 :KUBE-SVC-AAAA - [0:0]
 :KUBE-SEP-BBBB - [0:0]
@@ -103,8 +105,8 @@ COMMIT
 *filter
 :KUBE-SEP-CCCC - [0:0]
 COMMIT
-`}}
-	tables, err := saveTables(k, keepText(func(Table, Chain) bool { return true }))
+`}
+	tables, err := SaveTables(k, keepText(func(Table, Chain) bool { return true }))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,33 +114,33 @@ COMMIT
 	if len(nat.fingerprints) != 1 || len(nat.services.chains) != 3 || len(nat.rules) != 1 {
 		t.Errorf("nat: %d chains by name, %d by hash, rules of %d, want 1, 3 and 1 (KUBE-SERVICES)", len(nat.fingerprints), len(nat.services.chains), len(nat.rules))
 	}
-	if !nat.holds(OwnChain{Name: "KUBE-SVC-AAAA", Rules: []Rule{"-j KUBE-SEP-BBBB"}}) || nat.holds(OwnChain{Name: "KUBE-SVC-AAAA"}) {
+	if !nat.Holds(OwnChain{Name: "KUBE-SVC-AAAA", Rules: []Rule{"-j KUBE-SEP-BBBB"}}) || nat.Holds(OwnChain{Name: "KUBE-SVC-AAAA"}) {
 		t.Error("KUBE-SVC-AAAA does not read as holding its one rule")
 	}
-	if !nat.has("KUBE-SEP-CCCC") || nat.has("KUBE-SEP-DDDD") {
-		t.Error("has is wrong for a service chain")
+	if !nat.Has("KUBE-SEP-CCCC") || nat.Has("KUBE-SEP-DDDD") {
+		t.Error("Has is wrong for a service chain")
 	}
-	nat.claim("KUBE-SVC-AAAA")
-	nat.claim("KUBE-SEP-BBBB")
-	k.saves = 0
-	stale, err := nat.serviceChainNames(k, TableNAT)
-	if err != nil || !slices.Equal(stale, []Chain{"KUBE-SEP-CCCC"}) || k.saves != 1 {
-		t.Errorf("stale chains %q (%v) in %d dumps, want KUBE-SEP-CCCC of nat alone, in 1", stale, err, k.saves)
+	nat.Claim("KUBE-SVC-AAAA")
+	nat.Claim("KUBE-SEP-BBBB")
+	k.Saves = 0
+	stale, err := nat.ServiceChainNames(k, TableNAT)
+	if err != nil || !slices.Equal(stale, []Chain{"KUBE-SEP-CCCC"}) || k.Saves != 1 {
+		t.Errorf("stale chains %q (%v) in %d dumps, want KUBE-SEP-CCCC of nat alone, in 1", stale, err, k.Saves)
 	}
-	if nat.has("KUBE-SEP-CCCC") || len(nat.services.chains) != 0 {
+	if nat.Has("KUBE-SEP-CCCC") || len(nat.services.chains) != 0 {
 		t.Error("the index of service chains outlived the reading of the stale ones' names")
 	}
 
-	tables, err = saveTables(k, func(Table, Chain) ruleKeeping { return keepNoRules })
+	tables, err = SaveTables(k, func(Table, Chain) RuleKeeping { return KeepNoRules })
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []Chain{"KUBE-SVC-AAAA", "KUBE-SEP-BBBB", "KUBE-SEP-CCCC"} {
-		tables[TableNAT].claim(c)
+		tables[TableNAT].Claim(c)
 	}
-	k.saves = 0
-	if stale, err := tables[TableNAT].serviceChainNames(k, TableNAT); err != nil || len(stale) != 0 || k.saves != 0 {
-		t.Errorf("with every chain claimed: %q (%v) in %d dumps, want none and no dump", stale, err, k.saves)
+	k.Saves = 0
+	if stale, err := tables[TableNAT].ServiceChainNames(k, TableNAT); err != nil || len(stale) != 0 || k.Saves != 0 {
+		t.Errorf("with every chain claimed: %q (%v) in %d dumps, want none and no dump", stale, err, k.Saves)
 	}
 }
 
@@ -146,7 +148,7 @@ COMMIT
 // read as a kernel without the rest.
 func TestReadTablesFailsWithItsReader(t *testing.T) {
 	broken := errors.New("pipe broke")
-	if _, err := readTables(io.MultiReader(strings.NewReader("*nat\n:KUBE-A - [0:0]\n"), iotest.ErrReader(broken)), func(Table, Chain) ruleKeeping { return keepNoRules }); !errors.Is(err, broken) {
+	if _, err := ReadTables(io.MultiReader(strings.NewReader("*nat\n:KUBE-A - [0:0]\n"), iotest.ErrReader(broken)), func(Table, Chain) RuleKeeping { return KeepNoRules }); !errors.Is(err, broken) {
 		t.Errorf("got %v, want the reader's error", err)
 	}
 }
@@ -174,39 +176,5 @@ func TestServiceIndexShrinksAsChainsAreClaimed(t *testing.T) {
 	}
 	if left := index.unclaimed(); len(left) != 100 {
 		t.Errorf("%d chains unclaimed, want 100", len(left))
-	}
-}
-
-// A full sync keeps only fingerprints of the shared chains' rules: a rule
-// no service wants any more is deleted with the text the kernel lists it
-// in, and a chain with nothing to delete is not listed.
-func TestFullSyncDeletesSharedRulesAsTheKernelListsThem(t *testing.T) {
-	p := newTestProxier(t, nil)
-	var save strings.Builder
-	save.WriteString("*nat\n")
-	for _, c := range p.cfg.Params.StaticRules().Shared[TableNAT] {
-		save.WriteString(":" + string(c.Name) + " - [0:0]\n")
-	}
-	gone := `-d 10.96.0.99/32 -p tcp -m comment --comment "ns/gone:p cluster IP" -m tcp --dport 80 -j KUBE-SVC-GONE`
-	save.WriteString("-A KUBE-SERVICES " + gone + "\n")
-	for _, c := range p.cfg.Params.StaticRules().Shared[TableNAT] {
-		for _, r := range c.Rules {
-			save.WriteString("-A " + string(c.Name) + " " + string(r) + "\n")
-		}
-	}
-	save.WriteString("COMMIT\n")
-	kernel := &listingKernel{Kernel: &savedKernel{save: save.String()}, listed: map[string]int{}}
-	p.cfg.Kernel = kernel
-	p.OnServicesSynced()
-	p.OnEndpointSlicesSynced()
-	if err := p.sync(); err != nil {
-		t.Fatal(err)
-	}
-	written := kernel.Kernel.(*savedKernel).written.String()
-	if !strings.Contains(written, "-D KUBE-SERVICES "+gone+"\n") {
-		t.Errorf("the stale rule is not deleted as the kernel lists it:\n%s", written)
-	}
-	if kernel.listed["nat"] != 1 {
-		t.Errorf("%d nat chains listed, want 1 (KUBE-SERVICES)", kernel.listed["nat"])
 	}
 }

@@ -14,7 +14,7 @@ type ChainSet struct {
 	// written is the fingerprint of each chain as last written or found.
 	written map[Table]map[Chain]uint64
 	// prepared is the kernel as Prepare read it, for the next full Sync.
-	prepared *preparedKernel
+	prepared *PreparedKernel
 }
 
 // NewChainSet returns a chain set writing through kernel.
@@ -28,7 +28,7 @@ func NewChainSet(kernel Kernel) *ChainSet {
 // differs, and also removes every other kube-proxy chain with the jumps to
 // it: what another mode (ours or upstream's) left behind.
 func (s *ChainSet) Sync(chains map[Table][]OwnChain, jumps []Jump, full bool) error {
-	in := newRestoreInput()
+	in := NewRestoreInput()
 	if full || s.written == nil {
 		if err := s.diffKernel(in, chains, jumps); err != nil {
 			return err
@@ -37,13 +37,13 @@ func (s *ChainSet) Sync(chains map[Table][]OwnChain, jumps []Jump, full bool) er
 		for t, list := range chains {
 			for _, c := range list {
 				if s.written[t][c.Name] != chainFingerprint(c.Rules) {
-					in.writeChain(t, c)
+					in.WriteChain(t, c)
 				}
 			}
 		}
 	}
-	if !in.empty() {
-		if err := s.kernel.Restore(in.reader()); err != nil {
+	if !in.Empty() {
+		if err := s.kernel.Restore(in.Reader()); err != nil {
 			s.written = nil
 			return err
 		}
@@ -65,28 +65,28 @@ func (s *ChainSet) Sync(chains map[Table][]OwnChain, jumps []Jump, full bool) er
 // their generations, read before and after it, have not moved.
 func (s *ChainSet) Prepare(chains map[Table][]OwnChain) {
 	s.prepared = nil
-	before := readGenerations(s.kernel, kubeTables)
-	tables, err := saveTables(s.kernel, keptRules(chains))
-	if after := readGenerations(s.kernel, kubeTables); err == nil && sameGenerations(before, after) {
-		s.prepared = &preparedKernel{tables: tables, generations: after}
+	before := ReadGenerations(s.kernel, KubeTables)
+	tables, err := SaveTables(s.kernel, keptRules(chains))
+	if after := ReadGenerations(s.kernel, KubeTables); err == nil && SameGenerations(before, after) {
+		s.prepared = &PreparedKernel{Tables: tables, Generations: after}
 	}
 }
 
 // readKernel takes what Prepare read if the tables have not changed since,
 // or reads them.
-func (s *ChainSet) readKernel(chains map[Table][]OwnChain) (map[Table]kernelTable, error) {
+func (s *ChainSet) readKernel(chains map[Table][]OwnChain) (map[Table]KernelTable, error) {
 	prepared := s.prepared
 	s.prepared = nil
-	if prepared != nil && sameGenerations(prepared.generations, readGenerations(s.kernel, kubeTables)) {
-		return prepared.tables, nil
+	if prepared != nil && SameGenerations(prepared.Generations, ReadGenerations(s.kernel, KubeTables)) {
+		return prepared.Tables, nil
 	}
-	return saveTables(s.kernel, keptRules(chains))
+	return SaveTables(s.kernel, keptRules(chains))
 }
 
 // keptRules keeps the text of the rules of the built-in chains, which
 // hold the jumps, and of the chains whose rules may come in any order,
 // for their comparison.
-func keptRules(chains map[Table][]OwnChain) func(Table, Chain) ruleKeeping {
+func keptRules(chains map[Table][]OwnChain) func(Table, Chain) RuleKeeping {
 	unordered := map[Table]map[Chain]bool{}
 	for t, list := range chains {
 		unordered[t] = map[Chain]bool{}
@@ -94,12 +94,12 @@ func keptRules(chains map[Table][]OwnChain) func(Table, Chain) ruleKeeping {
 			unordered[t][c.Name] = c.Unordered
 		}
 	}
-	return keepText(func(t Table, c Chain) bool { return builtinChains[c] || unordered[t][c] })
+	return keepText(func(t Table, c Chain) bool { return BuiltinChains[c] || unordered[t][c] })
 }
 
 // diffKernel adds to in what turns the kernel's kube-proxy chains into
 // exactly the wanted ones.
-func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jumps []Jump) error {
+func (s *ChainSet) diffKernel(in *RestoreInput, chains map[Table][]OwnChain, jumps []Jump) error {
 	wanted := map[Table]map[Chain]bool{}
 	for t, list := range chains {
 		wanted[t] = map[Chain]bool{}
@@ -114,38 +114,62 @@ func (s *ChainSet) diffKernel(in *restoreInput, chains map[Table][]OwnChain, jum
 	unwanted := func(t Table, c Chain) bool { return IsKubeProxyChain(c) && !wanted[t][c] }
 	// A jump into a kube-proxy chain stays only when it is one of ours:
 	// the other mode jumps into some of the same chains differently.
-	removeOtherJumps(in, kernel, jumps)
-	for _, t := range kubeTables {
+	RemoveOtherJumps(in, kernel, jumps)
+	for _, t := range KubeTables {
 		for _, c := range chains[t] {
-			if !kernel[t].holds(c) && !(c.Unordered && kernel[t].holdsInAnyOrder(c)) {
-				in.writeChain(t, c)
+			if !kernel[t].Holds(c) && !(c.Unordered && kernel[t].holdsInAnyOrder(c)) {
+				in.WriteChain(t, c)
 			}
 		}
 		for _, c := range chains[t] {
 			if IsServiceChain(c.Name) {
-				kernel[t].claim(c.Name)
+				kernel[t].Claim(c.Name)
 			}
 		}
-		services, err := kernel[t].serviceChainNames(s.kernel, t)
+		services, err := kernel[t].ServiceChainNames(s.kernel, t)
 		if err != nil {
 			return err
 		}
 		for _, c := range slices.Concat(slices.Sorted(maps.Keys(kernel[t].fingerprints)), services) {
 			if unwanted(t, c) {
-				in.deleteChain(t, c)
+				in.DeleteChain(t, c)
 			}
 		}
 	}
 	for _, j := range jumps {
-		if !containsRule(kernel[j.Table].rules[j.From], j.Rule) {
-			in.insertFirst(j.Table, j.From, j.Rule)
+		if !ContainsRule(kernel[j.Table].rules[j.From], j.Rule) {
+			in.InsertFirst(j.Table, j.From, j.Rule)
 		}
 	}
 	return nil
 }
 
-type jumpKey struct {
-	table Table
-	from  Chain
-	rule  string
+// RemoveOtherJumps removes the built-in chains' jumps into kube-proxy
+// chains other than wanted, in the commit that writes those chains: the
+// other mode's jumps lead into some of the same chains for other packets
+// (the IPVS mode jumps into KUBE-PROXY-FIREWALL for every packet, not
+// just a connection's first, and the iptables mode's rules there drop
+// what was not DNATed, as the connections IPVS forwards are not).
+func RemoveOtherJumps(in *RestoreInput, kernel map[Table]KernelTable, wanted []Jump) {
+	type jumpKey struct {
+		table Table
+		from  Chain
+		rule  string
+	}
+	want := map[jumpKey]bool{}
+	for _, j := range wanted {
+		want[jumpKey{j.Table, j.From, CanonicalRule(j.Rule)}] = true
+	}
+	for _, t := range KubeTables {
+		for _, from := range slices.Sorted(maps.Keys(kernel[t].rules)) {
+			if !BuiltinChains[from] {
+				continue // another chain's rules, kept for a comparison
+			}
+			for _, r := range kernel[t].rules[from] {
+				if IsKubeProxyChain(JumpTarget(string(r))) && !want[jumpKey{t, from, CanonicalRule(r)}] {
+					in.DeleteRule(t, from, r)
+				}
+			}
+		}
+	}
 }

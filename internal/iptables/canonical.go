@@ -9,7 +9,7 @@ import (
 	"sync"
 )
 
-// canonicalRule rewrites a rule, as this package writes it or as
+// CanonicalRule rewrites a rule, as the modes write it or as
 // iptables-save prints it back, into one form, so that the rules already
 // in the kernel (from an earlier run, ours or upstream's) can be compared
 // with the desired ones and left alone when equal. iptables-save moves the
@@ -19,11 +19,14 @@ import (
 // The canonical form is itself a rule meaning the same (in iptables-save's
 // order, options sorted, quoted where needed), so it is its own canonical
 // form.
-func canonicalRule(r Rule) string {
+func CanonicalRule(r Rule) string {
 	c := canonicalizers.Get().(*canonicalizer)
 	defer canonicalizers.Put(c)
 	return string(c.rule(r))
 }
+
+// RuleFingerprint identifies a rule by its canonical form.
+func RuleFingerprint(r Rule) uint64 { return ruleFingerprint(fnvOffset, r) }
 
 // ruleFingerprint continues the fingerprint h with the canonical form of r.
 func ruleFingerprint(h uint64, r Rule) uint64 {
@@ -96,7 +99,7 @@ func (c *canonicalizer) rule(r Rule) []byte {
 	c.blocks, c.options = blocks, options
 
 	b := c.out[:0]
-	// word writes one argument, quoted where splitArgs would not read it
+	// word writes one argument, quoted where Args would not read it
 	// back as one: empty, with a space, or starting with a quote.
 	word := func(w string) {
 		if len(b) > 0 {
@@ -250,6 +253,17 @@ func isFullMask(m string) bool {
 		}
 	}
 	return true
+}
+
+// TextFingerprint identifies rules as generated, rule order included:
+// cheaper than ChainFingerprint, for comparing one generation of a chain
+// with the next, never with what the kernel prints.
+func TextFingerprint(rules []Rule) uint64 {
+	h := fnvOffset
+	for _, r := range rules {
+		h = fnvLine(h, string(r))
+	}
+	return h
 }
 
 // chainFingerprint identifies a chain's content, rule order included.
