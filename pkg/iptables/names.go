@@ -1,7 +1,7 @@
 // Package iptables is the iptables mode: it decides which rules the node
 // needs (a pure function of the desired service state, in rules.go), works
-// out the smallest change from what the kernel holds (plan.go), and drives
-// the sync (proxier.go).
+// out the smallest change from what the kernel holds (plan.go), drives
+// the sync (proxier.go) and looks for other programs' flushes (flush.go).
 package iptables
 
 import (
