@@ -13,67 +13,52 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/trace/tracetest"
 )
 
-// traceCase is a packet sent into one of the golden cases' rule sets,
-// and where it must end.
-type traceCase struct {
-	name, golden                   string
-	src, dst, port, protocol, from string
-	local                          bool
-	verdict                        trace.Verdict
-	endpoints                      map[string]float64
-	masquerade                     bool
-	reason, affinity               string
-}
-
 // traceCases cover each outcome a person asks about; the rule sets are
 // the golden cases', so a trace walks what those tests pin down.
-var traceCases = []traceCase{
-	{name: "cluster IP from a pod", golden: "clusterip", src: "10.244.0.9", dst: "10.96.0.10", port: "80", protocol: "tcp", from: "pod",
-		verdict: trace.DNAT, endpoints: map[string]float64{"10.244.0.5:8080": 1.0 / 3, "10.244.0.6:8080": 1.0 / 3, "10.244.1.7:8080": 1.0 / 3}},
-	{name: "cluster IP from outside is masqueraded", golden: "clusterip", src: "192.0.2.99", dst: "10.96.0.11", port: "53", protocol: "udp", from: "external",
-		verdict: trace.DNAT, endpoints: map[string]float64{"10.244.0.5:8080": 1}, masquerade: true},
-	{name: "NodePort from outside", golden: "nodeport", src: "203.0.113.5", dst: "10.255.0.2", port: "30080", protocol: "TCP", from: "external", local: true,
-		verdict: trace.DNAT, endpoints: map[string]float64{"10.244.0.5:8080": 0.5, "10.244.1.7:8080": 0.5}, masquerade: true},
-	{name: "localhost NodePort from the node", golden: "nodeport", src: "127.0.0.1", dst: "127.0.0.1", port: "30080", protocol: "TCP", from: "node", local: true,
-		verdict: trace.DNAT, endpoints: map[string]float64{"10.244.0.5:8080": 0.5, "10.244.1.7:8080": 0.5}, masquerade: true},
-	{name: "load balancer from an allowed source", golden: "loadbalancer-source-ranges", src: "203.0.113.7", dst: "192.0.2.20", port: "80", protocol: "TCP", from: "external",
-		verdict: trace.DNAT, endpoints: map[string]float64{"10.244.0.5:8080": 1}, masquerade: true},
-	{name: "load balancer from a source out of range", golden: "loadbalancer-source-ranges", src: "198.51.100.1", dst: "192.0.2.20", port: "80", protocol: "TCP", from: "external",
-		verdict: trace.Drop, reason: "source range not allowed"},
-	{name: "external policy Local without local endpoints", golden: "external-policy-local", src: "203.0.113.5", dst: "10.255.0.2", port: "30081", protocol: "TCP", from: "external", local: true,
-		verdict: trace.Drop, reason: "externalTrafficPolicy Local: no usable endpoint on this node"},
-	{name: "external policy Local from a pod goes to every endpoint", golden: "external-policy-local", src: "10.244.0.9", dst: "192.0.2.20", port: "80", protocol: "TCP", from: "pod",
-		verdict: trace.DNAT, endpoints: map[string]float64{"10.244.0.5:8080": 0.5, "10.244.1.7:8080": 0.5}},
-	{name: "internal policy Local without local endpoints", golden: "internal-policy-local", src: "10.244.0.9", dst: "10.96.0.11", port: "80", protocol: "TCP", from: "pod",
-		verdict: trace.Drop, reason: "internalTrafficPolicy Local"},
-	{name: "no endpoints", golden: "no-endpoints", src: "10.244.0.9", dst: "10.96.0.10", port: "80", protocol: "TCP", from: "pod",
-		verdict: trace.Reject, reason: "no endpoints"},
-	{name: "no endpoints at a NodePort", golden: "no-endpoints", src: "203.0.113.5", dst: "10.255.0.2", port: "30080", protocol: "TCP", from: "external", local: true,
-		verdict: trace.Reject, reason: "no endpoints"},
-	{name: "session affinity", golden: "session-affinity", src: "10.244.0.9", dst: "10.96.0.10", port: "80", protocol: "TCP", from: "pod",
-		verdict: trace.DNAT, endpoints: map[string]float64{"10.244.0.5:8080": 0.5, "10.244.0.6:8080": 0.5}, affinity: "ClientIP, 600 s"},
-	{name: "hairpin: an endpoint reaching itself is masqueraded", golden: "masquerade-all-bit-5", src: "10.244.0.5", dst: "10.96.0.10", port: "80", protocol: "TCP", from: "pod",
-		verdict: trace.DNAT, endpoints: map[string]float64{"10.244.0.5:8080": 1}, masquerade: true},
-	{name: "IPv6 NodePort", golden: "ipv6", src: "2001:db8::1", dst: "fd00:255::2", port: "30080", protocol: "TCP", from: "external", local: true,
-		verdict: trace.DNAT, endpoints: map[string]float64{"[fd00:244::5]:8080": 0.5, "[fd00:244:1::7]:8080": 0.5}, masquerade: true},
-	{name: "no service", golden: "clusterip", src: "10.244.0.9", dst: "10.96.0.99", port: "80", protocol: "TCP", from: "pod",
-		verdict: trace.PassedOn, reason: "no service this node programs"},
+var traceCases = []tracetest.Case{
+	{Name: "cluster IP from a pod", Golden: "clusterip", Src: "10.244.0.9", Dst: "10.96.0.10", Port: "80", Protocol: "tcp", From: "pod",
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"10.244.0.5:8080": 1.0 / 3, "10.244.0.6:8080": 1.0 / 3, "10.244.1.7:8080": 1.0 / 3}}},
+	{Name: "cluster IP from outside is masqueraded", Golden: "clusterip", Src: "192.0.2.99", Dst: "10.96.0.11", Port: "53", Protocol: "udp", From: "external",
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"10.244.0.5:8080": 1}, Masquerade: true}},
+	{Name: "NodePort from outside", Golden: "nodeport", Src: "203.0.113.5", Dst: "10.255.0.2", Port: "30080", Protocol: "TCP", From: "external", Local: true,
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"10.244.0.5:8080": 0.5, "10.244.1.7:8080": 0.5}, Masquerade: true}},
+	{Name: "localhost NodePort from the node", Golden: "nodeport", Src: "127.0.0.1", Dst: "127.0.0.1", Port: "30080", Protocol: "TCP", From: "node", Local: true,
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"10.244.0.5:8080": 0.5, "10.244.1.7:8080": 0.5}, Masquerade: true}},
+	{Name: "load balancer from an allowed source", Golden: "loadbalancer-source-ranges", Src: "203.0.113.7", Dst: "192.0.2.20", Port: "80", Protocol: "TCP", From: "external",
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"10.244.0.5:8080": 1}, Masquerade: true}},
+	{Name: "load balancer from a source out of range", Golden: "loadbalancer-source-ranges", Src: "198.51.100.1", Dst: "192.0.2.20", Port: "80", Protocol: "TCP", From: "external",
+		Want: tracetest.Want{Verdict: trace.Drop, Reason: "source range not allowed"}},
+	{Name: "external policy Local without local endpoints", Golden: "external-policy-local", Src: "203.0.113.5", Dst: "10.255.0.2", Port: "30081", Protocol: "TCP", From: "external", Local: true,
+		Want: tracetest.Want{Verdict: trace.Drop, Reason: "externalTrafficPolicy Local: no usable endpoint on this node"}},
+	{Name: "external policy Local from a pod goes to every endpoint", Golden: "external-policy-local", Src: "10.244.0.9", Dst: "192.0.2.20", Port: "80", Protocol: "TCP", From: "pod",
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"10.244.0.5:8080": 0.5, "10.244.1.7:8080": 0.5}}},
+	{Name: "internal policy Local without local endpoints", Golden: "internal-policy-local", Src: "10.244.0.9", Dst: "10.96.0.11", Port: "80", Protocol: "TCP", From: "pod",
+		Want: tracetest.Want{Verdict: trace.Drop, Reason: "internalTrafficPolicy Local"}},
+	{Name: "no endpoints", Golden: "no-endpoints", Src: "10.244.0.9", Dst: "10.96.0.10", Port: "80", Protocol: "TCP", From: "pod",
+		Want: tracetest.Want{Verdict: trace.Reject, Reason: "no endpoints"}},
+	{Name: "no endpoints at a NodePort", Golden: "no-endpoints", Src: "203.0.113.5", Dst: "10.255.0.2", Port: "30080", Protocol: "TCP", From: "external", Local: true,
+		Want: tracetest.Want{Verdict: trace.Reject, Reason: "no endpoints"}},
+	{Name: "session affinity", Golden: "session-affinity", Src: "10.244.0.9", Dst: "10.96.0.10", Port: "80", Protocol: "TCP", From: "pod",
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"10.244.0.5:8080": 0.5, "10.244.0.6:8080": 0.5}, Affinity: "ClientIP, 600 s"}},
+	{Name: "hairpin: an endpoint reaching itself is masqueraded", Golden: "masquerade-all-bit-5", Src: "10.244.0.5", Dst: "10.96.0.10", Port: "80", Protocol: "TCP", From: "pod",
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"10.244.0.5:8080": 1}, Masquerade: true}},
+	{Name: "IPv6 NodePort", Golden: "ipv6", Src: "2001:db8::1", Dst: "fd00:255::2", Port: "30080", Protocol: "TCP", From: "external", Local: true,
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"[fd00:244::5]:8080": 0.5, "[fd00:244:1::7]:8080": 0.5}, Masquerade: true}},
+	{Name: "no service", Golden: "clusterip", Src: "10.244.0.9", Dst: "10.96.0.99", Port: "80", Protocol: "TCP", From: "pod",
+		Want: tracetest.Want{Verdict: trace.PassedOn, Reason: "no service this node programs"}},
 }
 
 func TestTrace(t *testing.T) {
-	for _, tc := range traceCases {
-		t.Run(tc.name, func(t *testing.T) {
-			r := tracePacket(t, tc)
-			checkTrace(t, tc, r)
-		})
-	}
+	tracetest.Run(t, traceCases, tracePacket)
 }
 
-func tracePacket(t *testing.T, tc traceCase) trace.Result {
+// tracePacket traces pkt through the rules the sync of a golden case
+// writes.
+func tracePacket(t *testing.T, golden string, pkt trace.Packet) trace.Result {
 	t.Helper()
 	var gc goldenCase
 	for _, c := range goldenCases {
-		if c.name == tc.golden {
+		if c.name == golden {
 			gc = c
 		}
 	}
@@ -97,21 +82,11 @@ func tracePacket(t *testing.T, tc traceCase) trace.Result {
 	if err := p.sync(); err != nil {
 		t.Fatal(err)
 	}
-	pkt, err := trace.ParsePacket(tc.src, tc.dst, tc.port, tc.protocol, tc.from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pkt.LocalDestination = tc.local
 	r, err := p.Core.Trace(pkt, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return r
-}
-
-func checkTrace(t *testing.T, tc traceCase, r trace.Result) {
-	t.Helper()
-	tracetest.Check(t, tracetest.Want{Verdict: tc.verdict, Endpoints: tc.endpoints, Masquerade: tc.masquerade, Reason: tc.reason, Affinity: tc.affinity}, r)
 }
 
 // writtenKernel lists the rules of chains from a map, by "table chain".
@@ -192,8 +167,8 @@ func TestTraceEveryGoldenService(t *testing.T) {
 						if gc.family == v1.IPv6Protocol {
 							src = map[string]string{"pod": "fd00:244::9", "node": "fd00:255::2", "external": "2001:db8::5"}[from]
 						}
-						tc := traceCase{golden: gc.name, src: src, dst: dst, port: ports[dst], protocol: string(sp.Protocol), from: from, local: local}
-						r := tracePacket(t, tc)
+						pkt := tracetest.Case{Src: src, Dst: dst, Port: ports[dst], Protocol: string(sp.Protocol), From: from, Local: local}.Packet(t)
+						r := tracePacket(t, gc.name, pkt)
 						total := 0.0
 						for _, b := range r.Branches {
 							total += b.Probability

@@ -18,87 +18,68 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/trace/tracetest"
 )
 
-// traceCase is a packet sent into one of the golden cases' tables, and
-// where it must end.
-type traceCase struct {
-	name, golden                   string
-	src, dst, port, protocol, from string
-	local                          bool
-	verdict                        trace.Verdict
-	endpoints                      map[string]float64
-	masquerade                     bool
-	reason, affinity               string
-}
-
-var traceCases = []traceCase{
-	{name: "cluster IP from a pod, with affinity", golden: "sample-ipv4", src: "10.244.0.9", dst: "10.96.10.30", port: "80", protocol: "TCP", from: "pod",
-		verdict: trace.DNAT, endpoints: map[string]float64{"10.244.1.11:8080": 1.0 / 3, "10.244.1.12:8080": 1.0 / 3, "10.244.1.13:8080": 1.0 / 3}, affinity: "ClientIP, 10800 s"},
-	{name: "NodePort from outside", golden: "sample-ipv4", src: "192.0.2.50", dst: "10.250.0.2", port: "31746", protocol: "TCP", from: "external", local: true,
-		verdict: trace.DNAT, endpoints: map[string]float64{"10.244.1.13:8080": 1}, masquerade: true},
-	{name: "load balancer from an allowed source, policy Local", golden: "sample-ipv4", src: "203.0.113.10", dst: "198.51.100.32", port: "80", protocol: "TCP", from: "external",
-		verdict: trace.DNAT, endpoints: map[string]float64{"10.244.1.11:8080": 1}},
-	{name: "load balancer from a source out of range", golden: "sample-ipv4", src: "192.0.2.50", dst: "198.51.100.32", port: "80", protocol: "TCP", from: "external",
-		verdict: trace.Drop, reason: "source range not allowed"},
-	{name: "no endpoints", golden: "sample-ipv4", src: "10.244.0.9", dst: "10.96.10.34", port: "80", protocol: "TCP", from: "pod",
-		verdict: trace.Reject, reason: "no endpoints"},
-	{name: "invalid port of a cluster IP", golden: "sample-ipv4", src: "10.244.0.9", dst: "10.96.10.34", port: "81", protocol: "TCP", from: "pod",
-		verdict: trace.Reject, reason: "invalid port of a ClusterIP"},
-	{name: "ServiceCIDR guard", golden: "sample-ipv4", src: "10.244.0.9", dst: "10.96.99.99", port: "80", protocol: "TCP", from: "pod",
-		verdict: trace.Drop, reason: "ServiceCIDR guard"},
-	{name: "external policy Local without local endpoints", golden: "no-local-endpoints-drop", src: "192.0.2.50", dst: "198.51.100.13", port: "80", protocol: "TCP", from: "external",
-		verdict: trace.Drop, reason: "externalTrafficPolicy Local: no usable endpoint on this node"},
-	{name: "no endpoints at a NodePort", golden: "no-local-endpoints-drop", src: "192.0.2.50", dst: "10.250.0.2", port: "30014", protocol: "TCP", from: "external", local: true,
-		verdict: trace.Reject, reason: "no endpoints"},
-	{name: "localhost NodePort", golden: "nodeport-addresses-all", src: "127.0.0.1", dst: "127.0.0.1", port: "30020", protocol: "TCP", from: "node", local: true,
-		verdict: trace.PassedOn, reason: "localhost NodePort"},
-	{name: "IPv6 NodePort", golden: "ipv6", src: "2001:db8::1", dst: "fd00:250::2", port: "30080", protocol: "TCP", from: "external", local: true,
-		verdict: trace.DNAT, endpoints: map[string]float64{"[fd00:244::5]:8080": 0.5, "[fd00:244:1::7]:8080": 0.5}, masquerade: true},
-	{name: "IPv6 affinity", golden: "ipv6", src: "fd00:244::9", dst: "fd00:96::11", port: "80", protocol: "TCP", from: "pod",
-		verdict: trace.DNAT, endpoints: map[string]float64{"[fd00:244::5]:8080": 1}, affinity: "ClientIP, 600 s"},
+var traceCases = []tracetest.Case{
+	{Name: "cluster IP from a pod, with affinity", Golden: "sample-ipv4", Src: "10.244.0.9", Dst: "10.96.10.30", Port: "80", Protocol: "TCP", From: "pod",
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"10.244.1.11:8080": 1.0 / 3, "10.244.1.12:8080": 1.0 / 3, "10.244.1.13:8080": 1.0 / 3}, Affinity: "ClientIP, 10800 s"}},
+	{Name: "NodePort from outside", Golden: "sample-ipv4", Src: "192.0.2.50", Dst: "10.250.0.2", Port: "31746", Protocol: "TCP", From: "external", Local: true,
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"10.244.1.13:8080": 1}, Masquerade: true}},
+	{Name: "load balancer from an allowed source, policy Local", Golden: "sample-ipv4", Src: "203.0.113.10", Dst: "198.51.100.32", Port: "80", Protocol: "TCP", From: "external",
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"10.244.1.11:8080": 1}}},
+	{Name: "load balancer from a source out of range", Golden: "sample-ipv4", Src: "192.0.2.50", Dst: "198.51.100.32", Port: "80", Protocol: "TCP", From: "external",
+		Want: tracetest.Want{Verdict: trace.Drop, Reason: "source range not allowed"}},
+	{Name: "no endpoints", Golden: "sample-ipv4", Src: "10.244.0.9", Dst: "10.96.10.34", Port: "80", Protocol: "TCP", From: "pod",
+		Want: tracetest.Want{Verdict: trace.Reject, Reason: "no endpoints"}},
+	{Name: "invalid port of a cluster IP", Golden: "sample-ipv4", Src: "10.244.0.9", Dst: "10.96.10.34", Port: "81", Protocol: "TCP", From: "pod",
+		Want: tracetest.Want{Verdict: trace.Reject, Reason: "invalid port of a ClusterIP"}},
+	{Name: "ServiceCIDR guard", Golden: "sample-ipv4", Src: "10.244.0.9", Dst: "10.96.99.99", Port: "80", Protocol: "TCP", From: "pod",
+		Want: tracetest.Want{Verdict: trace.Drop, Reason: "ServiceCIDR guard"}},
+	{Name: "external policy Local without local endpoints", Golden: "no-local-endpoints-drop", Src: "192.0.2.50", Dst: "198.51.100.13", Port: "80", Protocol: "TCP", From: "external",
+		Want: tracetest.Want{Verdict: trace.Drop, Reason: "externalTrafficPolicy Local: no usable endpoint on this node"}},
+	{Name: "no endpoints at a NodePort", Golden: "no-local-endpoints-drop", Src: "192.0.2.50", Dst: "10.250.0.2", Port: "30014", Protocol: "TCP", From: "external", Local: true,
+		Want: tracetest.Want{Verdict: trace.Reject, Reason: "no endpoints"}},
+	{Name: "localhost NodePort", Golden: "nodeport-addresses-all", Src: "127.0.0.1", Dst: "127.0.0.1", Port: "30020", Protocol: "TCP", From: "node", Local: true,
+		Want: tracetest.Want{Verdict: trace.PassedOn, Reason: "localhost NodePort"}},
+	{Name: "IPv6 NodePort", Golden: "ipv6", Src: "2001:db8::1", Dst: "fd00:250::2", Port: "30080", Protocol: "TCP", From: "external", Local: true,
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"[fd00:244::5]:8080": 0.5, "[fd00:244:1::7]:8080": 0.5}, Masquerade: true}},
+	{Name: "IPv6 affinity", Golden: "ipv6", Src: "fd00:244::9", Dst: "fd00:96::11", Port: "80", Protocol: "TCP", From: "pod",
+		Want: tracetest.Want{Verdict: trace.DNAT, Endpoints: map[string]float64{"[fd00:244::5]:8080": 1}, Affinity: "ClientIP, 600 s"}},
 }
 
 func TestTrace(t *testing.T) {
-	for _, tc := range traceCases {
-		t.Run(tc.name, func(t *testing.T) {
-			var gc goldenCase
-			for _, c := range goldenCases {
-				if c.name == tc.golden {
-					gc = c
-				}
-			}
-			h := newHarness(t, gc.ipFamily(), gc.params(t))
-			core := proxy.NewCore(proxy.Config{Family: gc.ipFamily(), ModeName: "nftables", Node: state.Node{Name: nodeName},
-				MinSyncPeriod: time.Second, SyncPeriod: time.Minute}, h.syncer)
-			for _, o := range gc.objs {
-				switch o := o.(type) {
-				case *v1.Service:
-					core.OnService(o, false)
-				case *discovery.EndpointSlice:
-					core.OnEndpointSlice(o, false)
-				}
-			}
-			core.OnServicesSynced()
-			core.OnEndpointSlicesSynced()
-			if err := core.SyncOnce(); err != nil {
-				t.Fatal(err)
-			}
-			pkt, err := trace.ParsePacket(tc.src, tc.dst, tc.port, tc.protocol, tc.from)
-			if err != nil {
-				t.Fatal(err)
-			}
-			pkt.LocalDestination = tc.local
-			r, err := core.Trace(pkt, false)
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkTrace(t, tc, r)
-		})
-	}
+	tracetest.Run(t, traceCases, tracePacket)
 }
 
-func checkTrace(t *testing.T, tc traceCase, r trace.Result) {
+// tracePacket traces pkt through the table the sync of a golden case
+// writes.
+func tracePacket(t *testing.T, golden string, pkt trace.Packet) trace.Result {
 	t.Helper()
-	tracetest.Check(t, tracetest.Want{Verdict: tc.verdict, Endpoints: tc.endpoints, Masquerade: tc.masquerade, Reason: tc.reason, Affinity: tc.affinity}, r)
+	var gc goldenCase
+	for _, c := range goldenCases {
+		if c.name == golden {
+			gc = c
+		}
+	}
+	h := newHarness(t, gc.ipFamily(), gc.params(t))
+	core := proxy.NewCore(proxy.Config{Family: gc.ipFamily(), ModeName: "nftables", Node: state.Node{Name: nodeName},
+		MinSyncPeriod: time.Second, SyncPeriod: time.Minute}, h.syncer)
+	for _, o := range gc.objs {
+		switch o := o.(type) {
+		case *v1.Service:
+			core.OnService(o, false)
+		case *discovery.EndpointSlice:
+			core.OnEndpointSlice(o, false)
+		}
+	}
+	core.OnServicesSynced()
+	core.OnEndpointSlicesSynced()
+	if err := core.SyncOnce(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := core.Trace(pkt, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
 
 // --verify reads the traced service's objects: the table holds what the

@@ -1,4 +1,5 @@
-// Package tracetest checks a trace's outcome in the modes' table tests.
+// Package tracetest runs the modes' tables of trace cases and checks each
+// outcome.
 package tracetest
 
 import (
