@@ -59,22 +59,7 @@ func tracePacket(t *testing.T, golden string, pkt trace.Packet) trace.Result {
 			gc = c
 		}
 	}
-	h := newHarness(t, gc.ipFamily(), gc.params(t))
-	core := proxy.NewCore(proxy.Config{Family: gc.ipFamily(), ModeName: "nftables", Node: state.Node{Name: nodeName},
-		MinSyncPeriod: time.Second, SyncPeriod: time.Minute}, h.syncer)
-	for _, o := range gc.objs {
-		switch o := o.(type) {
-		case *v1.Service:
-			core.OnService(o, false)
-		case *discovery.EndpointSlice:
-			core.OnEndpointSlice(o, false)
-		}
-	}
-	core.OnServicesSynced()
-	core.OnEndpointSlicesSynced()
-	if err := core.SyncOnce(); err != nil {
-		t.Fatal(err)
-	}
+	core, _ := tracedCore(t, gc.ipFamily(), gc.params(t), gc.objs)
 	r, err := core.Trace(pkt, false)
 	if err != nil {
 		t.Fatal(err)
@@ -85,22 +70,7 @@ func tracePacket(t *testing.T, golden string, pkt trace.Packet) trace.Result {
 // --verify reads the traced service's objects: the table holds what the
 // sync wrote, so nothing differs.
 func TestTraceVerify(t *testing.T) {
-	h := newHarness(t, v1.IPv4Protocol, v4(nil)(t))
-	core := proxy.NewCore(proxy.Config{Family: v1.IPv4Protocol, ModeName: "nftables", Node: state.Node{Name: nodeName},
-		MinSyncPeriod: time.Second, SyncPeriod: time.Minute}, h.syncer)
-	for _, o := range sampleObjects() {
-		switch o := o.(type) {
-		case *v1.Service:
-			core.OnService(o, false)
-		case *discovery.EndpointSlice:
-			core.OnEndpointSlice(o, false)
-		}
-	}
-	core.OnServicesSynced()
-	core.OnEndpointSlicesSynced()
-	if err := core.SyncOnce(); err != nil {
-		t.Fatal(err)
-	}
+	core, h := tracedCore(t, v1.IPv4Protocol, v4(nil)(t), sampleObjects())
 	pkt, _ := trace.ParsePacket("10.244.0.9", "10.96.10.30", "80", "TCP", "pod")
 	r, err := core.Trace(pkt, true)
 	if err != nil || r.Verify == nil || r.Verify.Error != "" || len(r.Verify.Differences) > 0 {
@@ -119,9 +89,9 @@ func TestTraceVerify(t *testing.T) {
 	}
 }
 
-// tracedCore is a core of the nftables mode on a fake table that has
-// synced the objects.
-func tracedCore(t *testing.T, family v1.IPFamily, params Params, objs []any) *proxy.Core {
+// tracedCore is a core of the nftables mode on a fake table (the
+// harness's) that has synced the objects.
+func tracedCore(t *testing.T, family v1.IPFamily, params Params, objs []any) (*proxy.Core, *harness) {
 	t.Helper()
 	h := newHarness(t, family, params)
 	core := proxy.NewCore(proxy.Config{Family: family, ModeName: "nftables", Node: state.Node{Name: nodeName},
@@ -139,7 +109,7 @@ func tracedCore(t *testing.T, family v1.IPFamily, params Params, objs []any) *pr
 	if err := core.SyncOnce(); err != nil {
 		t.Fatal(err)
 	}
-	return core
+	return core, h
 }
 
 // Every golden table can be traced: each of its services' addresses from
@@ -148,7 +118,7 @@ func tracedCore(t *testing.T, family v1.IPFamily, params Params, objs []any) *pr
 func TestTraceEveryGoldenService(t *testing.T) {
 	for _, gc := range goldenCases {
 		params := gc.params(t)
-		core := tracedCore(t, gc.ipFamily(), params, gc.objs)
+		core, _ := tracedCore(t, gc.ipFamily(), params, gc.objs)
 		for _, o := range gc.objs {
 			s, ok := o.(*v1.Service)
 			if !ok {
@@ -179,11 +149,7 @@ func TestTraceEveryGoldenService(t *testing.T) {
 						if v6 {
 							src = map[string]string{"pod": "fd00:244::9", "node": "fd00:250::2", "external": "2001:db8::5"}[from]
 						}
-						pkt, err := trace.ParsePacket(src, dst, itoa(tg.port), string(sp.Protocol), from)
-						if err != nil {
-							t.Fatal(err)
-						}
-						pkt.LocalDestination = tg.local
+						pkt := tracetest.Case{Src: src, Dst: dst, Port: itoa(tg.port), Protocol: string(sp.Protocol), From: from, Local: tg.local}.Packet(t)
 						r, err := core.Trace(pkt, false)
 						total := 0.0
 						for _, b := range r.Branches {
@@ -207,7 +173,7 @@ func TestTraceThroughANumgenMap(t *testing.T) {
 		eps = append(eps, ep(fmt.Sprintf("10.244.1.%d", i+1), "node=node-2"))
 	}
 	for _, sticky := range []bool{false, true} {
-		core := tracedCore(t, v1.IPv4Protocol, v4(nil)(t), []any{
+		core, _ := tracedCore(t, v1.IPv4Protocol, v4(nil)(t), []any{
 			service("ns", "big", "10.96.0.40", http80, func(s *v1.Service) {
 				if sticky {
 					s.Spec.SessionAffinity = v1.ServiceAffinityClientIP
