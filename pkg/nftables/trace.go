@@ -57,12 +57,7 @@ func (p *Params) Trace(svc *state.ServicePort, sel state.Selection, clusterIPs [
 			if err != nil {
 				return nil, err
 			}
-			for _, w := range walked {
-				w.Probability *= b.Probability
-				w.Masquerade = w.Masquerade || b.Masquerade
-				w.Steps = append(append([]trace.Step{}, b.Steps...), w.Steps...)
-				next = append(next, w)
-			}
+			next = append(next, trace.Extend(b, walked)...)
 		}
 		branches = next
 	}

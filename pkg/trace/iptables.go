@@ -66,12 +66,7 @@ func (rs *IPTablesRuleset) Hooks(localDestination bool) ([]Branch, error) {
 		if err != nil {
 			return nil, err
 		}
-		for _, f := range filter {
-			f.Probability *= b.Probability
-			f.Masquerade = f.Masquerade || b.Masquerade
-			f.Steps = append(append([]Step{}, b.Steps...), f.Steps...)
-			out = append(out, f)
-		}
+		out = append(out, Extend(b, filter)...)
 	}
 	return out, nil
 }

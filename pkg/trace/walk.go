@@ -193,3 +193,16 @@ func (w *walker) ret(b Branch, stack []frame) error {
 	}
 	return w.run(top.chain, top.next, b, stack[:len(stack)-1])
 }
+
+// Extend is b continued by each branch of the walk it went on into (the
+// next hook's): after b's steps, with b's chance and masquerade mark.
+func Extend(b Branch, next []Branch) []Branch {
+	out := make([]Branch, len(next))
+	for i, n := range next {
+		n.Probability *= b.Probability
+		n.Masquerade = n.Masquerade || b.Masquerade
+		n.Steps = append(append([]Step{}, b.Steps...), n.Steps...)
+		out[i] = n
+	}
+	return out
+}
