@@ -8,7 +8,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/rapidproxy/rapidproxy/pkg/iptables"
+	"github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 )
 
