@@ -85,9 +85,3 @@ func (c serviceChains) endpointChain(ep *state.Endpoint) Chain {
 	sum := sha256.Sum256(ep.AddrPort().AppendTo(append(buf[:0], c.key...)))
 	return hashedChain(iptableskernel.PrefixEndpoint, &sum)
 }
-
-// ChainSet and NewChainSet are internal/iptables's, named here as well
-// until the IPVS mode's proxier.go imports that package.
-type ChainSet = iptableskernel.ChainSet
-
-func NewChainSet(kernel Kernel) *ChainSet { return iptableskernel.NewChainSet(kernel) }
