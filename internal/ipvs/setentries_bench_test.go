@@ -99,7 +99,7 @@ func ipsetListEntries(ipsetList func(string) (*netlink.IPSetResult, error), name
 // measures, it checks that both read every type, of both families, as
 // `ipset save` prints it. As root:
 //
-//	go test -run '^$' -bench SetEntries10k -benchmem -count 5 ./internal/ipvs
+//	go test -run '^$' -bench SetEntries10k -benchmem -count 3 -benchtime 10x ./internal/ipvs
 func BenchmarkSetEntries10k(b *testing.B) {
 	const n = 10000
 	types := []SetType{HashIP, HashIPPort, HashIPPortIP, HashIPPortNet, BitmapPort}
