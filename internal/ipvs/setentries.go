@@ -1,3 +1,28 @@
+// Why hand-written: vishvananda/netlink's IpsetList (v1.3.1) reads these
+// sets right (every type and family this mode uses, as `ipset save` prints
+// them), but measured against this decoder it is worse in time, bytes and
+// allocations alike. Reading one set of 10,000 entries and printing it as
+// `ipset save` does (medians of 3; IpsetList "locked" on a thread in the
+// namespace, as the drift check reads, "handle" on a netlink.Handle made
+// in it, on any thread):
+//
+//	type             this decoder            IpsetList locked         IpsetList handle
+//	hash:ip          10.6 ms  2.6 MB 30149   1562 ms 13.3 MB 50125    62 ms 13.3 MB 50112
+//	hash:ip,port     23.1 ms  4.2 MB 40219   1440 ms 13.6 MB 70171   111 ms 13.6 MB 70158
+//	hash:ip,port,ip  38.8 ms  5.1 MB 50282   2939 ms 15.7 MB 90207   106 ms 15.7 MB 90195
+//	hash:ip,port,net 17.0 ms  7.8 MB 60324   3360 ms 15.6 MB 90241   161 ms 15.6 MB 90222
+//	bitmap:port      10.6 ms  2.3 MB 20135    878 ms 11.4 MB 40096    78 ms 11.4 MB 40083
+//
+// (time, bytes and allocations per read; as root:
+// go test -run '^$' -bench SetEntries10k -benchmem -count 3 -benchtime 10x ./internal/ipvs).
+// Both send the same request; the difference is decoding: IpsetList
+// walks each attribute list on a goroutine sending on a channel
+// (nl.ParseAttributes), so every entry costs goroutine switches (on a
+// locked thread, a handoff between threads), and keeps every entry as
+// net.IP slices and pointers before they are printed; and it logs, through
+// the standard logger, each header attribute it does not know, on every
+// list of a hash set on this kernel (IPSET_ATTR_BUCKETSIZE and _INITVAL).
+
 package ipvs
 
 import (

@@ -1,3 +1,22 @@
+// Why hand-written: measured against google/nftables' Conn (v0.3.0),
+// reading the nftables mode's table of 10,000 ClusterIP services x 5
+// endpoints in a fresh network namespace (medians of 3, per read):
+//
+//	this reader (every rule as nft's text)     2.36 s  369 MB  6,403,511 allocs
+//	Conn: ListChainsOfTableFamily, GetRules    3.23 s  402 MB  6,582,612 allocs
+//	per chain, GetSets, GetSetElements per set
+//
+// (as root: go test -run '^$' -bench 'LibraryRead10k' -benchmem -count 3
+// -benchtime 3x ./pkg/nftables). Conn makes the same dumps and is slower
+// and allocates more while doing less: its figure is its own decoding
+// into expression and element types, without the text the syncer
+// compares, which would cost more on top. And it reads this table wrong:
+// GetSets takes a verdict map's data type for its key type (the key's
+// is lost) and leaves each element's verdict undecoded, so each of the
+// mode's maps (service-ips, service-nodeports, no-endpoint-*, firewall-ips)
+// needs correcting before use; nor does it read the comments of the
+// table and its chains (it has no field for them) or of its sets.
+
 // Package nftnl reads one nftables table over netlink, with each rule in
 // the text `nft list table` prints, so that a caller comparing rules as
 // nft lists them can read a large table without the nft binary: the
