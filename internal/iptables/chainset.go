@@ -3,6 +3,8 @@ package iptables
 import (
 	"maps"
 	"slices"
+
+	"github.com/rapidproxy/rapidproxy/internal/readahead"
 )
 
 // ChainSet keeps a fixed set of whole chains, and the jumps into them from
@@ -64,12 +66,11 @@ func (s *ChainSet) Sync(chains map[Table][]OwnChain, jumps []Jump, full bool) er
 // takes the read only if no other program changed the tables since:
 // their generations, read before and after it, have not moved.
 func (s *ChainSet) Prepare(chains map[Table][]OwnChain) {
-	s.prepared = nil
-	before := ReadGenerations(s.kernel, KubeTables)
-	tables, err := SaveTables(s.kernel, keptRules(chains))
-	if after := ReadGenerations(s.kernel, KubeTables); err == nil && SameGenerations(before, after) {
-		s.prepared = &PreparedKernel{Tables: tables, Generations: after}
-	}
+	s.prepared = readahead.Make(s.generations(), func() (map[Table]KernelTable, error) { return SaveTables(s.kernel, keptRules(chains)) })
+}
+
+func (s *ChainSet) generations() readahead.Version[[]TableGeneration] {
+	return Generations(func() []TableGeneration { return ReadGenerations(s.kernel, KubeTables) })
 }
 
 // readKernel takes what Prepare read if the tables have not changed since,
@@ -77,8 +78,8 @@ func (s *ChainSet) Prepare(chains map[Table][]OwnChain) {
 func (s *ChainSet) readKernel(chains map[Table][]OwnChain) (map[Table]KernelTable, error) {
 	prepared := s.prepared
 	s.prepared = nil
-	if prepared != nil && SameGenerations(prepared.Generations, ReadGenerations(s.kernel, KubeTables)) {
-		return prepared.Tables, nil
+	if tables, ok := prepared.Take(s.generations(), ReadGenerations(s.kernel, KubeTables), 0); ok {
+		return tables, nil
 	}
 	return SaveTables(s.kernel, keptRules(chains))
 }

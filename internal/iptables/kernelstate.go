@@ -6,6 +6,8 @@ import (
 	"cmp"
 	"io"
 	"slices"
+
+	"github.com/rapidproxy/rapidproxy/internal/readahead"
 )
 
 // KernelTable is what a full sync needs to know of one table as the kernel
@@ -332,10 +334,13 @@ func ContainsRule(rules []Rule, r Rule) bool {
 	return false
 }
 
-// PreparedKernel is the kernel's tables read ahead of a full sync, and
+// PreparedKernel is the kernel's tables read ahead of a full sync, with
 // the tables' generations while they were read: the sync takes the read
 // only if the generations have not moved since.
-type PreparedKernel struct {
-	Tables      map[Table]KernelTable
-	Generations []TableGeneration
+type PreparedKernel = readahead.Read[map[Table]KernelTable, []TableGeneration]
+
+// Generations is the version a read of the tables holds for: the
+// generations read, all of them readable and unmoved.
+func Generations(read func() []TableGeneration) readahead.Version[[]TableGeneration] {
+	return readahead.Version[[]TableGeneration]{Read: read, Same: SameGenerations}
 }

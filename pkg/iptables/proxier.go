@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/rapidproxy/rapidproxy/internal/readahead"
+
 	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -356,11 +358,7 @@ func sharedChainContents(static StaticRules, services [][]SharedRule) map[Table]
 // changed the tables since (their generations, as the flush probes read
 // them); else it reads them again.
 func (p *Syncer) Prepare() {
-	before := p.watch.generations()
-	tables, err := p.saveKernel()
-	if after := p.watch.generations(); err == nil && iptableskernel.SameGenerations(before, after) {
-		p.prepared = &iptableskernel.PreparedKernel{Tables: tables, Generations: after}
-	}
+	p.prepared = readahead.Make(iptableskernel.Generations(p.watch.generations), p.saveKernel)
 }
 
 // readKernel reads the three tables kube-proxy writes to, keeping the
@@ -368,12 +366,11 @@ func (p *Syncer) Prepare() {
 // the tables have not changed since.
 func (p *Syncer) readKernel() (map[Table]iptableskernel.KernelTable, error) {
 	before := p.watch.generations()
-	if prepared := p.prepared; prepared != nil {
-		p.prepared = nil
-		if iptableskernel.SameGenerations(prepared.Generations, before) {
-			p.watch.fullSyncRead(before, before)
-			return prepared.Tables, nil
-		}
+	prepared := p.prepared
+	p.prepared = nil
+	if tables, ok := prepared.Take(iptableskernel.Generations(p.watch.generations), before, 0); ok {
+		p.watch.fullSyncRead(before, before)
+		return tables, nil
 	}
 	tables, err := p.saveKernel()
 	if err != nil {

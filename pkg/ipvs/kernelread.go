@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/rapidproxy/rapidproxy/internal/readahead"
+
 	"k8s.io/klog/v2"
 
 	"github.com/rapidproxy/rapidproxy/pkg/state"
@@ -22,14 +24,9 @@ type kernelObjects struct {
 	entries map[string]map[string]bool
 }
 
-// preparedKernel is what Prepare read, with the sets' sizes and the time
-// when it started reading, by which the first full sync judges whether it
-// still holds.
-type preparedKernel struct {
-	objects *kernelObjects
-	sizes   map[string]int
-	at      time.Time
-}
+// preparedKernel is what Prepare read, with the sets' entry counts while
+// it read, by which the first full sync judges whether it still holds.
+type preparedKernel = readahead.Read[*kernelObjects, map[string]int]
 
 // maxPreparedAge is how old a read Prepare made may be for the first sync
 // to take it: the informers' lists take seconds; a start that waited
@@ -44,44 +41,56 @@ const maxPreparedAge = time.Minute
 func (p *Syncer) Prepare() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	at := time.Now()
-	sizes, err := p.cfg.Kernel.SetSizes(p.setNames())
-	if err != nil {
-		return
-	}
-	objects, err := p.readKernel()
-	if err != nil {
+	start := time.Now()
+	servers := 0
+	p.prepared = readahead.Make(p.setSizes(), func() (*kernelObjects, error) {
+		objects, err := p.readKernel()
+		if err == nil {
+			servers = len(objects.servers)
+		}
+		return objects, err
+	})
+	if p.prepared == nil {
 		return
 	}
 	p.chains.Prepare(p.cfg.Params.Chains(func(string) bool { return false }, nil))
-	p.prepared = &preparedKernel{objects: objects, sizes: sizes, at: at}
 	klog.V(2).InfoS("Read the kernel before the first sync", "ipFamily", p.cfg.Family,
-		"virtualServers", len(objects.servers), "elapsed", time.Since(at))
+		"virtualServers", servers, "elapsed", time.Since(start))
+}
+
+// setSizes is the version a read of the mode's kernel state holds for.
+// The iptables tables have generations, which ChainSet checks. IPVS, the
+// link's addresses and ipsets have none: the sets' entry counts (one
+// netlink dump of their headers, no process) stand in.
+func (p *Syncer) setSizes() readahead.Version[map[string]int] {
+	return readahead.Version[map[string]int]{
+		Read: func() map[string]int {
+			sizes, err := p.cfg.Kernel.SetSizes(p.setNames())
+			if err != nil {
+				return nil
+			}
+			return sizes
+		},
+		Same: func(a, b map[string]int) bool { return a != nil && b != nil && maps.Equal(a, b) },
+	}
 }
 
 // takePrepared returns what Prepare read if it still holds, else nil; only
-// the first full sync gets it. The iptables tables have generations, which
-// ChainSet checks. IPVS, the link's addresses and ipsets have none: the
-// sets' entry counts (one netlink dump of their headers, no process) must
-// be those Prepare saw and the read at most maxPreparedAge old; another
-// program's change to the virtual servers, real servers or addresses in
-// those seconds is not seen then, as one landing just after any full
-// sync's read is not, and the drift check's listings repair it later
+// the first full sync gets it. The sets' entry counts must be those
+// Prepare saw and the read at most maxPreparedAge old; another program's
+// change to the virtual servers, real servers or addresses in those
+// seconds is not seen then, as one landing just after any full sync's
+// read is not, and the drift check's listings repair it later
 // (docs/reliability.md).
-func (p *Syncer) takePrepared() (*kernelObjects, error) {
+func (p *Syncer) takePrepared() *kernelObjects {
 	prepared := p.prepared
 	p.prepared = nil
-	if prepared == nil || time.Since(prepared.at) > maxPreparedAge {
-		return nil, nil
+	if prepared == nil {
+		return nil
 	}
-	sizes, err := p.cfg.Kernel.SetSizes(p.setNames())
-	if err != nil {
-		return nil, fmt.Errorf("listing the ipsets' headers: %w", err)
-	}
-	if !maps.Equal(sizes, prepared.sizes) {
-		return nil, nil
-	}
-	return prepared.objects, nil
+	sizes := p.setSizes()
+	objects, _ := prepared.Take(sizes, sizes.Read(), maxPreparedAge)
+	return objects
 }
 
 func (p *Syncer) setNames() []string {

@@ -267,12 +267,11 @@ func (p *Syncer) fullSync(v state.View) error {
 		return err
 	}
 	p.addrs = addrs
-	current, err := p.takePrepared()
-	if current == nil && err == nil {
-		current, err = p.readKernel()
-	}
-	if err != nil {
-		return err
+	current := p.takePrepared()
+	if current == nil {
+		if current, err = p.readKernel(); err != nil {
+			return err
+		}
 	}
 	// Everything is written against what the kernel holds: the current
 	// objects stand in for what was applied, under one pseudo-owner.
