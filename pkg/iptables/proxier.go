@@ -50,6 +50,7 @@ var (
 	_ proxy.Describer = (*Syncer)(nil)
 	_ proxy.Preparer  = (*Syncer)(nil)
 	_ proxy.Prober    = (*Syncer)(nil)
+	_ proxy.Tracer    = (*Syncer)(nil)
 )
 
 // Syncer is the iptables mode for one IP family: the proxy core hands it
