@@ -34,6 +34,8 @@ type Node struct {
 	cluster    *framework.Cluster
 	containerd *framework.Process
 	kubelet    *framework.Process
+
+	extraImages []string
 }
 
 // Options say which node to run.
@@ -42,6 +44,9 @@ type Options struct {
 	PodCIDR string
 	// Tools is the directory hack/build-node-tools.sh printed.
 	Tools string
+	// ExtraImages are OCI archives imported after the node tools' images
+	// (an image of the same name replaces theirs).
+	ExtraImages []string
 }
 
 // Start runs a node in the framework's node namespace, whose address is
@@ -51,7 +56,7 @@ func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, er
 	n := &Node{
 		Name: opts.Name, IP: framework.NodeIPv4, PodCIDR: opts.PodCIDR,
 		Dir: filepath.Join(c.Dir, opts.Name), netns: c.Node.Name, tools: opts.Tools,
-		ca: c.CACertPath(), cluster: c,
+		ca: c.CACertPath(), cluster: c, extraImages: opts.ExtraImages,
 	}
 	framework.CleanupCgroups(n.CgroupRoot())
 	if err := os.RemoveAll(n.Dir); err != nil {
@@ -156,7 +161,7 @@ func (n *Node) importImages(ctx context.Context) error {
 	if err != nil || len(archives) == 0 {
 		return fmt.Errorf("no image archives in %s/images: %v", n.tools, err)
 	}
-	for _, a := range archives {
+	for _, a := range append(archives, n.extraImages...) {
 		if _, err := n.ctr(ctx, "images", "import", "--platform", "linux/amd64", a); err != nil {
 			return err
 		}

@@ -64,7 +64,11 @@ func TestE2EUpstream(t *testing.T) {
 	if err := os.MkdirAll(reportDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	n, err := Start(ctx, c, Options{Name: "real-1", PodCIDR: "10.244.5.0/24", Tools: tools})
+	agnhost, err := BuildAgnhostImage(tools, c.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := Start(ctx, c, Options{Name: "real-1", PodCIDR: "10.244.5.0/24", Tools: tools, ExtraImages: []string{agnhost}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,6 +90,11 @@ func TestE2EUpstream(t *testing.T) {
 	} else if which != "ours" {
 		t.Fatalf("RAPIDPROXY_E2E_KUBE_PROXY=%q: want ours or upstream", which)
 	}
+	dns, err := StartClusterDNS(ctx, c.Client, "/run/netns/"+c.Node.Name, n.IP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dns.Stop()
 	proxy, err := c.StartKubeProxy("kube-proxy", binary, kubeProxyConfig(c, n, mode))
 	if err != nil {
 		t.Fatal(err)
@@ -169,17 +178,25 @@ func envOr(name, def string) string {
 type junitSuites struct {
 	Suites []struct {
 		Cases []struct {
-			Name    string    `xml:"name,attr"`
-			Time    float64   `xml:"time,attr"`
-			Skipped *struct{} `xml:"skipped"`
-			Failure *struct {
-				Message string `xml:"message,attr"`
-			} `xml:"failure"`
-			Error *struct {
-				Message string `xml:"message,attr"`
-			} `xml:"error"`
+			Name    string        `xml:"name,attr"`
+			Time    float64       `xml:"time,attr"`
+			Skipped *struct{}     `xml:"skipped"`
+			Failure *junitFailure `xml:"failure"`
+			Error   *junitFailure `xml:"error"`
 		} `xml:"testcase"`
 	} `xml:"testsuite"`
+}
+
+type junitFailure struct {
+	Message string `xml:"message,attr"`
+	Text    string `xml:",chardata"`
+}
+
+func (f *junitFailure) String() string {
+	if strings.TrimSpace(f.Message) != "" {
+		return f.Message
+	}
+	return f.Text
 }
 
 type result struct{ name, status, message string }
@@ -204,14 +221,18 @@ func readJUnit(dir string) (results, error) {
 		}
 		for _, s := range js.Suites {
 			for _, tc := range s.Cases {
-				r := result{name: tc.Name, status: "passed"}
+				// The suite's own nodes (before and after it) are not tests.
+				if !strings.HasPrefix(tc.Name, "[It] ") {
+					continue
+				}
+				r := result{name: strings.TrimPrefix(tc.Name, "[It] "), status: "passed"}
 				switch {
 				case tc.Skipped != nil:
 					r.status = "skipped"
 				case tc.Failure != nil:
-					r.status, r.message = "failed", tc.Failure.Message
+					r.status, r.message = "failed", tc.Failure.String()
 				case tc.Error != nil:
-					r.status, r.message = "failed", tc.Error.Message
+					r.status, r.message = "failed", tc.Error.String()
 				}
 				rs = append(rs, r)
 			}
@@ -233,13 +254,22 @@ func (rs results) write(t *testing.T, path string) (passed, failed int) {
 			passed++
 		} else {
 			failed++
-			first, _, _ := strings.Cut(strings.TrimSpace(r.message), "\n")
-			t.Logf("FAILED %s: %s", r.name, first)
+			t.Logf("FAILED %s: %s", r.name, firstLine(r.message))
 		}
-		fmt.Fprintf(&b, "%s\t%s\n", r.name, r.status)
+		fmt.Fprintf(&b, "%s\t%s\t%s\n", r.name, r.status, firstLine(r.message))
 	}
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		t.Error(err)
 	}
 	return passed, failed
+}
+
+// firstLine is a failure's first non-empty line.
+func firstLine(s string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			return l
+		}
+	}
+	return ""
 }
