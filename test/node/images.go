@@ -14,11 +14,14 @@ import (
 // agnhostTools are the programs upstream's agnhost image has from its
 // Alpine base (`apk add ... curl netcat-openbsd ...`) that busybox lacks
 // or has in a form the tests cannot use: the tests run `nc -v -t -w 2`
-// (openbsd's flags; busybox's nc has no -v) and `curl`. They are this
+// (openbsd's flags; busybox's nc has no -v), `curl`, and `wget -q -O -`
+// (Alpine's is busybox's, but Debian's busybox wget segfaults on this
+// machine, so it is GNU wget). They are this
 // machine's Debian programs, with the shared libraries they load. The
 // shell is dash, not busybox's: Debian's busybox shell runs its own
 // applets before any program of the same name on PATH.
-var agnhostTools = map[string]string{"/bin/nc": "/bin/nc.openbsd", "/bin/curl": "/usr/bin/curl", "/bin/sh": "/bin/dash"}
+var agnhostTools = map[string]string{"/bin/nc": "/bin/nc.openbsd", "/bin/curl": "/usr/bin/curl", "/bin/sh": "/bin/dash",
+	"/bin/wget": "/usr/bin/wget"}
 
 // BuildAgnhostImage writes an agnhost image for the e2e tests to dir: what
 // hack/build-node-tools.sh's has (agnhost, porter's certificate, busybox's

@@ -108,18 +108,31 @@ func TestE2EUpstream(t *testing.T) {
 	for _, s := range skips {
 		skipPatterns = append(skipPatterns, s.pattern)
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(tools, "e2e.test"),
-		"--kubeconfig="+c.AdminKubeconfig(),
-		"--kubectl-path="+filepath.Join(tools, "kubectl"),
-		"--report-dir="+reportDir,
-		"--ginkgo.focus="+focus,
-		"--ginkgo.skip="+strings.Join(skipPatterns, "|"),
-		"--ginkgo.no-color",
-		"--ginkgo.v",
-		"--ginkgo.timeout=160m",
+	suiteArgs := []string{
+		"--kubeconfig=" + c.AdminKubeconfig(),
+		"--kubectl-path=" + filepath.Join(tools, "kubectl"),
+		"--report-dir=" + reportDir,
 		// No logs or node dumps: the node's logs are copied to the report dir.
 		"--dump-logs-on-failure=false",
-	)
+	}
+	ginkgoArgs := []string{"--focus=" + focus, "--skip=" + strings.Join(skipPatterns, "|"),
+		"--no-color", "-v", "--timeout=160m"}
+	var cmd *exec.Cmd
+	if procs := envOr("RAPIDPROXY_E2E_PROCS", "1"); procs == "1" {
+		for i, a := range ginkgoArgs {
+			ginkgoArgs[i] = "--ginkgo." + strings.TrimLeft(a, "-")
+		}
+		cmd = exec.CommandContext(ctx, filepath.Join(tools, "e2e.test"), append(suiteArgs, ginkgoArgs...)...)
+	} else {
+		// In parallel, as upstream's CI runs the suite: the ginkgo CLI
+		// starts the processes and serves them the specs.
+		ginkgo, err := buildGinkgo(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := append(append([]string{"--procs=" + procs}, ginkgoArgs...), filepath.Join(tools, "e2e.test"), "--")
+		cmd = exec.CommandContext(ctx, ginkgo, append(args, suiteArgs...)...)
+	}
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.AdminKubeconfig(), "PATH="+tools+":"+os.Getenv("PATH"))
 	log, err := os.Create(filepath.Join(reportDir, "e2e.log"))
 	if err != nil {
@@ -138,6 +151,18 @@ func TestE2EUpstream(t *testing.T) {
 	if failed > 0 || runErr != nil {
 		t.Errorf("e2e.test: %d failed (%v); see %s/e2e.log", failed, runErr, reportDir)
 	}
+}
+
+// buildGinkgo builds the ginkgo CLI of the version e2e.test was built
+// with (hack/node-tools/kubernetes pins it) into _output/bin.
+func buildGinkgo(root string) (string, error) {
+	out := filepath.Join(root, "_output", "bin", "ginkgo")
+	cmd := exec.Command("go", "build", "-o", out, "github.com/onsi/ginkgo/v2/ginkgo")
+	cmd.Dir = filepath.Join(root, "hack", "node-tools", "kubernetes")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the ginkgo CLI: %w\n%s", err, b)
+	}
+	return out, nil
 }
 
 // kubeProxyConfig is the file kubeadm's kube-proxy ConfigMap holds, for
