@@ -45,9 +45,9 @@ e2e-node-smoke: deps build tools node-tools
 		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node
 
 # Upstream's e2e.test (v1.36.3) with a focus (FOCUS, default the Services conformance tests; PROCS
-# ginkgo processes in parallel)
-# against one real node whose kube-proxy is ours or upstream's (KUBE_PROXY) in MODE; the JUnit
-# report and results.tsv go to _output/e2e-upstream/MODE-KUBE_PROXY (test/node; not in `test`).
+# ginkgo processes in parallel) against one real node whose kube-proxy is ours or upstream's
+# (KUBE_PROXY; upstream,ours runs both in turn on one cluster) in MODE; the JUnit report and
+# results.tsv go to _output/e2e-upstream/MODE-KUBE_PROXY (test/node; not in `test`).
 MODE ?= iptables
 KUBE_PROXY ?= ours
 PROCS ?= 1

@@ -37,12 +37,13 @@ var skips = []struct{ pattern, reason string }{
 // one real node (kubelet and containerd) whose kube-proxy is ours or
 // upstream's, run from a config file in the node's network namespace as
 // its DaemonSet runs it in a cluster. `make e2e-upstream MODE=iptables
-// KUBE_PROXY=ours|upstream` runs it; the JUnit report and a results list
+// KUBE_PROXY=ours|upstream` runs it (KUBE_PROXY=upstream,ours runs both in
+// turn on one cluster and node); each run's JUnit report and results list
 // go to _output/e2e-upstream/<mode>-<kube-proxy>.
 func TestE2EUpstream(t *testing.T) {
 	tools := nodeTools(t)
 	mode := envOr("RAPIDPROXY_E2E_MODE", "iptables")
-	which := envOr("RAPIDPROXY_E2E_KUBE_PROXY", "ours")
+	whichList := envOr("RAPIDPROXY_E2E_KUBE_PROXY", "ours")
 	focus := envOr("RAPIDPROXY_E2E_FOCUS", defaultFocus)
 	ctx, cancel := context.WithTimeout(context.Background(), 170*time.Minute)
 	defer cancel()
@@ -57,13 +58,6 @@ func TestE2EUpstream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reportDir := filepath.Join(root, "_output", "e2e-upstream", mode+"-"+which)
-	if err := os.RemoveAll(reportDir); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(reportDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	agnhost, err := BuildAgnhostImage(tools, c.Dir)
 	if err != nil {
 		t.Fatal(err)
@@ -73,32 +67,58 @@ func TestE2EUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Stop()
-	defer func() {
-		// The logs outlive the cluster's directory, for a failure's reasons.
-		for _, name := range []string{n.Name + "-kubelet", n.Name + "-containerd", "kube-proxy", "kube-apiserver",
-			"kube-controller-manager", "kube-scheduler"} {
-			_ = exec.Command("cp", c.LogPath(name), reportDir).Run()
-		}
-	}()
 	if err := waitNodeReady(ctx, c, n.Name); err != nil {
 		t.Fatal(err)
 	}
 
-	binary := c.KubeProxy()
-	if which == "upstream" {
-		binary = c.UpstreamKubeProxy()
-	} else if which != "ours" {
-		t.Fatalf("RAPIDPROXY_E2E_KUBE_PROXY=%q: want ours or upstream", which)
-	}
 	dns, err := StartClusterDNS(ctx, c.Client, "/run/netns/"+c.Node.Name, n.IP)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer dns.Stop()
-	proxy, err := c.StartKubeProxy("kube-proxy", binary, kubeProxyConfig(c, n, mode))
+	// Each kube-proxy named runs the suite in turn on the same cluster and
+	// node; the one before is stopped and its rules removed with its own
+	// --cleanup first, as when a cluster changes its kube-proxy.
+	for _, which := range strings.Split(whichList, ",") {
+		t.Run(which, func(t *testing.T) { runSuite(ctx, t, c, n, root, tools, mode, which, focus) })
+	}
+}
+
+// runSuite runs one kube-proxy on the node and upstream's e2e.test
+// against it, then stops it and removes its rules.
+func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, n *Node, root, tools, mode, which, focus string) {
+	binary := c.KubeProxy()
+	if which == "upstream" {
+		binary = c.UpstreamKubeProxy()
+	} else if which != "ours" {
+		t.Fatalf("RAPIDPROXY_E2E_KUBE_PROXY=%q: want ours or upstream (or both, comma-separated)", which)
+	}
+	reportDir := filepath.Join(root, "_output", "e2e-upstream", mode+"-"+which)
+	if err := os.RemoveAll(reportDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(reportDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	name := "kube-proxy-" + which
+	defer func() {
+		// The logs outlive the cluster's directory, for a failure's reasons.
+		for _, log := range []string{n.Name + "-kubelet", n.Name + "-containerd", name, "kube-apiserver",
+			"kube-controller-manager", "kube-scheduler"} {
+			_ = exec.Command("cp", c.LogPath(log), reportDir).Run()
+		}
+	}()
+	config := kubeProxyConfig(c, n, mode)
+	proxy, err := c.StartKubeProxy(name, binary, config)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() {
+		proxy.Stop()
+		if out, err := c.Node.Command(binary, "--config="+proxy.ConfigPath, "--cleanup").CombinedOutput(); err != nil {
+			t.Errorf("%s --cleanup: %v\n%s", binary, err, out)
+		}
+	}()
 	if err := proxy.WaitHealthy(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
