@@ -87,6 +87,12 @@ func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, er
 	if err := n.startKubelet(ctx); err != nil {
 		return nil, err
 	}
+	// The control plane reaches pods as a cluster's does: the API server
+	// proxies to them (pods/proxy, services/proxy), and pods' answers to it
+	// come back, through a route on the host to the node's pod CIDR.
+	if out, err := exec.Command("ip", "route", "replace", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("route to the pods: %w: %s", err, out)
+	}
 	return n, nil
 }
 
@@ -217,6 +223,7 @@ func (n *Node) Stop() {
 	}
 	killShims(n.Socket())
 	_ = exec.Command("ip", "-n", n.netns, "link", "delete", "cni0").Run()
+	_ = exec.Command("ip", "route", "delete", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).Run()
 	_ = os.RemoveAll(n.Dir)
 }
 
