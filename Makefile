@@ -16,7 +16,7 @@ export CGO_ENABLED           := 0
 # The upstream tools' directory, known once `tools` has run (it prints it last).
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools node-tools test test-ipvs e2e-node-smoke unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
+.PHONY: all build deps tools node-tools test test-ipvs e2e-node-smoke e2e-upstream unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
 
 all: build
 
@@ -43,6 +43,18 @@ node-tools:
 e2e-node-smoke: deps build tools node-tools
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
 		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node
+
+# Upstream's e2e.test (v1.36.3) with a focus (FOCUS, default the Services conformance tests; PROCS
+# ginkgo processes in parallel) against one real node whose kube-proxy is ours or upstream's
+# (KUBE_PROXY; upstream,ours runs both in turn on one cluster) in MODE; the JUnit report and
+# results.tsv go to _output/e2e-upstream/MODE-KUBE_PROXY (test/node; not in `test`).
+MODE ?= iptables
+KUBE_PROXY ?= ours
+PROCS ?= 1
+e2e-upstream: deps build tools node-tools
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
+		RAPIDPROXY_E2E_MODE=$(MODE) RAPIDPROXY_E2E_KUBE_PROXY=$(KUBE_PROXY) RAPIDPROXY_E2E_FOCUS='$(FOCUS)' RAPIDPROXY_E2E_PROCS=$(PROCS) \
+		$(GO) test -tags realnode -count=1 -timeout 180m -v -run TestE2EUpstream ./test/node
 
 # Every test: unit tests and the end-to-end tests against a real API server and kernel,
 # then every fuzz target for a while.

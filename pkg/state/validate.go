@@ -50,7 +50,10 @@ func serviceProblem(svc *v1.Service) string {
 // servicePortProblem tells why one port of a service cannot be programmed.
 func servicePortProblem(p *v1.ServicePort) string {
 	if p.Name != "" {
-		if errs := validation.IsValidPortName(p.Name); len(errs) > 0 {
+		// The API server checks a Service port's name as a DNS label (up
+		// to 63 characters); IANA service names (up to 15) are for
+		// container ports only.
+		if errs := validation.IsDNS1123Label(p.Name); len(errs) > 0 {
 			return fmt.Sprintf("port name %q: %s", clip(p.Name), errs[0])
 		}
 	}

@@ -52,6 +52,7 @@ type Cluster struct {
 	External            *Netns
 
 	bins      binaries
+	opts      Options
 	pki       *pki
 	lock      *os.File
 	processes []*Process
@@ -67,7 +68,10 @@ type Cluster struct {
 
 // Start brings up a cluster, first removing whatever a killed run left.
 // Only one cluster runs on a machine at a time: Start waits for the other.
-func Start(ctx context.Context) (_ *Cluster, err error) {
+func Start(ctx context.Context) (*Cluster, error) { return StartWith(ctx, Options{}) }
+
+// StartWith is Start with options; Options{} is what Start runs.
+func StartWith(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("the local cluster needs root (network namespaces, iptables)")
 	}
@@ -93,7 +97,7 @@ func Start(ctx context.Context) (_ *Cluster, err error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	c := &Cluster{Dir: dir, bins: bins, lock: lock, pods: map[string]*Pod{}, nextHost: 10}
+	c := &Cluster{Dir: dir, bins: bins, lock: lock, opts: opts, pods: map[string]*Pod{}, nextHost: 10}
 	defer func() {
 		if err != nil {
 			c.Stop()
@@ -104,6 +108,12 @@ func Start(ctx context.Context) (_ *Cluster, err error) {
 	}
 	if err := c.startControlPlane(ctx); err != nil {
 		return nil, err
+	}
+	if opts.RealNodes {
+		if err := c.startForRealNodes(); err != nil {
+			return nil, err
+		}
+		return c, nil
 	}
 	if err := c.createNodes(ctx); err != nil {
 		return nil, err
@@ -242,6 +252,14 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--disable-admission-plugins=ServiceAccount",
 		"--endpoint-reconciler-type=none",
 	}
+	controllers := "endpointslice,endpointslicemirroring"
+	var kcmExtra []string
+	if c.opts.RealNodes {
+		if c.apiServerArgs, err = c.realNodeAPIServerArgs(c.apiServerArgs); err != nil {
+			return err
+		}
+		controllers, kcmExtra = realNodeControllers, c.realNodeControllerFlags()
+	}
 	restConfig, err := c.adminRESTConfig()
 	if err != nil {
 		return err
@@ -253,14 +271,15 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		return err
 	}
 	kcm, err := c.start("kube-controller-manager", exec.Command(filepath.Join(c.bins.tools, "kube-controller-manager"),
-		"--kubeconfig="+kcmConfig,
-		"--authentication-kubeconfig="+kcmConfig,
-		"--authorization-kubeconfig="+kcmConfig,
-		"--controllers=endpointslice,endpointslicemirroring",
-		"--leader-elect=false",
-		"--bind-address=127.0.0.1",
-		"--secure-port=0",
-	))
+		append([]string{
+			"--kubeconfig=" + kcmConfig,
+			"--authentication-kubeconfig=" + kcmConfig,
+			"--authorization-kubeconfig=" + kcmConfig,
+			"--controllers=" + controllers,
+			"--leader-elect=false",
+			"--bind-address=127.0.0.1",
+			"--secure-port=0",
+		}, kcmExtra...)...))
 	if err != nil {
 		return err
 	}

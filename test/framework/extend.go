@@ -28,5 +28,10 @@ func (c *Cluster) IssueKubeconfig(name, user string, groups []string) (string, e
 	return c.pki.kubeconfig(name, c.APIServerURL())
 }
 
+// NodeUplink is the host's end of the node namespace's link, where the
+// API server listens; routes to the node's pods go through it. The link
+// goes with the cluster, and every route through it.
+const NodeUplink = namePrefix + "node0"
+
 // LogPath is where StartProcess logs a process of that name.
 func (c *Cluster) LogPath(name string) string { return filepath.Join(c.Dir, name+".log") }

@@ -34,6 +34,8 @@ type Node struct {
 	cluster    *framework.Cluster
 	containerd *framework.Process
 	kubelet    *framework.Process
+
+	extraImages []string
 }
 
 // Options say which node to run.
@@ -42,6 +44,9 @@ type Options struct {
 	PodCIDR string
 	// Tools is the directory hack/build-node-tools.sh printed.
 	Tools string
+	// ExtraImages are OCI archives imported after the node tools' images
+	// (an image of the same name replaces theirs).
+	ExtraImages []string
 }
 
 // Start runs a node in the framework's node namespace, whose address is
@@ -51,7 +56,7 @@ func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, er
 	n := &Node{
 		Name: opts.Name, IP: framework.NodeIPv4, PodCIDR: opts.PodCIDR,
 		Dir: filepath.Join(c.Dir, opts.Name), netns: c.Node.Name, tools: opts.Tools,
-		ca: c.CACertPath(), cluster: c,
+		ca: c.CACertPath(), cluster: c, extraImages: opts.ExtraImages,
 	}
 	framework.CleanupCgroups(n.CgroupRoot())
 	if err := os.RemoveAll(n.Dir); err != nil {
@@ -81,6 +86,12 @@ func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, er
 	}
 	if err := n.startKubelet(ctx); err != nil {
 		return nil, err
+	}
+	// The control plane reaches pods as a cluster's does: the API server
+	// proxies to them (pods/proxy, services/proxy), and pods' answers to it
+	// come back, through a route on the host to the node's pod CIDR.
+	if out, err := exec.Command("ip", "route", "replace", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("route to the pods: %w: %s", err, out)
 	}
 	return n, nil
 }
@@ -156,7 +167,7 @@ func (n *Node) importImages(ctx context.Context) error {
 	if err != nil || len(archives) == 0 {
 		return fmt.Errorf("no image archives in %s/images: %v", n.tools, err)
 	}
-	for _, a := range archives {
+	for _, a := range append(archives, n.extraImages...) {
 		if _, err := n.ctr(ctx, "images", "import", "--platform", "linux/amd64", a); err != nil {
 			return err
 		}
@@ -212,6 +223,7 @@ func (n *Node) Stop() {
 	}
 	killShims(n.Socket())
 	_ = exec.Command("ip", "-n", n.netns, "link", "delete", "cni0").Run()
+	_ = exec.Command("ip", "route", "delete", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).Run()
 	_ = os.RemoveAll(n.Dir)
 }
 

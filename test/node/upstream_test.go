@@ -1,0 +1,320 @@
+//go:build realnode
+
+package node
+
+import (
+	"context"
+	"encoding/xml"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rapidproxy/rapidproxy/test/framework"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// defaultFocus is the first set of upstream's tests run against the node.
+const defaultFocus = `\[sig-network\] Services.*\[Conformance\]`
+
+// skips are the patterns e2e.test skips, each with its reason.
+var skips = []struct{ pattern, reason string }{
+	{`\[Disruptive\]`, "restarts or breaks the cluster's components"},
+	{`\[Flaky\]`, "upstream marks them flaky"},
+	{`\[Slow\]`, "over five minutes each; not in this run's budget"},
+	{`\[Serial\]`, "change cluster-wide state; upstream's CI runs them apart"},
+	{`LoadBalancer|ESIPP`, "cloud load balancers: there is no cloud provider"},
+	{`\[Feature:`, "need a feature gate or cluster setup this node does not have"},
+	{`IPv6|[Dd]ual[- ]?[Ss]tack`, "the node's pods have IPv4 addresses only"},
+}
+
+// TestE2EUpstream runs upstream's e2e.test (v1.36.3) with a focus against
+// one real node (kubelet and containerd) whose kube-proxy is ours or
+// upstream's, run from a config file in the node's network namespace as
+// its DaemonSet runs it in a cluster. `make e2e-upstream MODE=iptables
+// KUBE_PROXY=ours|upstream` runs it (KUBE_PROXY=upstream,ours runs both in
+// turn on one cluster and node); each run's JUnit report and results list
+// go to _output/e2e-upstream/<mode>-<kube-proxy>.
+func TestE2EUpstream(t *testing.T) {
+	tools := nodeTools(t)
+	mode := envOr("RAPIDPROXY_E2E_MODE", "iptables")
+	whichList := envOr("RAPIDPROXY_E2E_KUBE_PROXY", "ours")
+	focus := envOr("RAPIDPROXY_E2E_FOCUS", defaultFocus)
+	ctx, cancel := context.WithTimeout(context.Background(), 170*time.Minute)
+	defer cancel()
+
+	c, err := framework.StartWith(ctx, framework.Options{
+		RealNodes: true, Scheduler: filepath.Join(tools, "kube-scheduler")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	root, err := framework.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	agnhost, err := BuildAgnhostImage(tools, c.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := Start(ctx, c, Options{Name: "real-1", PodCIDR: "10.244.5.0/24", Tools: tools, ExtraImages: []string{agnhost}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop()
+	if err := waitNodeReady(ctx, c, n.Name); err != nil {
+		t.Fatal(err)
+	}
+
+	dns, err := StartClusterDNS(ctx, c.Client, "/run/netns/"+c.Node.Name, n.IP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dns.Stop()
+	// Each kube-proxy named runs the suite in turn on the same cluster and
+	// node; the one before is stopped and its rules removed with its own
+	// --cleanup first, as when a cluster changes its kube-proxy.
+	for _, which := range strings.Split(whichList, ",") {
+		t.Run(which, func(t *testing.T) { runSuite(ctx, t, c, n, root, tools, mode, which, focus) })
+	}
+}
+
+// runSuite runs one kube-proxy on the node and upstream's e2e.test
+// against it, then stops it and removes its rules.
+func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, n *Node, root, tools, mode, which, focus string) {
+	binary := c.KubeProxy()
+	if which == "upstream" {
+		binary = c.UpstreamKubeProxy()
+	} else if which != "ours" {
+		t.Fatalf("RAPIDPROXY_E2E_KUBE_PROXY=%q: want ours or upstream (or both, comma-separated)", which)
+	}
+	reportDir := filepath.Join(root, "_output", "e2e-upstream", mode+"-"+which)
+	if err := os.RemoveAll(reportDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(reportDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	name := "kube-proxy-" + which
+	defer func() {
+		// The logs outlive the cluster's directory, for a failure's reasons.
+		for _, log := range []string{n.Name + "-kubelet", n.Name + "-containerd", name, "kube-apiserver",
+			"kube-controller-manager", "kube-scheduler"} {
+			_ = exec.Command("cp", c.LogPath(log), reportDir).Run()
+		}
+	}()
+	config := kubeProxyConfig(c, n, mode)
+	proxy, err := c.StartKubeProxy(name, binary, config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		proxy.Stop()
+		if out, err := c.Node.Command(binary, "--config="+proxy.ConfigPath, "--cleanup").CombinedOutput(); err != nil {
+			t.Errorf("%s --cleanup: %v\n%s", binary, err, out)
+		}
+	}()
+	if err := proxy.WaitHealthy(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("node %s Ready, %s kube-proxy (%s) healthy; running e2e.test", n.Name, which, mode)
+
+	var skipPatterns []string
+	for _, s := range skips {
+		skipPatterns = append(skipPatterns, s.pattern)
+	}
+	suiteArgs := []string{
+		"--kubeconfig=" + c.AdminKubeconfig(),
+		"--kubectl-path=" + filepath.Join(tools, "kubectl"),
+		"--report-dir=" + reportDir,
+		// No logs or node dumps: the node's logs are copied to the report dir.
+		"--dump-logs-on-failure=false",
+	}
+	ginkgoArgs := []string{"--focus=" + focus, "--skip=" + strings.Join(skipPatterns, "|"),
+		"--no-color", "-v", "--timeout=160m"}
+	var cmd *exec.Cmd
+	if procs := envOr("RAPIDPROXY_E2E_PROCS", "1"); procs == "1" {
+		for i, a := range ginkgoArgs {
+			ginkgoArgs[i] = "--ginkgo." + strings.TrimLeft(a, "-")
+		}
+		cmd = exec.CommandContext(ctx, filepath.Join(tools, "e2e.test"), append(suiteArgs, ginkgoArgs...)...)
+	} else {
+		// In parallel, as upstream's CI runs the suite: the ginkgo CLI
+		// starts the processes and serves them the specs.
+		ginkgo, err := buildGinkgo(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		args := append(append([]string{"--procs=" + procs}, ginkgoArgs...), filepath.Join(tools, "e2e.test"), "--")
+		cmd = exec.CommandContext(ctx, ginkgo, append(args, suiteArgs...)...)
+	}
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.AdminKubeconfig(), "PATH="+tools+":"+os.Getenv("PATH"))
+	log, err := os.Create(filepath.Join(reportDir, "e2e.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	cmd.Stdout, cmd.Stderr = log, log
+	runErr := cmd.Run()
+
+	results, err := readJUnit(reportDir)
+	if err != nil {
+		t.Fatalf("e2e.test: %v; report: %v; log tail:\n%s", runErr, err, framework.FileTail(log.Name(), 40))
+	}
+	passed, failed := results.write(t, filepath.Join(reportDir, "results.tsv"))
+	fmt.Printf("%d passed, %d failed (%s kube-proxy, %s mode; report in %s)\n", passed, failed, which, mode, reportDir)
+	if failed > 0 || runErr != nil {
+		t.Errorf("e2e.test: %d failed (%v); see %s/e2e.log", failed, runErr, reportDir)
+	}
+}
+
+// buildGinkgo builds the ginkgo CLI of the version e2e.test was built
+// with (hack/node-tools/kubernetes pins it) into _output/bin.
+func buildGinkgo(root string) (string, error) {
+	out := filepath.Join(root, "_output", "bin", "ginkgo")
+	cmd := exec.Command("go", "build", "-o", out, "github.com/onsi/ginkgo/v2/ginkgo")
+	cmd.Dir = filepath.Join(root, "hack", "node-tools", "kubernetes")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building the ginkgo CLI: %w\n%s", err, b)
+	}
+	return out, nil
+}
+
+// kubeProxyConfig is the file kubeadm's kube-proxy ConfigMap holds, for
+// this node. conntrack.maxPerCore is 0 so that nf_conntrack_max, a
+// machine-wide setting, stays as it is on this shared machine.
+func kubeProxyConfig(c *framework.Cluster, n *Node, mode string) string {
+	return "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n" +
+		"clientConnection:\n  kubeconfig: " + c.KubeProxyKubeconfig + "\n" +
+		"hostnameOverride: " + n.Name + "\n" +
+		"clusterCIDR: " + framework.ClusterCIDRs + "\n" +
+		"mode: " + mode + "\n" +
+		"conntrack:\n  maxPerCore: 0\n"
+}
+
+func waitNodeReady(ctx context.Context, c *framework.Cluster, name string) error {
+	return waitFor(ctx, 2*time.Minute, func() (bool, string) {
+		node, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, cond := range node.Status.Conditions {
+			if cond.Type == v1.NodeReady {
+				return cond.Status == v1.ConditionTrue, cond.Reason + ": " + cond.Message
+			}
+		}
+		return false, "no Ready condition"
+	})
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// junitSuites is what ginkgo's JUnit reporter writes.
+type junitSuites struct {
+	Suites []struct {
+		Cases []struct {
+			Name    string        `xml:"name,attr"`
+			Time    float64       `xml:"time,attr"`
+			Skipped *struct{}     `xml:"skipped"`
+			Failure *junitFailure `xml:"failure"`
+			Error   *junitFailure `xml:"error"`
+		} `xml:"testcase"`
+	} `xml:"testsuite"`
+}
+
+type junitFailure struct {
+	Message string `xml:"message,attr"`
+	Text    string `xml:",chardata"`
+}
+
+func (f *junitFailure) String() string {
+	if strings.TrimSpace(f.Message) != "" {
+		return f.Message
+	}
+	return f.Text
+}
+
+type result struct{ name, status, message string }
+
+type results []result
+
+// readJUnit reads every junit_*.xml e2e.test wrote in dir.
+func readJUnit(dir string) (results, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "junit_*.xml"))
+	if err != nil || len(files) == 0 {
+		return nil, fmt.Errorf("no junit_*.xml in %s (%v)", dir, err)
+	}
+	var rs results
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		var js junitSuites
+		if err := xml.Unmarshal(data, &js); err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		for _, s := range js.Suites {
+			for _, tc := range s.Cases {
+				// The suite's own nodes (before and after it) are not tests.
+				if !strings.HasPrefix(tc.Name, "[It] ") {
+					continue
+				}
+				r := result{name: strings.TrimPrefix(tc.Name, "[It] "), status: "passed"}
+				switch {
+				case tc.Skipped != nil:
+					r.status = "skipped"
+				case tc.Failure != nil:
+					r.status, r.message = "failed", tc.Failure.String()
+				case tc.Error != nil:
+					r.status, r.message = "failed", tc.Error.String()
+				}
+				rs = append(rs, r)
+			}
+		}
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i].name < rs[j].name })
+	return rs, nil
+}
+
+// write lists the specs that ran (not those skipped) with their outcome,
+// one a line, and logs the failures' first lines.
+func (rs results) write(t *testing.T, path string) (passed, failed int) {
+	var b strings.Builder
+	for _, r := range rs {
+		if r.status == "skipped" {
+			continue
+		}
+		if r.status == "passed" {
+			passed++
+		} else {
+			failed++
+			t.Logf("FAILED %s: %s", r.name, firstLine(r.message))
+		}
+		fmt.Fprintf(&b, "%s\t%s\t%s\n", r.name, r.status, firstLine(r.message))
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Error(err)
+	}
+	return passed, failed
+}
+
+// firstLine is a failure's first non-empty line.
+func firstLine(s string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			return l
+		}
+	}
+	return ""
+}
