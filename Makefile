@@ -52,6 +52,9 @@ MODE ?= iptables
 KUBE_PROXY ?= ours
 PROCS ?= 1
 e2e-upstream: deps build tools node-tools
+	@# What the e2e tests' agnhost image takes from Debian (test/node/images.go: agnhostTools).
+	@[ -x /bin/nc.openbsd ] && [ -x /usr/bin/curl ] && [ -x /usr/bin/wget ] && [ -x /bin/dash ] || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq netcat-openbsd curl wget dash; }
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
 		RAPIDPROXY_E2E_MODE=$(MODE) RAPIDPROXY_E2E_KUBE_PROXY=$(KUBE_PROXY) RAPIDPROXY_E2E_FOCUS='$(FOCUS)' RAPIDPROXY_E2E_PROCS=$(PROCS) \
 		$(GO) test -tags realnode -count=1 -timeout 180m -v -run TestE2EUpstream ./test/node
