@@ -134,6 +134,9 @@ func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, n *Node, 
 		"--report-dir=" + reportDir,
 		// No logs or node dumps: the node's logs are copied to the report dir.
 		"--dump-logs-on-failure=false",
+		// Said, not detected: in parallel only the first process detects
+		// it, the others see -1.
+		"--num-nodes=1",
 	}
 	ginkgoArgs := []string{"--focus=" + focus, "--skip=" + strings.Join(skipPatterns, "|"),
 		"--no-color", "-v", "--timeout=160m"}
