@@ -56,18 +56,7 @@ func TestNodeSmoke(t *testing.T) {
 		}
 	}()
 
-	if err := waitFor(ctx, 2*time.Minute, func() (bool, string) {
-		node, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err.Error()
-		}
-		for _, cond := range node.Status.Conditions {
-			if cond.Type == v1.NodeReady {
-				return cond.Status == v1.ConditionTrue, cond.Reason + ": " + cond.Message
-			}
-		}
-		return false, "no Ready condition"
-	}); err != nil {
+	if err := waitNodeReady(ctx, c, n.Name); err != nil {
 		t.Fatalf("node %s not Ready: %v", n.Name, err)
 	}
 	t.Logf("node %s registered and Ready", n.Name)
