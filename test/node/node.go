@@ -161,15 +161,15 @@ func (n *Node) writeConfigs() error {
 	return nil
 }
 
-// startContainerd starts containerd in the node's network namespace and a
-// new mount namespace (see initScript), and waits for its socket.
+// startContainerd starts containerd in the node's network namespace and
+// new mount and UTS namespaces (see initScript), and waits for its socket.
 func (n *Node) startContainerd(ctx context.Context) error {
 	script := n.path("init.sh")
 	if err := os.WriteFile(script, []byte(n.initScript(filepath.Join(n.tools, "containerd"))), 0o755); err != nil {
 		return err
 	}
 	cmd := exec.Command("nsenter", "--net=/run/netns/"+n.netns, "--",
-		"unshare", "--mount", "--propagation", "private", "--", "sh", script)
+		"unshare", "--mount", "--uts", "--propagation", "private", "--", "sh", script)
 	// The shim is found on PATH; runc is Debian's.
 	cmd.Env = append(os.Environ(), "PATH="+n.tools+":"+os.Getenv("PATH"))
 	p, err := n.cluster.StartProcess(n.Name+"-containerd", cmd)
@@ -208,8 +208,8 @@ func (n *Node) importImages(ctx context.Context) error {
 	return nil
 }
 
-// startKubelet starts the kubelet in containerd's namespaces (network and
-// mount) and waits for its Node object.
+// startKubelet starts the kubelet in containerd's namespaces (network,
+// mount and UTS) and waits for its Node object.
 func (n *Node) startKubelet(ctx context.Context) error {
 	// A client certificate in system:masters: the control plane runs RBAC
 	// alone, without the Node authorizer that would grant system:nodes
@@ -219,7 +219,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 		return err
 	}
 	pid := n.containerd.Pid()
-	cmd := exec.Command("nsenter", "--target", fmt.Sprint(pid), "--mount", "--net", "--",
+	cmd := exec.Command("nsenter", "--target", fmt.Sprint(pid), "--mount", "--net", "--uts", "--",
 		filepath.Join(n.tools, "kubelet"),
 		"--config="+n.path("kubelet.yaml"),
 		"--kubeconfig="+kubeconfig,
