@@ -18,7 +18,9 @@ type Options struct {
 	// admission is on and the controller-manager runs every controller that
 	// needs no cloud, with what the service-account token and root CA
 	// publishers need; the API server reaches kubelets at their InternalIP
-	// with a client certificate of its own.
+	// with a client certificate of its own. The host and the node
+	// namespace are joined by an underlay bridge that more nodes join
+	// (AddNodeNetns), not a veth of their own.
 	RealNodes bool
 	// Scheduler, if set, is a kube-scheduler binary to run (with RealNodes).
 	Scheduler string
