@@ -45,18 +45,20 @@ e2e-node-smoke: deps build tools node-tools
 		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node
 
 # Upstream's e2e.test (v1.36.3) with a focus (FOCUS, default the Services conformance tests; PROCS
-# ginkgo processes in parallel) against one real node whose kube-proxy is ours or upstream's
-# (KUBE_PROXY; upstream,ours runs both in turn on one cluster) in MODE; the JUnit report and
-# results.tsv go to _output/e2e-upstream/MODE-KUBE_PROXY (test/node; not in `test`).
+# ginkgo processes in parallel) against NODES real nodes, each in its network namespace on an
+# underlay bridge, whose kube-proxies are ours or upstream's (KUBE_PROXY; upstream,ours runs both
+# in turn on one cluster) in MODE; the JUnit report and results.tsv go to
+# _output/e2e-upstream/MODE-KUBE_PROXY (test/node; not in `test`).
 MODE ?= iptables
 KUBE_PROXY ?= ours
 PROCS ?= 1
+NODES ?= 2
 e2e-upstream: deps build tools node-tools
 	@# What the e2e tests' agnhost image takes from Debian (test/node/images.go: agnhostTools).
 	@[ -x /bin/nc.openbsd ] && [ -x /usr/bin/curl ] && [ -x /usr/bin/wget ] && [ -x /bin/dash ] || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq netcat-openbsd curl wget dash; }
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
-		RAPIDPROXY_E2E_MODE=$(MODE) RAPIDPROXY_E2E_KUBE_PROXY=$(KUBE_PROXY) RAPIDPROXY_E2E_FOCUS='$(FOCUS)' RAPIDPROXY_E2E_PROCS=$(PROCS) \
+		RAPIDPROXY_E2E_MODE=$(MODE) RAPIDPROXY_E2E_KUBE_PROXY=$(KUBE_PROXY) RAPIDPROXY_E2E_FOCUS='$(FOCUS)' RAPIDPROXY_E2E_PROCS=$(PROCS) RAPIDPROXY_E2E_NODES=$(NODES) \
 		$(GO) test -tags realnode -count=1 -timeout 180m -v -run TestE2EUpstream ./test/node
 
 # Every test: unit tests and the end-to-end tests against a real API server and kernel,

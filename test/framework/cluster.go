@@ -50,6 +50,8 @@ type Cluster struct {
 	KubeProxyKubeconfig string
 	Node                *Netns
 	External            *Netns
+	// underlay holds the bridge real nodes share (Options.RealNodes only).
+	underlay *Netns
 
 	bins      binaries
 	opts      Options
@@ -171,16 +173,24 @@ func (c *Cluster) setUpNetwork() error {
 		return err
 	}
 	c.External = external
-	if err := link(nil, namePrefix+"node0", node, "eth0"); err != nil {
+	// The host (the API server) and the node share a /30, or with real
+	// nodes the underlay's /24, which more nodes join (AddNodeNetns).
+	prefix := "/30"
+	if c.opts.RealNodes {
+		if err := c.setUpUnderlay(node); err != nil {
+			return err
+		}
+		prefix = underlayPrefix
+	} else if err := link(nil, namePrefix+"node0", node, "eth0"); err != nil {
 		return err
 	}
 	if err := link(node, "eth1", external, "eth0"); err != nil {
 		return err
 	}
 	return runAll(
-		ipCmd(nil, "addr", "add", APIServerIP+"/30", "dev", namePrefix+"node0"),
+		ipCmd(nil, "addr", "add", APIServerIP+prefix, "dev", namePrefix+"node0"),
 		ipCmd(nil, "addr", "add", "fd00:255::1/64", "dev", namePrefix+"node0", "nodad"),
-		ipCmd(node, "addr", "add", NodeIPv4+"/30", "dev", "eth0"),
+		ipCmd(node, "addr", "add", NodeIPv4+prefix, "dev", "eth0"),
 		ipCmd(node, "addr", "add", NodeIPv6+"/64", "dev", "eth0", "nodad"),
 		ipCmd(node, "addr", "add", NodeExternalIP+"/24", "dev", "eth1"),
 		ipCmd(node, "addr", "add", "fd00:255:1::1/64", "dev", "eth1", "nodad"),

@@ -16,6 +16,12 @@
 //	service CIDRs           10.96.0.0/16, fd00:10:96::/112
 //	external / LB IPs       10.255.2.0/24, 10.255.3.0/24 (routed to the node from the external namespace)
 //
+// With Options.RealNodes the uplink is instead an underlay: a bridge in
+// the namespace rpx-underlay, 10.255.0.0/24, whose ports are the host's
+// end (10.255.0.1) and the node's eth0 (10.255.0.2), and to which
+// AddNodeNetns attaches more nodes (test/node puts its i-th at
+// 10.255.0.<i+1>).
+//
 // Namespaces and host links are named with the prefix "rpx-", and every
 // process started is recorded in a state file, so a run that was killed is
 // cleaned up by the next one before it starts.

@@ -18,7 +18,9 @@ type Options struct {
 	// admission is on and the controller-manager runs every controller that
 	// needs no cloud, with what the service-account token and root CA
 	// publishers need; the API server reaches kubelets at their InternalIP
-	// with a client certificate of its own.
+	// with a client certificate of its own. The host and the node
+	// namespace are joined by an underlay bridge that more nodes join
+	// (AddNodeNetns), not a veth of their own.
 	RealNodes bool
 	// Scheduler, if set, is a kube-scheduler binary to run (with RealNodes).
 	Scheduler string
@@ -81,3 +83,72 @@ func (c *Cluster) startForRealNodes() error {
 // AdminKubeconfig is a cluster-admin kubeconfig (system:masters), for
 // clients the framework does not build, such as upstream's e2e.test.
 func (c *Cluster) AdminKubeconfig() string { return filepath.Join(c.Dir, "admin.kubeconfig") }
+
+// underlayPrefix is the real nodes' network, 10.255.0.0/24: the API
+// server's APIServerIP, the first node's NodeIPv4, then one address per
+// node that AddNodeNetns adds.
+const underlayPrefix = "/24"
+
+// setUpUnderlay makes the network real nodes share, as a cluster's nodes
+// share theirs: a bridge in a namespace of its own, to which the host's
+// end of the framework's link (where the API server listens) and the node
+// namespace's eth0 are attached. More nodes join it with AddNodeNetns; the
+// host keeps a single link, and node-to-node traffic never reaches it.
+func (c *Cluster) setUpUnderlay(node *Netns) error {
+	underlay, err := newNetns("underlay")
+	if err != nil {
+		return err
+	}
+	c.underlay = underlay
+	if err := runAll(
+		ipCmd(underlay, "link", "add", "br0", "type", "bridge"),
+		ipCmd(underlay, "link", "set", "br0", "up"),
+	); err != nil {
+		return err
+	}
+	if err := link(nil, namePrefix+"node0", underlay, "host"); err != nil {
+		return err
+	}
+	if err := runAll(ipCmd(underlay, "link", "set", "host", "master", "br0")); err != nil {
+		return err
+	}
+	return c.joinUnderlay(node, "node")
+}
+
+// joinUnderlay attaches ns's eth0 to the underlay's bridge as port.
+func (c *Cluster) joinUnderlay(ns *Netns, port string) error {
+	if err := link(ns, "eth0", c.underlay, port); err != nil {
+		return err
+	}
+	return runAll(ipCmd(c.underlay, "link", "set", port, "master", "br0"))
+}
+
+// AddNodeNetns makes the network namespace of another real node (with
+// RealNodes): its eth0 on the underlay with address ip (in
+// 10.255.0.0/24), forwarding as a node does. A real node's connections to
+// service IPs need a route before kube-proxy's DNAT picks the endpoint;
+// this one has no default route, so the service CIDR is on-link on the
+// underlay, where what kube-proxy does not rewrite finds no neighbour and
+// is dropped, as the first node's is on its link to the external
+// namespace. It goes with the cluster (Stop, or a later run after a
+// killed one: every namespace with the prefix).
+func (c *Cluster) AddNodeNetns(name, ip string) (*Netns, error) {
+	if c.underlay == nil {
+		return nil, fmt.Errorf("node %s: the cluster has no underlay (Options.RealNodes)", name)
+	}
+	ns, err := newNetns(name)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.joinUnderlay(ns, name); err != nil {
+		return nil, err
+	}
+	if err := runAll(
+		ipCmd(ns, "addr", "add", ip+underlayPrefix, "dev", "eth0"),
+		ipCmd(ns, "route", "add", "10.96.0.0/16", "dev", "eth0"),
+		[]string{"ip", "netns", "exec", ns.Name, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
+	); err != nil {
+		return nil, err
+	}
+	return ns, nil
+}

@@ -132,6 +132,10 @@ serializeImagePulls: false
 // them (volumes, container root filesystems, pod network namespaces)
 // reaches the host's mount table: they vanish with the node.
 //
+// In its own UTS namespace too, the node's hostname is its name, as on a
+// cluster's nodes: host-network pods share it, and the tests expect their
+// endpoints to answer /hostname with the node's name.
+//
 // The kubelet sets vm.overcommit_memory, vm.panic_on_oom, kernel.panic,
 // kernel.panic_on_oops and kernel.keys.root_max* for the whole machine, or
 // with protectKernelDefaults refuses to start unless they already hold its
@@ -140,6 +144,7 @@ serializeImagePulls: false
 func (n *Node) initScript(containerd string) string {
 	return fmt.Sprintf(`set -eu
 dir=%[1]q
+hostname %[3]q
 mkdir -p "$dir/sysctl"
 for kv in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1 \
   kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000; do
@@ -153,5 +158,5 @@ for d in /var/log/containers /run/containerd /var/run/nri; do
   mount --bind "$dir/mnt$d" "$d"
 done
 exec %[2]q --config "$dir/containerd.toml"
-`, n.Dir, containerd)
+`, n.Dir, containerd, n.Name)
 }

@@ -109,3 +109,61 @@ func kubernetesSource() (string, error) {
 	}
 	return strings.TrimSpace(string(out)), nil
 }
+
+// busyboxArgs are ociimage's arguments for Debian's static busybox at
+// /bin/busybox with every applet linked in /bin.
+func busyboxArgs() ([]string, error) {
+	applets, err := exec.Command("/bin/busybox", "--list").Output()
+	if err != nil {
+		return nil, fmt.Errorf("busybox --list: %w", err)
+	}
+	args := []string{"-file", "/bin/busybox=/bin/busybox"}
+	for _, a := range strings.Fields(string(applets)) {
+		if a != "busybox" {
+			args = append(args, "-link", "/bin/"+a+"=busybox")
+		}
+	}
+	return args, nil
+}
+
+// BuildConntrackTestImages writes to dir the two images the two-node
+// Conntrack and KubeProxy tests run besides agnhost, and returns their
+// archives:
+//   - distroless-iptables (v0.9.6, the tag e2e.test v1.36.3 names), which
+//     the CLOSE_WAIT test runs as a privileged host-network pod to read
+//     the node's /proc/net/nf_conntrack with `/bin/sh -c "cat ... | grep
+//     -m 1 -E ..."`: busybox's sh, cat, grep and sleep do that;
+//   - regression-issue-74839 (1.4), the invalid-conntrack-state test's
+//     server, built from the pinned module's test/images source.
+func BuildConntrackTestImages(tools, dir string) ([]string, error) {
+	busybox, err := busyboxArgs()
+	if err != nil {
+		return nil, err
+	}
+	iptables := filepath.Join(dir, "distroless-iptables.tar")
+	if out, err := exec.Command(filepath.Join(tools, "ociimage"), append([]string{
+		"-name", "registry.k8s.io/build-image/distroless-iptables:v0.9.6", "-o", iptables, "-cmd", "/bin/sh"},
+		busybox...)...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("ociimage: %w: %s", err, out)
+	}
+
+	root, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	server := filepath.Join(dir, "regression-issue-74839")
+	build := exec.Command("go", "build", "-o", server, "k8s.io/kubernetes/test/images/regression-issue-74839")
+	build.Dir = filepath.Join(root, "..", "..", "hack", "node-tools", "kubernetes")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("building regression-issue-74839: %w: %s", err, out)
+	}
+	regression := filepath.Join(dir, "regression-issue-74839.tar")
+	if out, err := exec.Command(filepath.Join(tools, "ociimage"), append([]string{
+		"-name", "registry.k8s.io/e2e-test-images/regression-issue-74839:1.4", "-o", regression,
+		"-entrypoint", "/regression-issue-74839", "-file", "/regression-issue-74839=" + server},
+		busybox...)...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("ociimage: %w: %s", err, out)
+	}
+	return []string{iptables, regression}, nil
+}

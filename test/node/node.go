@@ -47,15 +47,22 @@ type Options struct {
 	// ExtraImages are OCI archives imported after the node tools' images
 	// (an image of the same name replaces theirs).
 	ExtraImages []string
+	// Netns and IP are the node's network namespace and address; by
+	// default the framework's node namespace and framework.NodeIPv4.
+	Netns *framework.Netns
+	IP    string
 }
 
-// Start runs a node in the framework's node namespace, whose address is
-// framework.NodeIPv4, imports the locally built images and waits for the
-// kubelet to register its Node. On error, what was started is stopped.
+// Start runs a node in its network namespace, imports the locally built
+// images and waits for the kubelet to register its Node. On error, what
+// was started is stopped.
 func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, err error) {
+	if opts.Netns == nil {
+		opts.Netns, opts.IP = c.Node, framework.NodeIPv4
+	}
 	n := &Node{
-		Name: opts.Name, IP: framework.NodeIPv4, PodCIDR: opts.PodCIDR,
-		Dir: filepath.Join(c.Dir, opts.Name), netns: c.Node.Name, tools: opts.Tools,
+		Name: opts.Name, IP: opts.IP, PodCIDR: opts.PodCIDR,
+		Dir: filepath.Join(c.Dir, opts.Name), netns: opts.Netns.Name, tools: opts.Tools,
 		ca: c.CACertPath(), cluster: c, extraImages: opts.ExtraImages,
 	}
 	framework.CleanupCgroups(n.CgroupRoot())
@@ -98,6 +105,32 @@ func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, er
 
 func (n *Node) path(rel string) string { return filepath.Join(n.Dir, rel) }
 
+// NetnsPath is the node's network namespace, for setns.
+func (n *Node) NetnsPath() string { return "/run/netns/" + n.netns }
+
+// Command is a command run in the node's network namespace.
+func (n *Node) Command(args ...string) *exec.Cmd {
+	return exec.Command("ip", append([]string{"netns", "exec", n.netns}, args...)...)
+}
+
+// RouteBetween gives each node a route to every other node's pod CIDR via
+// that node's address on the underlay (its eth0), as a cluster's network
+// plugin does in its simplest, routed form: pods reach pods on other
+// nodes unmasqueraded.
+func RouteBetween(nodes []*Node) error {
+	for _, n := range nodes {
+		for _, peer := range nodes {
+			if peer == n {
+				continue
+			}
+			if out, err := exec.Command("ip", "-n", n.netns, "route", "replace", peer.PodCIDR, "via", peer.IP, "dev", "eth0").CombinedOutput(); err != nil {
+				return fmt.Errorf("%s: route to %s's pods: %w: %s", n.Name, peer.Name, err, out)
+			}
+		}
+	}
+	return nil
+}
+
 // Socket is containerd's socket.
 func (n *Node) Socket() string { return n.path("containerd.sock") }
 
@@ -128,15 +161,15 @@ func (n *Node) writeConfigs() error {
 	return nil
 }
 
-// startContainerd starts containerd in the node's network namespace and a
-// new mount namespace (see initScript), and waits for its socket.
+// startContainerd starts containerd in the node's network namespace and
+// new mount and UTS namespaces (see initScript), and waits for its socket.
 func (n *Node) startContainerd(ctx context.Context) error {
 	script := n.path("init.sh")
 	if err := os.WriteFile(script, []byte(n.initScript(filepath.Join(n.tools, "containerd"))), 0o755); err != nil {
 		return err
 	}
 	cmd := exec.Command("nsenter", "--net=/run/netns/"+n.netns, "--",
-		"unshare", "--mount", "--propagation", "private", "--", "sh", script)
+		"unshare", "--mount", "--uts", "--propagation", "private", "--", "sh", script)
 	// The shim is found on PATH; runc is Debian's.
 	cmd.Env = append(os.Environ(), "PATH="+n.tools+":"+os.Getenv("PATH"))
 	p, err := n.cluster.StartProcess(n.Name+"-containerd", cmd)
@@ -175,8 +208,8 @@ func (n *Node) importImages(ctx context.Context) error {
 	return nil
 }
 
-// startKubelet starts the kubelet in containerd's namespaces (network and
-// mount) and waits for its Node object.
+// startKubelet starts the kubelet in containerd's namespaces (network,
+// mount and UTS) and waits for its Node object.
 func (n *Node) startKubelet(ctx context.Context) error {
 	// A client certificate in system:masters: the control plane runs RBAC
 	// alone, without the Node authorizer that would grant system:nodes
@@ -186,7 +219,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 		return err
 	}
 	pid := n.containerd.Pid()
-	cmd := exec.Command("nsenter", "--target", fmt.Sprint(pid), "--mount", "--net", "--",
+	cmd := exec.Command("nsenter", "--target", fmt.Sprint(pid), "--mount", "--net", "--uts", "--",
 		filepath.Join(n.tools, "kubelet"),
 		"--config="+n.path("kubelet.yaml"),
 		"--kubeconfig="+kubeconfig,

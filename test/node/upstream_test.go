@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,17 +35,23 @@ var skips = []struct{ pattern, reason string }{
 }
 
 // TestE2EUpstream runs upstream's e2e.test (v1.36.3) with a focus against
-// one real node (kubelet and containerd) whose kube-proxy is ours or
-// upstream's, run from a config file in the node's network namespace as
-// its DaemonSet runs it in a cluster. `make e2e-upstream MODE=iptables
-// KUBE_PROXY=ours|upstream` runs it (KUBE_PROXY=upstream,ours runs both in
-// turn on one cluster and node); each run's JUnit report and results list
-// go to _output/e2e-upstream/<mode>-<kube-proxy>.
+// real nodes (kubelet and containerd, RAPIDPROXY_E2E_NODES of them, each in
+// its network namespace on the underlay the framework makes) whose
+// kube-proxies are ours or upstream's, each run from a config file in its
+// node's network namespace as its DaemonSet runs it in a cluster. `make
+// e2e-upstream MODE=iptables KUBE_PROXY=ours|upstream NODES=2` runs it
+// (KUBE_PROXY=upstream,ours runs both in turn on one cluster and its
+// nodes); each run's JUnit report and results list go to
+// _output/e2e-upstream/<mode>-<kube-proxy>.
 func TestE2EUpstream(t *testing.T) {
 	tools := nodeTools(t)
 	mode := envOr("RAPIDPROXY_E2E_MODE", "iptables")
 	whichList := envOr("RAPIDPROXY_E2E_KUBE_PROXY", "ours")
 	focus := envOr("RAPIDPROXY_E2E_FOCUS", defaultFocus)
+	nodeCount, err := strconv.Atoi(envOr("RAPIDPROXY_E2E_NODES", "2"))
+	if err != nil || nodeCount < 1 || nodeCount > maxNodes {
+		t.Fatalf("RAPIDPROXY_E2E_NODES=%q: want 1 to %d", os.Getenv("RAPIDPROXY_E2E_NODES"), maxNodes)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 170*time.Minute)
 	defer cancel()
 
@@ -53,7 +60,9 @@ func TestE2EUpstream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Stop()
+	// A cleanup, not a defer: the nodes' cleanups, registered later, run
+	// before it.
+	t.Cleanup(c.Stop)
 	root, err := framework.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -62,31 +71,74 @@ func TestE2EUpstream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := Start(ctx, c, Options{Name: "real-1", PodCIDR: "10.244.5.0/24", Tools: tools, ExtraImages: []string{agnhost}})
+	conntrackImages, err := BuildConntrackTestImages(tools, c.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer n.Stop()
-	if err := waitNodeReady(ctx, c, n.Name); err != nil {
+	images := append([]string{agnhost}, conntrackImages...)
+	nodes, err := startNodes(ctx, t, c, nodeCount, Options{Tools: tools, ExtraImages: images})
+	if err != nil {
 		t.Fatal(err)
 	}
 
-	dns, err := StartClusterDNS(ctx, c.Client, "/run/netns/"+c.Node.Name, n.IP)
+	// The DNS stand-in listens on the first node; pods on the others reach
+	// it through their kube-proxy and the underlay.
+	dns, err := StartClusterDNS(ctx, c.Client, nodes[0].NetnsPath(), nodes[0].IP)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer dns.Stop()
 	// Each kube-proxy named runs the suite in turn on the same cluster and
-	// node; the one before is stopped and its rules removed with its own
+	// nodes; the one before is stopped and its rules removed with its own
 	// --cleanup first, as when a cluster changes its kube-proxy.
 	for _, which := range strings.Split(whichList, ",") {
-		t.Run(which, func(t *testing.T) { runSuite(ctx, t, c, n, root, tools, mode, which, focus) })
+		t.Run(which, func(t *testing.T) { runSuite(ctx, t, c, nodes, root, tools, mode, which, focus) })
 	}
 }
 
-// runSuite runs one kube-proxy on the node and upstream's e2e.test
-// against it, then stops it and removes its rules.
-func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, n *Node, root, tools, mode, which, focus string) {
+// maxNodes is how many nodes the addresses below leave room for.
+const maxNodes = 9
+
+// startNodes starts count nodes, real-1 to real-<count>, and waits until
+// each is Ready: real-1 in the framework's node namespace at
+// framework.NodeIPv4 (10.255.0.2), real-i in a namespace of its own at
+// 10.255.0.<i+1>, all on the underlay; real-i's pod CIDR is
+// 10.244.<i+4>.0/24, routed from every other node. Each node is stopped
+// when the test ends.
+func startNodes(ctx context.Context, t *testing.T, c *framework.Cluster, count int, opts Options) ([]*Node, error) {
+	var nodes []*Node
+	for i := 1; i <= count; i++ {
+		o := opts
+		o.Name, o.PodCIDR = fmt.Sprintf("real-%d", i), fmt.Sprintf("10.244.%d.0/24", i+4)
+		if i > 1 {
+			o.IP = fmt.Sprintf("10.255.0.%d", i+1)
+			ns, err := c.AddNodeNetns(o.Name, o.IP)
+			if err != nil {
+				return nil, fmt.Errorf("node %s: %w", o.Name, err)
+			}
+			o.Netns = ns
+		}
+		n, err := Start(ctx, c, o)
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(n.Stop)
+		nodes = append(nodes, n)
+	}
+	if err := RouteBetween(nodes); err != nil {
+		return nil, err
+	}
+	for _, n := range nodes {
+		if err := waitNodeReady(ctx, c, n.Name); err != nil {
+			return nil, fmt.Errorf("node %s not Ready: %w", n.Name, err)
+		}
+	}
+	return nodes, nil
+}
+
+// runSuite runs one kube-proxy on each node and upstream's e2e.test
+// against them, then stops them and removes their rules.
+func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, nodes []*Node, root, tools, mode, which, focus string) {
 	binary := c.KubeProxy()
 	if which == "upstream" {
 		binary = c.UpstreamKubeProxy()
@@ -100,29 +152,28 @@ func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, n *Node, 
 	if err := os.MkdirAll(reportDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	name := "kube-proxy-" + which
+	logs := []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+	for _, n := range nodes {
+		logs = append(logs, n.Name+"-kubelet", n.Name+"-containerd", "kube-proxy-"+which+"-"+n.Name)
+	}
 	defer func() {
 		// The logs outlive the cluster's directory, for a failure's reasons.
-		for _, log := range []string{n.Name + "-kubelet", n.Name + "-containerd", name, "kube-apiserver",
-			"kube-controller-manager", "kube-scheduler"} {
+		for _, log := range logs {
 			_ = exec.Command("cp", c.LogPath(log), reportDir).Run()
 		}
 	}()
-	config := kubeProxyConfig(c, n, mode)
-	proxy, err := c.StartKubeProxy(name, binary, config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		proxy.Stop()
-		if out, err := c.Node.Command(binary, "--config="+proxy.ConfigPath, "--cleanup").CombinedOutput(); err != nil {
-			t.Errorf("%s --cleanup: %v\n%s", binary, err, out)
+	for _, n := range nodes {
+		proxy, err := startNodeKubeProxy(ctx, c, n, "kube-proxy-"+which+"-"+n.Name, binary, mode)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}()
-	if err := proxy.WaitHealthy(ctx, time.Minute); err != nil {
-		t.Fatal(err)
+		defer func() {
+			if err := proxy.stop(); err != nil {
+				t.Error(err)
+			}
+		}()
 	}
-	t.Logf("node %s Ready, %s kube-proxy (%s) healthy; running e2e.test", n.Name, which, mode)
+	t.Logf("%d nodes Ready, %s kube-proxy (%s) healthy on each; running e2e.test", len(nodes), which, mode)
 
 	var skipPatterns []string
 	for _, s := range skips {
@@ -136,7 +187,7 @@ func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, n *Node, 
 		"--dump-logs-on-failure=false",
 		// Said, not detected: in parallel only the first process detects
 		// it, the others see -1.
-		"--num-nodes=1",
+		"--num-nodes=" + strconv.Itoa(len(nodes)),
 	}
 	ginkgoArgs := []string{"--focus=" + focus, "--skip=" + strings.Join(skipPatterns, "|"),
 		"--no-color", "-v", "--timeout=160m"}
