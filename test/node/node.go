@@ -27,7 +27,7 @@ type Node struct {
 	// kubelet's root directory, CNI configuration and IPAM, logs of pods.
 	Dir string
 
-	netns      string
+	netns      *framework.Netns
 	tools      string
 	pauseTag   string
 	ca         string
@@ -62,7 +62,7 @@ func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, er
 	}
 	n := &Node{
 		Name: opts.Name, IP: opts.IP, PodCIDR: opts.PodCIDR,
-		Dir: filepath.Join(c.Dir, opts.Name), netns: opts.Netns.Name, tools: opts.Tools,
+		Dir: filepath.Join(c.Dir, opts.Name), netns: opts.Netns, tools: opts.Tools,
 		ca: c.CACertPath(), cluster: c, extraImages: opts.ExtraImages,
 	}
 	framework.CleanupCgroups(n.CgroupRoot())
@@ -106,11 +106,11 @@ func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, er
 func (n *Node) path(rel string) string { return filepath.Join(n.Dir, rel) }
 
 // NetnsPath is the node's network namespace, for setns.
-func (n *Node) NetnsPath() string { return "/run/netns/" + n.netns }
+func (n *Node) NetnsPath() string { return "/run/netns/" + n.netns.Name }
 
 // Command is a command run in the node's network namespace.
 func (n *Node) Command(args ...string) *exec.Cmd {
-	return exec.Command("ip", append([]string{"netns", "exec", n.netns}, args...)...)
+	return n.netns.Command(args...)
 }
 
 // RouteBetween gives each node a route to every other node's pod CIDR via
@@ -123,7 +123,7 @@ func RouteBetween(nodes []*Node) error {
 			if peer == n {
 				continue
 			}
-			if out, err := exec.Command("ip", "-n", n.netns, "route", "replace", peer.PodCIDR, "via", peer.IP, "dev", "eth0").CombinedOutput(); err != nil {
+			if out, err := exec.Command("ip", "-n", n.netns.Name, "route", "replace", peer.PodCIDR, "via", peer.IP, "dev", "eth0").CombinedOutput(); err != nil {
 				return fmt.Errorf("%s: route to %s's pods: %w: %s", n.Name, peer.Name, err, out)
 			}
 		}
@@ -168,7 +168,7 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	if err := os.WriteFile(script, []byte(n.initScript(filepath.Join(n.tools, "containerd"))), 0o755); err != nil {
 		return err
 	}
-	cmd := exec.Command("nsenter", "--net=/run/netns/"+n.netns, "--",
+	cmd := exec.Command("nsenter", "--net="+n.NetnsPath(), "--",
 		"unshare", "--mount", "--uts", "--propagation", "private", "--", "sh", script)
 	// The shim is found on PATH; runc is Debian's.
 	cmd.Env = append(os.Environ(), "PATH="+n.tools+":"+os.Getenv("PATH"))
@@ -255,7 +255,7 @@ func (n *Node) Stop() {
 		n.containerd.Stop()
 	}
 	killShims(n.Socket())
-	_ = exec.Command("ip", "-n", n.netns, "link", "delete", "cni0").Run()
+	_ = exec.Command("ip", "-n", n.netns.Name, "link", "delete", "cni0").Run()
 	_ = exec.Command("ip", "route", "delete", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).Run()
 	_ = os.RemoveAll(n.Dir)
 }
