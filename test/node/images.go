@@ -40,17 +40,12 @@ func BuildAgnhostImage(tools, dir string) (string, error) {
 	out := filepath.Join(dir, "agnhost-e2e.tar")
 	args := []string{"-name", "registry.k8s.io/e2e-test-images/agnhost:" + strings.TrimSpace(string(version)), "-o", out,
 		"-entrypoint", "/agnhost", "-cmd", "pause", "-file", "/agnhost=" + filepath.Join(tools, "agnhost"), "-link", "/agnhost-2=agnhost",
-		"-file", "/localhost.crt=" + filepath.Join(porter, "localhost.crt"), "-file", "/localhost.key=" + filepath.Join(porter, "localhost.key"),
-		"-file", "/bin/busybox=/bin/busybox"}
-	applets, err := exec.Command("/bin/busybox", "--list").Output()
+		"-file", "/localhost.crt=" + filepath.Join(porter, "localhost.crt"), "-file", "/localhost.key=" + filepath.Join(porter, "localhost.key")}
+	busybox, err := busyboxArgs(agnhostTools)
 	if err != nil {
-		return "", fmt.Errorf("busybox --list: %w", err)
+		return "", err
 	}
-	for _, a := range strings.Fields(string(applets)) {
-		if _, replaced := agnhostTools["/bin/"+a]; a != "busybox" && !replaced {
-			args = append(args, "-link", "/bin/"+a+"=busybox")
-		}
-	}
+	args = append(args, busybox...)
 	libs := map[string]bool{}
 	for dst, src := range agnhostTools {
 		if _, err := os.Stat(src); err != nil {
@@ -111,15 +106,16 @@ func kubernetesSource() (string, error) {
 }
 
 // busyboxArgs are ociimage's arguments for Debian's static busybox at
-// /bin/busybox with every applet linked in /bin.
-func busyboxArgs() ([]string, error) {
+// /bin/busybox with every applet linked in /bin, but those whose path
+// replaced holds (an image's own programs there).
+func busyboxArgs(replaced map[string]string) ([]string, error) {
 	applets, err := exec.Command("/bin/busybox", "--list").Output()
 	if err != nil {
 		return nil, fmt.Errorf("busybox --list: %w", err)
 	}
 	args := []string{"-file", "/bin/busybox=/bin/busybox"}
 	for _, a := range strings.Fields(string(applets)) {
-		if a != "busybox" {
+		if _, own := replaced["/bin/"+a]; a != "busybox" && !own {
 			args = append(args, "-link", "/bin/"+a+"=busybox")
 		}
 	}
@@ -136,7 +132,7 @@ func busyboxArgs() ([]string, error) {
 //   - regression-issue-74839 (1.4), the invalid-conntrack-state test's
 //     server, built from the pinned module's test/images source.
 func BuildConntrackTestImages(tools, dir string) ([]string, error) {
-	busybox, err := busyboxArgs()
+	busybox, err := busyboxArgs(nil)
 	if err != nil {
 		return nil, err
 	}
