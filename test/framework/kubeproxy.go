@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,6 +17,9 @@ import (
 type KubeProxy struct {
 	*Process
 	ConfigPath string
+	// HealthzIP is the address its health server answers on: the node's
+	// primary IP (NodeIPv4 unless started by StartKubeProxyIn).
+	HealthzIP string
 }
 
 // KubeProxyConfig returns a config file for this cluster's node; extra is
@@ -36,17 +40,26 @@ func (c *Cluster) StartKubeProxy(name, binary, config string, flags ...string) (
 // StartKubeProxyUnder is StartKubeProxy with the command line run by a
 // wrapper command, e.g. "env", "KEY=value".
 func (c *Cluster) StartKubeProxyUnder(name string, wrapper []string, binary, config string, flags ...string) (*KubeProxy, error) {
+	return c.startKubeProxy(c.Node, NodeIPv4, name, wrapper, binary, config, flags...)
+}
+
+// StartKubeProxyIn is StartKubeProxy in another node's namespace ns, whose
+// primary address, healthzIP, its health server answers on.
+func (c *Cluster) StartKubeProxyIn(ns *Netns, healthzIP, name, binary, config string, flags ...string) (*KubeProxy, error) {
+	return c.startKubeProxy(ns, healthzIP, name, nil, binary, config, flags...)
+}
+
+func (c *Cluster) startKubeProxy(ns *Netns, healthzIP, name string, wrapper []string, binary, config string, flags ...string) (*KubeProxy, error) {
 	path := filepath.Join(c.Dir, name+".yaml")
 	if err := os.WriteFile(path, []byte(config), 0o644); err != nil {
 		return nil, err
 	}
 	args := append(append(slices.Clone(wrapper), binary, "--config="+path), flags...)
-	p, err := c.StartKubeProxyCommand(name, args...)
+	p, err := c.start(name, ns.Command(args...))
 	if err != nil {
 		return nil, err
 	}
-	p.ConfigPath = path
-	return p, nil
+	return &KubeProxy{Process: p, ConfigPath: path, HealthzIP: healthzIP}, nil
 }
 
 // StartKubeProxyCommand runs a whole command line (a kube-proxy binary,
@@ -56,13 +69,13 @@ func (c *Cluster) StartKubeProxyCommand(name string, args ...string) (*KubeProxy
 	if err != nil {
 		return nil, err
 	}
-	return &KubeProxy{Process: p}, nil
+	return &KubeProxy{Process: p, HealthzIP: NodeIPv4}, nil
 }
 
-// Healthz fetches kube-proxy's /healthz from the node namespace's
-// healthz port, as the node's primary IP serves it.
+// Healthz fetches kube-proxy's /healthz from its node's healthz port, as
+// the node's primary IP serves it.
 func (k *KubeProxy) Healthz() (int, string, error) {
-	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + NodeIPv4 + ":10256/healthz")
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + net.JoinHostPort(k.HealthzIP, "10256") + "/healthz")
 	if err != nil {
 		return 0, "", err
 	}
