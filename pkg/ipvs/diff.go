@@ -46,15 +46,27 @@ type diff struct {
 	// unbind are the addresses to unbind at the end (false: taken up
 	// again by another service port).
 	unbind map[netip.Addr]bool
-	// touchedServers and touchedBound are what the published snapshot
-	// must look at again.
-	touchedServers map[VirtualServerKey]bool
-	touchedBound   map[netip.Addr]bool
+	// servers and bound are the next snapshot's, edited from the last's
+	// (a full sync starts them afresh); gen is its number, last the
+	// snapshot of the sync before.
+	servers *shardedEdit[VirtualServerKey, appliedServer]
+	bound   *shardedEdit[netip.Addr, int]
+	gen     uint64
+	last    *appliedSnapshot
 }
 
 func (p *Syncer) newDiff(kernel *kernelObjects, listed map[VirtualServerKey][]RealServer) *diff {
-	return &diff{p: p, kernel: kernel, listed: listed, deleting: map[SetEntry]bool{}, unbind: map[netip.Addr]bool{},
-		touchedServers: map[VirtualServerKey]bool{}, touchedBound: map[netip.Addr]bool{}}
+	last := p.last
+	if last == nil {
+		last = emptySnapshot()
+	}
+	d := &diff{p: p, kernel: kernel, listed: listed, deleting: map[SetEntry]bool{}, unbind: map[netip.Addr]bool{},
+		gen: last.gen + 1, last: last}
+	if kernel != nil {
+		last = emptySnapshot()
+	}
+	d.servers, d.bound = last.servers.edit(), last.bound.edit()
+	return d
 }
 
 func (d *diff) step(o op) { d.plan.steps = append(d.plan.steps, o) }
@@ -66,34 +78,34 @@ func (d *diff) replace(name state.ServicePortName, old, updated ServiceObjects) 
 	wanted := map[VirtualServerKey]bool{}
 	for i := range updated.Servers {
 		s := &updated.Servers[i]
-		if owner, taken := o.servers[s.VirtualServerKey]; taken && owner != name {
-			klog.InfoS("Virtual server already belongs to another service port; skipping it", "servicePort", name, "virtualServer", s.VirtualServerKey, "owner", owner)
+		if have, taken := d.servers.get(s.VirtualServerKey); taken && have.owner != name {
+			klog.InfoS("Virtual server already belongs to another service port; skipping it", "servicePort", name, "virtualServer", s.VirtualServerKey, "owner", have.owner)
 			continue
 		}
 		wanted[s.VirtualServerKey] = true
-		d.touchedServers[s.VirtualServerKey] = true
 		d.server(s, findServer(old.Servers, s.VirtualServerKey))
-		o.servers[s.VirtualServerKey] = name
+		d.own(name, s)
 	}
 	for _, s := range old.Servers {
-		if !wanted[s.VirtualServerKey] && o.servers[s.VirtualServerKey] == name {
-			delete(o.servers, s.VirtualServerKey)
-			d.touchedServers[s.VirtualServerKey] = true
+		if have, ok := d.servers.get(s.VirtualServerKey); ok && !wanted[s.VirtualServerKey] && have.owner == name {
+			d.servers.delete(s.VirtualServerKey)
 			d.plan.deleteServers = append(d.plan.deleteServers, s.VirtualServerKey)
 		}
 	}
 	for _, a := range updated.Bound {
-		if o.bound[a]++; o.bound[a] == 1 {
+		n, _ := d.bound.get(a)
+		if d.bound.set(a, n+1); n == 0 {
 			d.bind(a)
 		}
 	}
 	for _, a := range old.Bound {
-		if o.bound[a]--; o.bound[a] == 0 {
-			delete(o.bound, a)
-			d.unbind[a] = true
-			d.touchedBound[a] = true
-			d.entry(SetEntry{Set: p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, true)
+		if n, _ := d.bound.get(a); n > 1 {
+			d.bound.set(a, n-1)
+			continue
 		}
+		d.bound.delete(a)
+		d.unbind[a] = true
+		d.entry(SetEntry{Set: p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, true)
 	}
 	for _, e := range updated.Entries {
 		if o.entries[e]++; o.entries[e] == 1 {
@@ -119,6 +131,17 @@ func (d *diff) replace(name state.ServicePortName, old, updated ServiceObjects) 
 	} else {
 		p.applied[name] = updated
 	}
+}
+
+// own records name as s's owner. The server's generation moves only when
+// its real servers change: the drift check compares only what no sync
+// changed since it began to list the kernel.
+func (d *diff) own(name state.ServicePortName, s *Server) {
+	gen := d.gen
+	if prev, ok := d.last.servers.get(s.VirtualServerKey); ok && slices.Equal(prev.reals, s.Reals) {
+		gen = prev.gen
+	}
+	d.servers.set(s.VirtualServerKey, appliedServer{owner: name, reals: s.Reals, gen: gen})
 }
 
 func findServer(servers []Server, key VirtualServerKey) *Server {
@@ -195,7 +218,6 @@ func (d *diff) removeReal(s *Server, rs RealServer) {
 }
 
 func (d *diff) bind(a netip.Addr) {
-	d.touchedBound[a] = true
 	d.entry(SetEntry{Set: d.p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, false)
 	if d.unbind[a] {
 		// Another service port gave it up in this sync: it is bound.

@@ -145,11 +145,10 @@ func New(cfg Config) *Syncer {
 	}
 }
 
-// objectCounts counts how many service ports want each shared object: an
-// address or set entry stays while one still does.
+// objectCounts counts how many service ports want each set entry: an
+// entry stays while one still does (the snapshot counts the addresses and
+// owns the virtual servers).
 type objectCounts struct {
-	servers map[VirtualServerKey]state.ServicePortName
-	bound   map[netip.Addr]int
 	entries map[SetEntry]int
 	// setSizes count each set's entries in the kernel, and waiting the
 	// entries wanted but not there because their set was full (by the
@@ -163,7 +162,6 @@ type objectCounts struct {
 
 func newObjectCounts() objectCounts {
 	return objectCounts{
-		servers: map[VirtualServerKey]state.ServicePortName{}, bound: map[netip.Addr]int{},
 		entries: map[SetEntry]int{}, setSizes: map[string]int{}, outFilter: map[iptables.Rule]int{},
 		waiting: map[SetEntry]uint64{}, waitingIn: map[string]int{},
 	}

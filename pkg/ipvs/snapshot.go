@@ -5,12 +5,14 @@ import (
 	"iter"
 	"maps"
 	"net/netip"
-	"slices"
+
+	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
 // appliedSnapshot is what the syncs applied, published for the drift
 // check, which reads it without the syncer's lock. A published snapshot is
-// never changed: the next sync publishes another.
+// never changed: the next sync's diff edits a copy of its maps (shardedMap
+// copies only the shards it changes) and publishes that.
 type appliedSnapshot struct {
 	// gen numbers the syncs; settled is false while the sync that
 	// published it is still changing the kernel.
@@ -19,19 +21,26 @@ type appliedSnapshot struct {
 	// fullSyncs counts the full syncs begun: one voids a check that
 	// overlapped it.
 	fullSyncs uint64
-	// servers are our virtual servers with the real servers they want,
-	// bound our addresses on kube-ipvs0, setSizes each set's entries.
+	// servers are our virtual servers, each with its owner and the real
+	// servers it wants; bound counts the service ports wanting each
+	// address on kube-ipvs0; setSizes are each set's entries. The diff
+	// keeps its counts in them: they are the syncer's only copy.
 	servers  *shardedMap[VirtualServerKey, appliedServer]
-	bound    *shardedMap[netip.Addr, struct{}]
+	bound    *shardedMap[netip.Addr, int]
 	setSizes map[string]int
 }
 
-// appliedServer is one virtual server's wanted real servers, and the sync
-// that last changed them: a check compares only what no sync changed
-// since it began to list the kernel.
+// appliedServer is one virtual server's owner and wanted real servers,
+// and the sync that last changed them: a check compares only what no
+// sync changed since it began to list the kernel.
 type appliedServer struct {
+	owner state.ServicePortName
 	reals []netip.AddrPort
 	gen   uint64
+}
+
+func emptySnapshot() *appliedSnapshot {
+	return &appliedSnapshot{servers: newShardedMap[VirtualServerKey, appliedServer](), bound: newShardedMap[netip.Addr, int]()}
 }
 
 // stableSince is the last sync whose kernel changes were all made when s
@@ -45,55 +54,13 @@ func (s *appliedSnapshot) stableSince() uint64 {
 }
 
 // nextSnapshot is the snapshot after a sync's diff, before its kernel
-// changes are made: only the virtual servers and addresses the diff
-// touched are looked at (all of them after a full sync, which starts the
-// counts afresh).
+// changes are made.
 func (p *Syncer) nextSnapshot(d *diff, full bool) *appliedSnapshot {
-	last := p.last
-	if last == nil {
-		last = &appliedSnapshot{servers: newShardedMap[VirtualServerKey, appliedServer](), bound: newShardedMap[netip.Addr, struct{}]()}
-	}
-	next := &appliedSnapshot{gen: last.gen + 1, fullSyncs: last.fullSyncs, setSizes: maps.Clone(p.objects.setSizes)}
-	servers, bound := last.servers.edit(), last.bound.edit()
-	touchedServers, touchedBound := d.touchedServers, d.touchedBound
+	next := &appliedSnapshot{gen: d.gen, fullSyncs: d.last.fullSyncs, setSizes: maps.Clone(p.objects.setSizes),
+		servers: d.servers.done(), bound: d.bound.done()}
 	if full {
 		next.fullSyncs++
-		touchedServers, touchedBound = map[VirtualServerKey]bool{}, map[netip.Addr]bool{}
-		for key := range last.servers.all() {
-			touchedServers[key] = true
-		}
-		for key := range p.objects.servers {
-			touchedServers[key] = true
-		}
-		for a := range last.bound.all() {
-			touchedBound[a] = true
-		}
-		for a := range p.objects.bound {
-			touchedBound[a] = true
-		}
 	}
-	for key := range touchedServers {
-		owner, ours := p.objects.servers[key]
-		if !ours {
-			servers.delete(key)
-			continue
-		}
-		var reals []netip.AddrPort
-		if s := findServer(p.applied[owner].Servers, key); s != nil {
-			reals = s.Reals
-		}
-		if have, ok := last.servers.get(key); !ok || !slices.Equal(have.reals, reals) {
-			servers.set(key, appliedServer{reals: reals, gen: next.gen})
-		}
-	}
-	for a := range touchedBound {
-		if p.objects.bound[a] > 0 {
-			bound.set(a, struct{}{})
-		} else {
-			bound.delete(a)
-		}
-	}
-	next.servers, next.bound = servers.done(), bound.done()
 	return next
 }
 
@@ -156,6 +123,8 @@ func (e *shardedEdit[K, V]) writable(i int) map[K]V {
 	}
 	return e.m.shards[i]
 }
+
+func (e *shardedEdit[K, V]) get(k K) (V, bool) { return e.m.get(k) }
 
 func (e *shardedEdit[K, V]) set(k K, v V) {
 	s := e.writable(e.m.shard(k))

@@ -132,7 +132,7 @@ func newNode() *node {
 
 // proxier is the proxy core running the IPVS mode on the node, as the
 // server wires them, with drain checks every few milliseconds.
-func (n *node) proxier(t *testing.T, exclude ...netip.Prefix) (*proxy.Core, *ipvs.Syncer) {
+func (n *node) proxier(t testing.TB, exclude ...netip.Prefix) (*proxy.Core, *ipvs.Syncer) {
 	t.Helper()
 	detector, err := localdetect.New(localdetect.Settings{Mode: "ClusterCIDR", CIDRs: []string{"10.244.0.0/16"}}, v1.IPv4Protocol)
 	if err != nil {
@@ -152,7 +152,7 @@ func (n *node) proxier(t *testing.T, exclude ...netip.Prefix) (*proxy.Core, *ipv
 	return core, mode
 }
 
-func sync(t *testing.T, c *proxy.Core) {
+func sync(t testing.TB, c *proxy.Core) {
 	t.Helper()
 	if err := c.SyncOnce(); err != nil {
 		t.Fatal(err)
