@@ -87,7 +87,12 @@ func waitLoad(t *testing.T, what string, load *framework.Load) framework.LoadRes
 // reachesPod waits until requests through the service reach pod.
 func reachesPod(t *testing.T, client *framework.Pod, svc *v1.Service, pod string) {
 	t.Helper()
-	eventually(t, time.Minute, pod+" answers through the service", func() error {
+	reachesPodWithin(t, client, svc, pod, time.Minute)
+}
+
+func reachesPodWithin(t *testing.T, client *framework.Pod, svc *v1.Service, pod string, timeout time.Duration) {
+	t.Helper()
+	eventually(t, timeout, pod+" answers through the service", func() error {
 		for range 30 {
 			if r, err := client.Netns.Request("tcp", net.JoinHostPort(svc.Spec.ClusterIP, "80"), time.Second); err == nil && r.Pod == pod {
 				return nil
@@ -221,6 +226,13 @@ func TestAPIServerOutageKeepsTrafficAndResumesWatches(t *testing.T) {
 			t.Fatal(err)
 		}
 		back := time.Now()
+		logFrom := logSize(t)
+		defer func() {
+			if t.Failed() {
+				lines := strings.Split(strings.TrimSpace(logSince(t, logFrom)), "\n")
+				t.Logf("our kube-proxy's log since the restart (its last 100 lines):\n%s", strings.Join(lines[max(0, len(lines)-100):], "\n"))
+			}
+		}()
 		t.Logf("API server down for %s; /healthz and /livez during the outage: %v", back.Sub(stopped).Round(time.Millisecond), during)
 		if !during.onlyOK() {
 			t.Errorf("/healthz or /livez failed during the outage: %v", during)
@@ -239,9 +251,15 @@ func TestAPIServerOutageKeepsTrafficAndResumesWatches(t *testing.T) {
 			return nil
 		})
 		sliced := time.Now()
-		reachesPod(t, client, svc, name+"-c")
-		t.Logf("an endpoint added once the API server was ready: in the slices %s later, served %s after that",
-			sliced.Sub(back).Round(time.Millisecond), time.Since(sliced).Round(time.Millisecond))
+		// Our reflectors back off on their own: the slice reaches us once
+		// the controller-manager has written it and ours have reconnected,
+		// which their wait (capped at 30 s, plus up to as much again of
+		// jitter) and a watch that fails again while the restarted API
+		// server warms up its caches put up to about two minutes after the
+		// restart.
+		reachesPodWithin(t, client, svc, name+"-c", max(time.Minute, time.Until(back.Add(2*reflectorMaxWait))))
+		t.Logf("an endpoint added once the API server was ready: in the slices %s later, served %s after that (%s after the restart)",
+			sliced.Sub(back).Round(time.Millisecond), time.Since(sliced).Round(time.Millisecond), time.Since(back).Round(time.Millisecond))
 		after := healthCodes{}
 		after.poll()
 		if !after.onlyOK() {
@@ -267,6 +285,11 @@ func TestAPIServerOutageKeepsTrafficAndResumesWatches(t *testing.T) {
 		}
 	})
 }
+
+// reflectorMaxWait is the longest a client-go reflector waits before it
+// tries its watch again: its backoff is capped at 30 s, with a jitter of
+// up to 100%.
+const reflectorMaxWait = time.Minute
 
 // restartOurProxy ends our kube-proxy with sig and starts it again over
 // the rules it left, returning the time from the signal to its first sync.
