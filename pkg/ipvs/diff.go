@@ -228,7 +228,7 @@ func (d *diff) bind(a netip.Addr) {
 		delete(d.kernel.bound, a)
 		return
 	}
-	d.step(op{kind: opBind, addr: a})
+	d.step(op{kind: opBind, real: netip.AddrPortFrom(a, 0)})
 }
 
 // entry records a set change; a full sync skips what the kernel holds,

@@ -42,6 +42,29 @@ func BenchmarkHeapAt10k(b *testing.B) {
 // benchmark, shows what it holds.
 var kept any
 
+// BenchmarkEndpointChangeAt10k is one partial sync of an endpoint change
+// among 10,000 ClusterIP services of 5 endpoints each, into the fake
+// kernel.
+func BenchmarkEndpointChangeAt10k(b *testing.B) {
+	const services = 10000
+	n := newNode()
+	core, _ := n.proxier(b)
+	for i := range services {
+		name := fmt.Sprintf("svc-%d", i)
+		service(core, name, fmt.Sprintf("10.96.%d.%d", i/250, i%250+1))
+		endpoints(core, name, v1.ProtocolTCP, fiveEndpoints(i, 0)...)
+	}
+	synced(core)
+	sync(b, core)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for c := range b.N {
+		i := c * 7919 % services
+		endpoints(core, fmt.Sprintf("svc-%d", i), v1.ProtocolTCP, fiveEndpoints(i, c%2+1)...)
+		sync(b, core)
+	}
+}
+
 // fiveEndpoints are service i's endpoints; another generation moves the
 // first.
 func fiveEndpoints(i, generation int) []string {
