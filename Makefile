@@ -52,7 +52,7 @@ e2e-node-smoke: deps build tools node-tools
 MODE ?= iptables
 KUBE_PROXY ?= ours
 PROCS ?= 1
-NODES ?= 2
+NODES ?= 3
 e2e-upstream: deps build tools node-tools
 	@# What the e2e tests' agnhost image takes from Debian (test/node/images.go: agnhostTools).
 	@[ -x /bin/nc.openbsd ] && [ -x /usr/bin/curl ] && [ -x /usr/bin/wget ] && [ -x /bin/dash ] || \

@@ -39,7 +39,7 @@ var skips = []struct{ pattern, reason string }{
 // its network namespace on the underlay the framework makes) whose
 // kube-proxies are ours or upstream's, each run from a config file in its
 // node's network namespace as its DaemonSet runs it in a cluster. `make
-// e2e-upstream MODE=iptables KUBE_PROXY=ours|upstream NODES=2` runs it
+// e2e-upstream MODE=iptables KUBE_PROXY=ours|upstream NODES=3` runs it
 // (KUBE_PROXY=upstream,ours runs both in turn on one cluster and its
 // nodes); each run's JUnit report and results list go to
 // _output/e2e-upstream/<mode>-<kube-proxy>.
@@ -48,7 +48,7 @@ func TestE2EUpstream(t *testing.T) {
 	mode := envOr("RAPIDPROXY_E2E_MODE", "iptables")
 	whichList := envOr("RAPIDPROXY_E2E_KUBE_PROXY", "ours")
 	focus := envOr("RAPIDPROXY_E2E_FOCUS", defaultFocus)
-	nodeCount, err := strconv.Atoi(envOr("RAPIDPROXY_E2E_NODES", "2"))
+	nodeCount, err := strconv.Atoi(envOr("RAPIDPROXY_E2E_NODES", "3"))
 	if err != nil || nodeCount < 1 || nodeCount > maxNodes {
 		t.Fatalf("RAPIDPROXY_E2E_NODES=%q: want 1 to %d", os.Getenv("RAPIDPROXY_E2E_NODES"), maxNodes)
 	}
