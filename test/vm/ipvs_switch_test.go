@@ -21,9 +21,10 @@ IPVS=$CONFIG
 # (the guest's one emulated CPU, busy with a kube-proxy's start, can hold
 # a reply back for over a second; a SYN the rules drop is sent again only
 # after 1 s, and a gap in the rules shows for longer than that); two
-# long-lived connections to each, opened now, each waiting 5 s for a line
-# back (a connection a switch breaks never gets one; a guest CPU starved
-# by the host's other work has held a reply back for over 2 s).
+# long-lived connections to each, opened now, each waiting 10 s for a line
+# back (a connection a switch breaks never gets one; the guest's CPU,
+# busy with a starting kube-proxy's reads of every iptables backend and
+# family, has held a reply back for over 5 s).
 clients_start() {
 	ip netns exec client podserver -client tcp://10.96.101.10:80 -load 1h -interval 50ms -timeout 2s >/tmp/new-clusterip 2>&1 &
 	CLIENTS=$!
@@ -31,11 +32,11 @@ clients_start() {
 	CLIENTS="$CLIENTS $!"
 	ip netns exec ext-in podserver -client tcp://10.255.3.40:80 -load 1h -interval 50ms -timeout 2s >/tmp/new-lb 2>&1 &
 	CLIENTS="$CLIENTS $!"
-	ip netns exec client podserver -client tcp://10.96.101.10:80 -hold 2 -load 1h -interval 1s -timeout 5s >/tmp/held-clusterip 2>&1 &
+	ip netns exec client podserver -client tcp://10.96.101.10:80 -hold 2 -load 1h -interval 1s -timeout 10s >/tmp/held-clusterip 2>&1 &
 	CLIENTS="$CLIENTS $!"
-	ip netns exec ext-in podserver -client tcp://10.255.0.2:30180 -hold 2 -load 1h -interval 1s -timeout 5s >/tmp/held-nodeport 2>&1 &
+	ip netns exec ext-in podserver -client tcp://10.255.0.2:30180 -hold 2 -load 1h -interval 1s -timeout 10s >/tmp/held-nodeport 2>&1 &
 	CLIENTS="$CLIENTS $!"
-	ip netns exec ext-in podserver -client tcp://10.255.3.40:80 -hold 2 -load 1h -interval 1s -timeout 5s >/tmp/held-lb 2>&1 &
+	ip netns exec ext-in podserver -client tcp://10.255.3.40:80 -hold 2 -load 1h -interval 1s -timeout 10s >/tmp/held-lb 2>&1 &
 	CLIENTS="$CLIENTS $!"
 	sleep 2
 }
