@@ -226,11 +226,9 @@ func TestAPIServerOutageKeepsTrafficAndResumesWatches(t *testing.T) {
 			t.Fatal(err)
 		}
 		back := time.Now()
-		logFrom := logSize(t)
 		defer func() {
 			if t.Failed() {
-				lines := strings.Split(strings.TrimSpace(logSince(t, logFrom)), "\n")
-				t.Logf("our kube-proxy's log since the restart (its last 100 lines):\n%s", strings.Join(lines[max(0, len(lines)-100):], "\n"))
+				t.Logf("our kube-proxy's log, its last 100 lines:\n%s", running.LogTail(100))
 			}
 		}()
 		t.Logf("API server down for %s; /healthz and /livez during the outage: %v", back.Sub(stopped).Round(time.Millisecond), during)
