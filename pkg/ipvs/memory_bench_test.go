@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 )
 
 // BenchmarkHeapAt10k syncs 10,000 ClusterIP services of 5 endpoints each
@@ -19,13 +21,7 @@ func BenchmarkHeapAt10k(b *testing.B) {
 		n := newNode()
 		core, _ := n.proxier(b)
 		base := heapInUse()
-		for i := range services {
-			name := fmt.Sprintf("svc-%d", i)
-			service(core, name, fmt.Sprintf("10.96.%d.%d", i/250, i%250+1))
-			endpoints(core, name, v1.ProtocolTCP, fiveEndpoints(i, 0)...)
-		}
-		synced(core)
-		sync(b, core)
+		syncServices(b, core, services)
 		b.ReportMetric(float64(heapInUse()-base)/1e6, "MB-after-first-sync")
 		for c := range changes {
 			i := c * (services / changes)
@@ -49,13 +45,7 @@ func BenchmarkEndpointChangeAt10k(b *testing.B) {
 	const services = 10000
 	n := newNode()
 	core, _ := n.proxier(b)
-	for i := range services {
-		name := fmt.Sprintf("svc-%d", i)
-		service(core, name, fmt.Sprintf("10.96.%d.%d", i/250, i%250+1))
-		endpoints(core, name, v1.ProtocolTCP, fiveEndpoints(i, 0)...)
-	}
-	synced(core)
-	sync(b, core)
+	syncServices(b, core, services)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for c := range b.N {
@@ -63,6 +53,18 @@ func BenchmarkEndpointChangeAt10k(b *testing.B) {
 		endpoints(core, fmt.Sprintf("svc-%d", i), v1.ProtocolTCP, fiveEndpoints(i, c%2+1)...)
 		sync(b, core)
 	}
+}
+
+// syncServices gives the proxy n ClusterIP services svc-0... of five
+// endpoints each, and syncs them.
+func syncServices(b *testing.B, core *proxy.Core, n int) {
+	for i := range n {
+		name := fmt.Sprintf("svc-%d", i)
+		service(core, name, fmt.Sprintf("10.96.%d.%d", i/250, i%250+1))
+		endpoints(core, name, v1.ProtocolTCP, fiveEndpoints(i, 0)...)
+	}
+	synced(core)
+	sync(b, core)
 }
 
 // fiveEndpoints are service i's endpoints; another generation moves the
