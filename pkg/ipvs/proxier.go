@@ -276,9 +276,12 @@ func (p *Syncer) fullSync(v state.View) error {
 	p.applied = map[state.ServicePortName]ServiceObjects{}
 	p.objects = newObjectCounts()
 	d := p.newDiff(current, current.reals)
-	// Into an empty kernel: a virtual server and an address per service
-	// port, at least; sized once, the plan leaves no copies behind.
-	d.plan.steps = make([]op, 0, 2*len(v.Services))
+	if len(current.servers) == 0 {
+		// Into an empty kernel: a virtual server and an address per
+		// service port, at least; sized once, the plan leaves no copies
+		// behind. Over rules in place the plan is small.
+		d.plan.steps = make([]op, 0, 2*len(v.Services))
+	}
 	for _, name := range slices.SortedFunc(maps.Keys(v.Services), state.ServicePortName.Compare) {
 		d.replace(name, ServiceObjects{}, p.objectsFor(v, name))
 	}
