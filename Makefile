@@ -45,14 +45,14 @@ e2e-node-smoke: deps build tools node-tools
 		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node
 
 # Upstream's e2e.test (v1.36.3) with a focus (FOCUS, default the Services conformance tests; PROCS
-# ginkgo processes in parallel) against NODES real nodes, each in its network namespace on an
-# underlay bridge, whose kube-proxies are ours or upstream's (KUBE_PROXY; upstream,ours runs both
-# in turn on one cluster) in MODE; the JUnit report and results.tsv go to
-# _output/e2e-upstream/MODE-KUBE_PROXY (test/node; not in `test`).
+# ginkgo processes in parallel) against NODES real nodes (default 3), each in its network namespace
+# on an underlay bridge (MODE=ipvs: one node, in test/vm's VM), whose kube-proxies are ours or
+# upstream's (KUBE_PROXY; upstream,ours runs both in turn on one cluster) in MODE; the JUnit report
+# and results.tsv go to _output/e2e-upstream/MODE-KUBE_PROXY (test/node; not in `test`).
 MODE ?= iptables
 KUBE_PROXY ?= ours
 PROCS ?= 1
-NODES ?= 3
+NODES ?=
 e2e-upstream: deps build tools node-tools
 	@# What the e2e tests' agnhost image takes from Debian (test/node/images.go: agnhostTools).
 	@[ -x /bin/nc.openbsd ] && [ -x /usr/bin/curl ] && [ -x /usr/bin/wget ] && [ -x /bin/dash ] || \
@@ -115,8 +115,8 @@ CAP      ?= 10m
 IDLE     ?= 60s
 bench: deps build tools
 	$(GO) build -o $(BIN)/bench ./test/bench
-	$(GO) build -o $(BIN)/bench-agent ./test/bench/agent
-	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -mode $(MODE) -agent $(BIN)/bench-agent \
+	$(GO) build -o $(BIN)/vm-agent ./test/vm/agent
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(BIN)/bench -mode $(MODE) -agent $(BIN)/vm-agent \
 		-n $(N) -e $(E) -backends $(BACKENDS) -cap $(CAP) -idle $(IDLE) -chart-dir $(OUT)/bench $(BENCH_FLAGS)
 
 # Packets during rule changes: a fresh TCP connection every 5 ms to a service

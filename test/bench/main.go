@@ -75,7 +75,7 @@ func main() {
 	var opts options
 	var modes, services, endpoints, backends, proxies, switchModes string
 	flag.StringVar(&modes, "mode", modeIPTables, "comma-separated proxy modes: iptables (in the cluster's node namespace, on each of -backends), nftables (in the node namespace) or ipvs (in a VM)")
-	flag.StringVar(&opts.agent, "agent", "", "mode ipvs: the static binary of test/bench/agent, which the VM runs")
+	flag.StringVar(&opts.agent, "agent", "", "mode ipvs: the static binary of test/vm/agent, which the VM runs")
 	flag.StringVar(&services, "n", "1000", "comma-separated numbers of services (N)")
 	flag.StringVar(&endpoints, "e", "5", "comma-separated endpoints per service (E); every N x E shape runs")
 	flag.StringVar(&backends, "backends", "nft", "comma-separated iptables backends: nft, legacy")

@@ -9,6 +9,11 @@ import (
 // directory and socket is the node's own, so nodes never share state with
 // each other or with a containerd the machine may run.
 func (n *Node) containerdConfig() string {
+	noPivotRoot := ""
+	if n.noPivotRoot {
+		// A VM's root is its initramfs, which pivot_root cannot leave.
+		noPivotRoot = "\n          NoPivotRoot = true"
+	}
 	return fmt.Sprintf(`version = 3
 root = %[1]q
 state = %[2]q
@@ -43,7 +48,7 @@ state = %[2]q
         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
           BinaryName = '/usr/sbin/runc'
           # cgroupfs, as the kubelet's cgroupDriver: no systemd on this machine.
-          SystemdCgroup = false
+          SystemdCgroup = false%[8]s
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = [%[6]q]
       conf_dir = %[7]q
@@ -51,7 +56,7 @@ state = %[2]q
     stream_server_address = '127.0.0.1'
     stream_server_port = '0'
 `, n.path("containerd/root"), n.path("containerd/state"), n.Socket(), n.path("containerd/opt"),
-		n.pauseTag, filepath.Join(n.tools, "cni"), n.path("cni/net.d"))
+		n.pauseTag, filepath.Join(n.tools, "cni"), n.path("cni/net.d"), noPivotRoot)
 }
 
 // cniConfig is a bridge on the node with host-local addresses from the

@@ -47,17 +47,25 @@ const (
 	dnsTTL       = 5
 )
 
-// StartClusterDNS listens on ip:53 in the network namespace at nsPath and
-// creates kube-system/kube-dns with that address as its endpoint.
+// StartClusterDNS listens on ip:53 in the network namespace at nsPath (the
+// test's own if empty) and creates kube-system/kube-dns with that address
+// as its endpoint.
 func StartClusterDNS(ctx context.Context, client kubernetes.Interface, nsPath, ip string) (*ClusterDNS, error) {
 	d := &ClusterDNS{}
-	if err := inNetns(nsPath, func() (err error) {
+	listen := func() (err error) {
 		if d.udp, err = net.ListenPacket("udp4", net.JoinHostPort(ip, "53")); err != nil {
 			return err
 		}
 		d.tcp, err = net.Listen("tcp4", net.JoinHostPort(ip, "53"))
 		return err
-	}); err != nil {
+	}
+	var err error
+	if nsPath == "" {
+		err = listen()
+	} else {
+		err = inNetns(nsPath, listen)
+	}
+	if err != nil {
 		d.Stop()
 		return nil, fmt.Errorf("cluster DNS: %w", err)
 	}

@@ -5,10 +5,13 @@ package node
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/rapidproxy/rapidproxy/test/framework"
+	"github.com/rapidproxy/rapidproxy/test/vm"
 )
 
 // nodeKubeProxy is a kube-proxy running in one node's network namespace,
@@ -35,12 +38,63 @@ func startNodeKubeProxy(ctx context.Context, c *framework.Cluster, n *Node, name
 	return proxy, nil
 }
 
-// stop ends the kube-proxy and removes its rules with its own --cleanup,
-// as when a cluster changes its kube-proxy.
-func (kp *nodeKubeProxy) stop() error {
-	kp.Stop()
+func (kp *nodeKubeProxy) stop() { kp.Stop() }
+
+// cleanup removes the kube-proxy's rules with its own --cleanup.
+func (kp *nodeKubeProxy) cleanup() error {
 	if out, err := kp.node.Command(kp.binary, "--config="+kp.ConfigPath, "--cleanup").CombinedOutput(); err != nil {
 		return fmt.Errorf("%s --cleanup on %s: %w\n%s", kp.binary, kp.node.Name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// guestKubeProxy is a kube-proxy the agent runs in a guest node (a node
+// in the VM), as its DaemonSet's pod runs it with hostNetwork.
+type guestKubeProxy struct {
+	node                 *Node
+	name, binary, config string
+	proc                 *vm.GuestProcess
+}
+
+// startGuestKubeProxy starts binary in n's guest with the config file at
+// config (copied into the guest when it booted), logging to name.log in
+// the guest's /out, and waits for its /healthz on the node's address.
+func startGuestKubeProxy(ctx context.Context, n *Node, name, binary, config string) (*guestKubeProxy, error) {
+	proc, err := n.agent.Start("/out/"+name+".log", binary, "--config="+config)
+	if err != nil {
+		return nil, err
+	}
+	kp := &guestKubeProxy{node: n, name: name, binary: binary, config: config, proc: proc}
+	healthz := &framework.KubeProxy{HealthzIP: n.IP}
+	err = waitFor(ctx, 3*time.Minute, func() (bool, string) {
+		select {
+		case <-proc.Exited():
+			return false, "exited: " + proc.Err().Error()
+		default:
+		}
+		code, _, err := healthz.Healthz()
+		return err == nil && code == http.StatusOK, fmt.Sprint(code, err)
+	})
+	if err != nil {
+		kp.stop()
+		return nil, fmt.Errorf("%s: %w; log:\n%s", name, err, kp.logTail(20))
+	}
+	return kp, nil
+}
+
+func (kp *guestKubeProxy) logTail(lines int) string {
+	return framework.FileTail(filepath.Join(kp.node.guest.OutDir, kp.name+".log"), lines)
+}
+
+func (kp *guestKubeProxy) stop() { kp.node.agent.Stop(kp.proc) }
+
+// cleanup removes the kube-proxy's rules with its own --cleanup.
+func (kp *guestKubeProxy) cleanup() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := kp.node.agent.Run(ctx, "/out/"+kp.name+"-cleanup.log", kp.binary, "--config="+kp.config, "--cleanup"); err != nil {
+		return fmt.Errorf("%s --cleanup on %s: %w\n%s", kp.binary, kp.node.Name, err,
+			framework.FileTail(filepath.Join(kp.node.guest.OutDir, kp.name+"-cleanup.log"), 20))
 	}
 	return nil
 }

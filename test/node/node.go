@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rapidproxy/rapidproxy/test/framework"
+	"github.com/rapidproxy/rapidproxy/test/vm"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -36,6 +37,13 @@ type Node struct {
 	kubelet    *framework.Process
 
 	extraImages []string
+
+	// In a VM (StartInGuest): the machine, its agent, and the file its
+	// console goes to; containerd runs runc with NoPivotRoot there.
+	guest       *vm.Machine
+	agent       *vm.Agent
+	console     *os.File
+	noPivotRoot bool
 }
 
 // Options say which node to run.
@@ -60,20 +68,11 @@ func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, er
 	if opts.Netns == nil {
 		opts.Netns, opts.IP = c.Node, framework.NodeIPv4
 	}
-	n := &Node{
-		Name: opts.Name, IP: opts.IP, PodCIDR: opts.PodCIDR,
-		Dir: filepath.Join(c.Dir, opts.Name), netns: opts.Netns, tools: opts.Tools,
-		ca: c.CACertPath(), cluster: c, extraImages: opts.ExtraImages,
-	}
-	framework.CleanupCgroups(n.CgroupRoot())
-	if err := os.RemoveAll(n.Dir); err != nil {
+	n, err := newNode(c, opts)
+	if err != nil {
 		return nil, err
 	}
-	tag, err := os.ReadFile(filepath.Join(n.tools, "images", "pause.tag"))
-	if err != nil {
-		return nil, fmt.Errorf("node tools: %w (run hack/build-node-tools.sh)", err)
-	}
-	n.pauseTag = strings.TrimSpace(string(tag))
+	framework.CleanupCgroups(n.CgroupRoot())
 	defer func() {
 		if err != nil {
 			n.Stop()
@@ -100,6 +99,25 @@ func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, er
 	if out, err := exec.Command("ip", "route", "replace", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("route to the pods: %w: %s", err, out)
 	}
+	return n, nil
+}
+
+// newNode is the node opts describe, with an empty directory, before
+// anything runs.
+func newNode(c *framework.Cluster, opts Options) (*Node, error) {
+	n := &Node{
+		Name: opts.Name, IP: opts.IP, PodCIDR: opts.PodCIDR,
+		Dir: filepath.Join(c.Dir, opts.Name), netns: opts.Netns, tools: opts.Tools,
+		ca: c.CACertPath(), cluster: c, extraImages: opts.ExtraImages,
+	}
+	if err := os.RemoveAll(n.Dir); err != nil {
+		return nil, err
+	}
+	tag, err := os.ReadFile(filepath.Join(n.tools, "images", "pause.tag"))
+	if err != nil {
+		return nil, fmt.Errorf("node tools: %w (run hack/build-node-tools.sh)", err)
+	}
+	n.pauseTag = strings.TrimSpace(string(tag))
 	return n, nil
 }
 
@@ -211,10 +229,7 @@ func (n *Node) importImages(ctx context.Context) error {
 // startKubelet starts the kubelet in containerd's namespaces (network,
 // mount and UTS) and waits for its Node object.
 func (n *Node) startKubelet(ctx context.Context) error {
-	// A client certificate in system:masters: the control plane runs RBAC
-	// alone, without the Node authorizer that would grant system:nodes
-	// what a kubelet needs.
-	kubeconfig, err := n.cluster.IssueKubeconfig(n.Name+"-kubelet", "system:node:"+n.Name, []string{"system:nodes", "system:masters"})
+	kubeconfig, err := n.issueKubeconfig()
 	if err != nil {
 		return err
 	}
@@ -240,11 +255,32 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	})
 }
 
+// issueKubeconfig writes the kubelet's kubeconfig, with a client
+// certificate in system:masters: the control plane runs RBAC alone,
+// without the Node authorizer that would grant system:nodes what a
+// kubelet needs.
+func (n *Node) issueKubeconfig() (string, error) {
+	return n.cluster.IssueKubeconfig(n.Name+"-kubelet", "system:node:"+n.Name, []string{"system:nodes", "system:masters"})
+}
+
 // Stop ends the node and removes everything it made: the pods' processes
 // and cgroups, the kubelet and containerd (and with them their mount
 // namespace and every mount in it), the bridge and the node's directory.
 // It is safe to call more than once and after a failed Start.
 func (n *Node) Stop() {
+	if n.guest != nil {
+		// The agent stops the kube-proxy it runs and quits; the guest
+		// powers off, and the tap goes with the routes through it.
+		if n.agent != nil {
+			_ = n.agent.Quit()
+		}
+		n.guest.Stop()
+		if n.console != nil {
+			n.console.Close()
+		}
+		_ = os.RemoveAll(n.Dir)
+		return
+	}
 	if n.kubelet != nil {
 		n.kubelet.Stop()
 	}
@@ -284,3 +320,28 @@ func killShims(socket string) {
 		}
 	}
 }
+
+// waitFor polls ok until it holds, returning its last word on timeout.
+func waitFor(ctx context.Context, timeout time.Duration, ok func() (bool, string)) error {
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		done, why := ok()
+		if done {
+			return nil
+		}
+		last = why
+		if time.Now().After(deadline) {
+			return &timeoutError{last}
+		}
+		select {
+		case <-ctx.Done():
+			return &timeoutError{last + " (" + ctx.Err().Error() + ")"}
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+type timeoutError struct{ last string }
+
+func (e *timeoutError) Error() string { return "timed out; last: " + e.last }

@@ -159,28 +159,3 @@ func podSummary(p *v1.Pod) string {
 	}
 	return strings.Join(parts, "; ")
 }
-
-// waitFor polls ok until it holds, returning its last word on timeout.
-func waitFor(ctx context.Context, timeout time.Duration, ok func() (bool, string)) error {
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for {
-		done, why := ok()
-		if done {
-			return nil
-		}
-		last = why
-		if time.Now().After(deadline) {
-			return &timeoutError{last}
-		}
-		select {
-		case <-ctx.Done():
-			return &timeoutError{last + " (" + ctx.Err().Error() + ")"}
-		case <-time.After(time.Second):
-		}
-	}
-}
-
-type timeoutError struct{ last string }
-
-func (e *timeoutError) Error() string { return "timed out; last: " + e.last }

@@ -24,7 +24,7 @@ var initScript []byte
 
 // layoutVersion is part of the initramfs cache key: bump it when the code
 // below changes what goes into the image.
-const layoutVersion = "1"
+const layoutVersion = "2"
 
 // moduleDirs are the module trees the image holds whole: every netfilter,
 // conntrack, NAT, IPVS (schedulers included), ipset and bridge module, so
@@ -35,10 +35,11 @@ var moduleDirs = []string{
 }
 
 // moduleNames are the other modules the image holds: links for tests, the
-// virtio devices qemu gives the guest (network, the /out share), and
+// virtio devices qemu gives the guest (network, the /out share),
 // crc32c_generic, which libcrc32c (needed by IPVS and conntrack) loads
-// through a soft dependency that modules.dep does not list.
-var moduleNames = []string{"dummy", "veth", "virtio_pci", "virtio_net", "9p", "9pnet_virtio", "crc32c_generic"}
+// through a soft dependency that modules.dep does not list, and overlay,
+// for a real node's container images (test/node's guest node).
+var moduleNames = []string{"dummy", "veth", "virtio_pci", "virtio_net", "9p", "9pnet_virtio", "crc32c_generic", "overlay"}
 
 // hostTools are the host's programs the guest runs, with their libraries.
 // The real kmod, unlike busybox's modprobe, reads compressed modules and

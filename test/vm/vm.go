@@ -3,12 +3,15 @@ package vm
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,6 +42,11 @@ type Config struct {
 	Network bool
 	// Timeout bounds the boot and the script; zero means 5 minutes.
 	Timeout time.Duration
+	// MemoryMB is the guest's memory; zero means 2048.
+	MemoryMB int
+	// CPUs is the guest's number of CPUs (TCG runs one host thread per
+	// CPU); zero means one.
+	CPUs int
 }
 
 // Result is a run that passed.
@@ -134,7 +142,7 @@ func Start(cfg Config, logf func(format string, args ...any)) (_ *Machine, err e
 		return nil, err
 	}
 	args := []string{
-		"-accel", "tcg", "-m", "2048", "-nodefaults", "-nographic", "-no-reboot",
+		"-accel", "tcg", "-m", strconv.Itoa(cmp.Or(cfg.MemoryMB, 2048)), "-smp", strconv.Itoa(cmp.Or(cfg.CPUs, 1)), "-nodefaults", "-nographic", "-no-reboot",
 		// qboot, not SeaBIOS: as fast, and it prints nothing on the console.
 		"-bios", "qboot.rom",
 		"-serial", "stdio",
@@ -166,14 +174,28 @@ func Start(cfg Config, logf func(format string, args ...any)) (_ *Machine, err e
 	}
 	cmd.Stdout, cmd.Stderr = w, w
 	m.start = time.Now()
-	err = cmd.Start()
+	// Pdeathsig fires when the thread that started qemu ends, not the
+	// process: a thread the runtime retires (one a goroutine left locked
+	// after a setns) would take qemu with it. qemu is started from a
+	// thread that stays until qemu has exited.
+	started := make(chan error)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		err := cmd.Start()
+		started <- err
+		if err == nil {
+			_ = cmd.Wait()
+			close(m.exited)
+		}
+	}()
+	err = <-started
 	w.Close()
 	if err != nil {
 		serial.Close()
 		return nil, fmt.Errorf("starting qemu: %w", err)
 	}
 	m.cmd = cmd
-	go func() { _ = m.cmd.Wait(); close(m.exited) }()
 	go m.readSerial(serial, logf)
 	return m, nil
 }

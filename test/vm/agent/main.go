@@ -1,6 +1,7 @@
-// Command agent is the IPVS benchmark's helper in the VM (see
-// test/bench/guest.go): the host drives it over HTTP through the VM's tap
-// to start and stop one kube-proxy at a time and to read the guest's
+// Command agent is a networked VM's helper (test/vm's Agent is its
+// client): the host drives it over HTTP through the VM's tap to start and
+// stop one process at a time (the IPVS benchmark's kube-proxy, a real
+// node's kube-proxy in the upstream e2e run) and to read the guest's
 // /proc files and clock. Static, it runs in the guest.
 //
 //	POST /start?arg=A&arg=B&log=F  runs A B... with its output in F; the
