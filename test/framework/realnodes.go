@@ -101,15 +101,15 @@ func (c *Cluster) setUpUnderlay(node *Netns) error {
 	}
 	c.underlay = underlay
 	if err := runAll(
-		ipCmd(underlay, "link", "add", "br0", "type", "bridge"),
-		ipCmd(underlay, "link", "set", "br0", "up"),
+		ipCmd(underlay, "link", "add", UnderlayBridge, "type", "bridge"),
+		ipCmd(underlay, "link", "set", UnderlayBridge, "up"),
 	); err != nil {
 		return err
 	}
 	if err := link(nil, namePrefix+"node0", underlay, "host"); err != nil {
 		return err
 	}
-	if err := runAll(ipCmd(underlay, "link", "set", "host", "master", "br0")); err != nil {
+	if err := runAll(ipCmd(underlay, "link", "set", "host", "master", UnderlayBridge)); err != nil {
 		return err
 	}
 	return c.joinUnderlay(node, "node")
@@ -120,8 +120,25 @@ func (c *Cluster) joinUnderlay(ns *Netns, port string) error {
 	if err := link(ns, "eth0", c.underlay, port); err != nil {
 		return err
 	}
-	return runAll(ipCmd(c.underlay, "link", "set", port, "master", "br0"))
+	return runAll(ipCmd(c.underlay, "link", "set", port, "master", UnderlayBridge))
 }
+
+// UnderlayBridge is the bridge in the underlay's namespace whose ports
+// are the nodes' links and the host's.
+const UnderlayBridge = "br0"
+
+// UnderlayNetns is the underlay's namespace (Options.RealNodes), for a
+// link a caller puts on its bridge (a VM's tap), with an address ip in
+// the underlay's /24 as AddNodeNetns gives a node's.
+func (c *Cluster) UnderlayNetns() (name string, err error) {
+	if c.underlay == nil {
+		return "", fmt.Errorf("the cluster has no underlay (Options.RealNodes)")
+	}
+	return c.underlay.Name, nil
+}
+
+// UnderlayCIDR is ip with the underlay's prefix length.
+func UnderlayCIDR(ip string) string { return ip + underlayPrefix }
 
 // AddNodeNetns makes the network namespace of another real node (with
 // RealNodes): its eth0 on the underlay with address ip (in

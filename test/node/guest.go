@@ -18,16 +18,17 @@ import (
 // A node in test/vm's VM, for IPVS mode, which this machine's kernel lacks:
 // Debian's kernel under qemu (TCG) runs containerd, runc, the kubelet and
 // the agent (test/vm/agent), through which the host starts and stops the
-// node's kube-proxy. The node's address is the guest's end of the VM's
-// tap (vm.GuestIP); the host routes the node's pod CIDR through it. Every
-// file the node uses is copied into the guest at its host path, so that
-// the configs test/node writes for a node in a namespace serve as they
-// are. What differs from a node on the host:
+// node's kube-proxy. The guest's link is a tap on the framework's underlay
+// bridge, so guest nodes reach the API server and each other as the
+// namespace nodes do, at an address of the underlay. Every file the node
+// uses is copied into the guest at its host path, so that the configs
+// test/node writes for a node in a namespace serve as they are. What
+// differs from a node on the host:
 //   - the guest's root is its initramfs, on which runc cannot pivot_root:
 //     containerd runs runc with NoPivotRoot;
 //   - cgroups are v2, mounted by the script;
-//   - one networked VM runs at a time (test/vm), so an IPVS run has one
-//     node, and the specs that need two are skipped by e2e.test itself.
+//   - the kubelet's and containerd's state are on tmpfs mounts: cAdvisor
+//     finds no filesystem for the initramfs.
 
 // GuestOptions say which node to run in the VM.
 type GuestOptions struct {
@@ -38,17 +39,25 @@ type GuestOptions struct {
 	// guest (at their host paths), and KubeProxyConfig their config file.
 	KubeProxies     []string
 	KubeProxyConfig string
+	// Routes are the other nodes' pod CIDRs, each with the node's address.
+	Routes map[string]string
+	// CPUs is the guest's number of CPUs.
+	CPUs int
 }
 
 // guestMemoryMB holds the node's containers' images and root filesystems,
 // which live in the guest's memory, with the initramfs' 400 MB.
 const guestMemoryMB = 6144
 
-// StartInGuest boots a VM that runs a node, waits for the kubelet's Node
-// and routes the node's pod CIDR through the tap. On error, what was
-// started is stopped.
+// StartInGuest boots a VM that runs a node at opts.IP on the underlay,
+// waits for the kubelet's Node and routes the node's pod CIDR from the host
+// to it. On error, what was started is stopped.
 func StartInGuest(ctx context.Context, c *framework.Cluster, opts GuestOptions) (_ *Node, err error) {
-	opts.IP, opts.Netns = vm.GuestIP, nil
+	underlay, err := c.UnderlayNetns()
+	if err != nil {
+		return nil, err
+	}
+	opts.Netns = nil
 	n, err := newNode(c, opts.Options)
 	if err != nil {
 		return nil, err
@@ -70,8 +79,10 @@ func StartInGuest(ctx context.Context, c *framework.Cluster, opts GuestOptions) 
 	}
 	n.guest, err = vm.Start(vm.Config{
 		Modules: append([]string{"overlay", "br_netfilter"}, vm.IPVSModules...),
-		Network: true, Files: files, MemoryMB: guestMemoryMB, CPUs: 2,
-		Script: n.guestScript(kubeconfig, images(files)),
+		Underlay: &vm.Underlay{Netns: underlay, Bridge: framework.UnderlayBridge, Tap: "vm-" + n.Name,
+			GuestCIDR: framework.UnderlayCIDR(n.IP)},
+		Files: files, MemoryMB: guestMemoryMB, CPUs: opts.CPUs,
+		Script: n.guestScript(kubeconfig, images(files), opts.Routes),
 		// The script ends when the host tells the agent to quit.
 		Timeout: 24 * time.Hour,
 	}, n.consoleLog())
@@ -90,7 +101,7 @@ func StartInGuest(ctx context.Context, c *framework.Cluster, opts GuestOptions) 
 	if err := n.agent.WaitReady(ctx, 10*time.Minute); err != nil {
 		return nil, fmt.Errorf("%w; the guest's console (%s) ends with:\n%s", err, n.consolePath(), framework.FileTail(n.consolePath(), 30))
 	}
-	if out, err := exec.Command("ip", "route", "replace", n.PodCIDR, "via", n.IP, "dev", vm.TapName).CombinedOutput(); err != nil {
+	if out, err := exec.Command("ip", "route", "replace", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("route to the pods: %w: %s", err, out)
 	}
 	err = waitFor(ctx, 5*time.Minute, func() (bool, string) {
@@ -161,8 +172,12 @@ func images(files map[string]string) []string {
 // guestScript sets the guest up as a node, starts containerd, imports the
 // images, starts the kubelet (each logging to /out) and runs the agent
 // until the host tells it to quit.
-func (n *Node) guestScript(kubeconfig string, images []string) string {
-	return fmt.Sprintf(`
+func (n *Node) guestScript(kubeconfig string, images []string, routes map[string]string) string {
+	var routing strings.Builder
+	for cidr, via := range routes {
+		fmt.Fprintf(&routing, "ip route replace %s via %s dev eth0\n", cidr, via)
+	}
+	return routing.String() + fmt.Sprintf(`
 mount -t cgroup2 none /sys/fs/cgroup
 # The controllers the kubelet requires of its cgroup root.
 echo "+cpuset +cpu +io +memory +hugetlb +pids" >/sys/fs/cgroup/cgroup.subtree_control
@@ -192,8 +207,8 @@ done
 for a in %[5]s; do c images import --platform linux/amd64 "$a" >/dev/null; done
 kubelet --config="$dir/kubelet.yaml" --kubeconfig=%[6]q --root-dir="$dir/kubelet" --cert-dir="$dir/kubelet/pki" \
 	--hostname-override=%[2]s --node-ip=%[7]s --v=2 >/out/kubelet.log 2>&1 &
-agent -listen %[8]s
-`, n.CgroupRoot(), n.Name, n.Dir, n.Socket(), strings.Join(images, " "), kubeconfig, n.IP, vm.AgentAddr)
+agent -listen %[7]s:%[8]s
+`, n.CgroupRoot(), n.Name, n.Dir, n.Socket(), strings.Join(images, " "), kubeconfig, n.IP, vm.AgentPort)
 }
 
 // consolePath is where the guest's console and the VM harness' messages

@@ -270,7 +270,7 @@ func (n *Node) issueKubeconfig() (string, error) {
 func (n *Node) Stop() {
 	if n.guest != nil {
 		// The agent stops the kube-proxy it runs and quits; the guest
-		// powers off, and the tap goes with the routes through it.
+		// powers off, and its tap goes.
 		if n.agent != nil {
 			_ = n.agent.Quit()
 		}
@@ -278,6 +278,7 @@ func (n *Node) Stop() {
 		if n.console != nil {
 			n.console.Close()
 		}
+		_ = exec.Command("ip", "route", "delete", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).Run()
 		_ = os.RemoveAll(n.Dir)
 		return
 	}

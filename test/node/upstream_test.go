@@ -49,15 +49,12 @@ func TestE2EUpstream(t *testing.T) {
 	mode := envOr("RAPIDPROXY_E2E_MODE", "iptables")
 	whichList := envOr("RAPIDPROXY_E2E_KUBE_PROXY", "ours")
 	focus := envOr("RAPIDPROXY_E2E_FOCUS", defaultFocus)
-	// IPVS needs a kernel with it: the node runs in test/vm's VM, and one
-	// networked VM runs at a time.
+	// IPVS needs a kernel with it: each node runs in a VM of test/vm's,
+	// under TCG, two by default.
 	inGuest := mode == "ipvs"
-	nodeCount, err := strconv.Atoi(envOr("RAPIDPROXY_E2E_NODES", map[bool]string{false: "3", true: "1"}[inGuest]))
+	nodeCount, err := strconv.Atoi(envOr("RAPIDPROXY_E2E_NODES", map[bool]string{false: "3", true: "2"}[inGuest]))
 	if err != nil || nodeCount < 1 || nodeCount > maxNodes {
 		t.Fatalf("RAPIDPROXY_E2E_NODES=%q: want 1 to %d", os.Getenv("RAPIDPROXY_E2E_NODES"), maxNodes)
-	}
-	if inGuest && nodeCount != 1 {
-		t.Fatalf("RAPIDPROXY_E2E_NODES=%d: mode ipvs runs one node, in test/vm's VM (this kernel has no IPVS, and one networked VM runs at a time)", nodeCount)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 170*time.Minute)
 	defer cancel()
@@ -86,14 +83,13 @@ func TestE2EUpstream(t *testing.T) {
 	var nodes []*Node
 	var dns *ClusterDNS
 	if inGuest {
-		n, err := startGuestNode(ctx, t, c, mode, Options{Tools: tools, ExtraImages: images})
+		nodes, err = startGuestNodes(ctx, t, c, nodeCount, mode, Options{Tools: tools, ExtraImages: images})
 		if err != nil {
 			t.Fatal(err)
 		}
-		nodes = []*Node{n}
-		// The DNS stand-in listens on the host's end of the VM's tap; the
-		// node's pods reach it through their kube-proxy.
-		dns, err = StartClusterDNS(ctx, c.Client, "", vm.HostIP)
+		// The DNS stand-in listens on the host's end of the underlay;
+		// the nodes' pods reach it through their kube-proxy.
+		dns, err = StartClusterDNS(ctx, c.Client, "", framework.APIServerIP)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,27 +154,48 @@ func startNodes(ctx context.Context, t *testing.T, c *framework.Cluster, count i
 	return nodes, nil
 }
 
-// startGuestNode starts real-1 in test/vm's VM (pod CIDR 10.244.5.0/24),
-// able to run our kube-proxy and upstream's with the node's config file
-// for mode, and waits until it is Ready. It is stopped when the test ends.
-func startGuestNode(ctx context.Context, t *testing.T, c *framework.Cluster, mode string, opts Options) (*Node, error) {
-	opts.Name, opts.PodCIDR = "real-1", "10.244.5.0/24"
-	config := guestKubeProxyConfig(c, opts.Name)
-	if err := os.WriteFile(config, []byte(kubeProxyConfig(c, &Node{Name: opts.Name}, mode)), 0o644); err != nil {
-		return nil, err
+// startGuestNodes starts count nodes in VMs of test/vm's, real-1 to
+// real-<count>, and waits until each is Ready: real-i at 10.255.0.<i+10> on
+// the underlay (clear of the framework's node namespace), pod CIDR
+// 10.244.<i+4>.0/24, routed from every other node. Each can run our
+// kube-proxy and upstream's with its config file for mode. Each node is
+// stopped when the test ends.
+func startGuestNodes(ctx context.Context, t *testing.T, c *framework.Cluster, count int, mode string, opts Options) ([]*Node, error) {
+	agent := vm.BuildStatic(t, "github.com/rapidproxy/rapidproxy/test/vm/agent")
+	ip := func(i int) string { return fmt.Sprintf("10.255.0.%d", i+10) }
+	podCIDR := func(i int) string { return fmt.Sprintf("10.244.%d.0/24", i+4) }
+	// One vCPU each when several share the machine's two cores.
+	cpus := max(1, 2/count)
+	var nodes []*Node
+	for i := 1; i <= count; i++ {
+		o := opts
+		o.Name, o.IP, o.PodCIDR = fmt.Sprintf("real-%d", i), ip(i), podCIDR(i)
+		config := guestKubeProxyConfig(c, o.Name)
+		if err := os.WriteFile(config, []byte(kubeProxyConfig(c, &Node{Name: o.Name}, mode)), 0o644); err != nil {
+			return nil, err
+		}
+		routes := map[string]string{}
+		for j := 1; j <= count; j++ {
+			if j != i {
+				routes[podCIDR(j)] = ip(j)
+			}
+		}
+		n, err := StartInGuest(ctx, c, GuestOptions{Options: o, Agent: agent,
+			KubeProxies: []string{c.KubeProxy(), c.UpstreamKubeProxy()}, KubeProxyConfig: config,
+			Routes: routes, CPUs: cpus})
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(n.Stop)
+		nodes = append(nodes, n)
 	}
-	n, err := StartInGuest(ctx, c, GuestOptions{Options: opts,
-		Agent:       vm.BuildStatic(t, "github.com/rapidproxy/rapidproxy/test/vm/agent"),
-		KubeProxies: []string{c.KubeProxy(), c.UpstreamKubeProxy()}, KubeProxyConfig: config})
-	if err != nil {
-		return nil, err
+	for _, n := range nodes {
+		if err := waitNodeReady(ctx, c, n.Name); err != nil {
+			return nil, fmt.Errorf("node %s not Ready: %w; kubelet.log ends with:\n%s", n.Name, err,
+				framework.FileTail(filepath.Join(n.guest.OutDir, "kubelet.log"), 30))
+		}
 	}
-	t.Cleanup(n.Stop)
-	if err := waitNodeReady(ctx, c, n.Name); err != nil {
-		return nil, fmt.Errorf("node %s not Ready: %w; kubelet.log ends with:\n%s", n.Name, err,
-			framework.FileTail(filepath.Join(n.guest.OutDir, "kubelet.log"), 30))
-	}
-	return n, nil
+	return nodes, nil
 }
 
 // guestKubeProxyConfig is where a guest node's kube-proxy config file is,
@@ -214,8 +231,10 @@ func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, nodes []*
 		}
 		for _, n := range nodes {
 			if n.guest != nil {
-				// The guest's /out: its kubelet's, containerd's and kube-proxies' logs.
-				_ = exec.Command("sh", "-c", `cp "$1"/* "$2" "$3"`, "cp", n.guest.OutDir, n.consolePath(), reportDir).Run()
+				// The guest's /out (its kubelet's, containerd's and
+				// kube-proxies' logs) in a directory of the node's name.
+				_ = exec.Command("cp", "-rT", n.guest.OutDir, filepath.Join(reportDir, n.Name)).Run()
+				_ = exec.Command("cp", n.consolePath(), reportDir).Run()
 			}
 		}
 	}()

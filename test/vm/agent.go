@@ -13,9 +13,13 @@ import (
 	"time"
 )
 
-// AgentAddr is where a guest's script runs the agent (test/vm/agent):
-// "agent -listen " + AgentAddr.
-var AgentAddr = GuestIP + ":9000"
+// AgentPort is where a guest's script runs the agent (test/vm/agent):
+// "agent -listen " + the guest's IP + ":" + AgentPort; AgentAddr with
+// Config.Network.
+const AgentPort = "9000"
+
+// AgentAddr is the agent's address in a guest with Config.Network.
+var AgentAddr = GuestIP + ":" + AgentPort
 
 // agentClient bounds the agent's short answers; a guest busy with a large
 // sync under TCG may take seconds to give one.
@@ -24,11 +28,18 @@ var agentClient = &http.Client{Timeout: time.Minute}
 // Agent is the client of the agent in a networked VM: it starts and stops
 // one process at a time there and reads the guest's files.
 type Agent struct {
-	m *Machine
+	m    *Machine
+	addr string
 }
 
-// AgentOf is the agent m's script runs.
-func AgentOf(m *Machine) *Agent { return &Agent{m: m} }
+// AgentOf is the agent m's script runs, on AgentPort of the guest's IP.
+func AgentOf(m *Machine) *Agent {
+	ip := GuestIP
+	if m.cfg.Underlay != nil {
+		ip = m.cfg.Underlay.GuestIP()
+	}
+	return &Agent{m: m, addr: ip + ":" + AgentPort}
+}
 
 // WaitReady returns once the agent answers, or fails if it does not
 // within timeout or the VM's script ends first.
@@ -54,7 +65,7 @@ func (a *Agent) WaitReady(ctx context.Context, timeout time.Duration) error {
 
 // Get fetches one of the agent's answers.
 func (a *Agent) Get(path string, query url.Values) ([]byte, error) {
-	resp, err := agentClient.Get("http://" + AgentAddr + path + "?" + query.Encode())
+	resp, err := agentClient.Get("http://" + a.addr + path + "?" + query.Encode())
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +102,7 @@ func (p *GuestProcess) Err() error { return p.err }
 func (a *Agent) Start(log string, args ...string) (*GuestProcess, error) {
 	q := url.Values{"arg": args, "log": {log}}
 	// No timeout: the answer lasts as long as the process.
-	resp, err := http.Post("http://"+AgentAddr+"/start?"+q.Encode(), "", nil)
+	resp, err := http.Post("http://"+a.addr+"/start?"+q.Encode(), "", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +145,7 @@ func (a *Agent) Run(ctx context.Context, log string, args ...string) error {
 // Stop ends p (SIGTERM, SIGKILL after 10 s) and waits for it, at most a
 // minute: the VM's end stops it anyway.
 func (a *Agent) Stop(p *GuestProcess) {
-	if resp, err := agentClient.Post("http://"+AgentAddr+"/stop", "", nil); err == nil {
+	if resp, err := agentClient.Post("http://"+a.addr+"/stop", "", nil); err == nil {
 		resp.Body.Close()
 	}
 	select {
@@ -147,7 +158,7 @@ func (a *Agent) Stop(p *GuestProcess) {
 // VM's script; it then waits for the guest's result (at most the
 // machine's timeout).
 func (a *Agent) Quit() error {
-	resp, err := agentClient.Post("http://"+AgentAddr+"/quit", "", nil)
+	resp, err := agentClient.Post("http://"+a.addr+"/quit", "", nil)
 	if err != nil {
 		return err
 	}

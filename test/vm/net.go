@@ -2,9 +2,11 @@ package vm
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -58,6 +60,47 @@ func setUpTap(logf func(string, ...any)) (remove func(), err error) {
 		{"ip", "link", "set", TapName, "up"},
 	}
 	for _, s := range steps {
+		if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
+			remove()
+			return nil, fmt.Errorf("%v: %v: %s", s, err, out)
+		}
+	}
+	return remove, nil
+}
+
+// Underlay is a guest's link on a bridge in a network namespace of the
+// caller's (test/framework's underlay for real nodes), through a tap of
+// its own there (Config.Underlay); qemu runs in that namespace. The guest
+// has GuestCIDR on eth0 and no route beyond the bridge's subnet but what
+// its script adds.
+type Underlay struct {
+	Netns, Bridge, Tap string
+	GuestCIDR          string // "10.255.0.3/24"
+}
+
+// GuestIP is the guest's address on the underlay.
+func (u *Underlay) GuestIP() string {
+	ip, _, _ := strings.Cut(u.GuestCIDR, "/")
+	return ip
+}
+
+// mac is the guest's link's address, from its IP: qemu gives every guest
+// the same one, and guests on one bridge need their own.
+func (u *Underlay) mac() string {
+	ip := netip.MustParsePrefix(u.GuestCIDR).Addr().As4()
+	return fmt.Sprintf("52:54:%02x:%02x:%02x:%02x", ip[0], ip[1], ip[2], ip[3])
+}
+
+// setUp makes the tap on the bridge and returns what removes it (the
+// namespace's removal, after a killed run, takes it too).
+func (u *Underlay) setUp() (remove func(), err error) {
+	remove = func() { _ = exec.Command("ip", "-n", u.Netns, "link", "delete", u.Tap).Run() }
+	remove()
+	for _, s := range [][]string{
+		{"ip", "-n", u.Netns, "tuntap", "add", "dev", u.Tap, "mode", "tap"},
+		{"ip", "-n", u.Netns, "link", "set", u.Tap, "master", u.Bridge},
+		{"ip", "-n", u.Netns, "link", "set", u.Tap, "up"},
+	} {
 		if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
 			remove()
 			return nil, fmt.Errorf("%v: %v: %s", s, err, out)

@@ -42,6 +42,9 @@ type Config struct {
 	Network bool
 	// Timeout bounds the boot and the script; zero means 5 minutes.
 	Timeout time.Duration
+	// Underlay, instead of Network, puts the guest's link on a bridge of
+	// the caller's: any number of such VMs may run at once.
+	Underlay *Underlay
 	// MemoryMB is the guest's memory; zero means 2048.
 	MemoryMB int
 	// CPUs is the guest's number of CPUs (TCG runs one host thread per
@@ -161,7 +164,19 @@ func Start(cfg Config, logf func(format string, args ...any)) (_ *Machine, err e
 		args = append(args, "-netdev", "tap,id=net0,ifname="+TapName+",script=no,downscript=no",
 			"-device", "virtio-net-pci,netdev=net0,romfile=")
 	}
-	cmd := exec.Command("qemu-system-x86_64", args...)
+	qemu := []string{"qemu-system-x86_64"}
+	if u := cfg.Underlay; u != nil {
+		removeTap, err := u.setUp()
+		if err != nil {
+			return nil, err
+		}
+		m.undo = append(m.undo, removeTap)
+		args = append(args, "-netdev", "tap,id=net0,ifname="+u.Tap+",script=no,downscript=no",
+			"-device", "virtio-net-pci,netdev=net0,romfile=,mac="+u.mac())
+		// qemu opens the tap by its name in the bridge's namespace.
+		qemu = []string{"ip", "netns", "exec", u.Netns, "qemu-system-x86_64"}
+	}
+	cmd := exec.Command(qemu[0], append(qemu[1:], args...)...)
 	// qemu dies with the test binary, even one killed outright; in a process
 	// group of its own, as the framework's processes, it does not get a
 	// terminal's Ctrl-C, which is for the program to act on (Stop).
@@ -332,6 +347,9 @@ func writeRunImage(name, base string, cfg Config) error {
 		fmt.Fprintf(&env, "RPX_MODULES=%q\n", strings.Join(cfg.Modules, " "))
 		if cfg.Network {
 			fmt.Fprintf(&env, "RPX_GUEST_CIDR=%s/30\nRPX_HOST_IP=%s\nRPX_ROUTES=%q\n", GuestIP, HostIP, APIServerRoute)
+		}
+		if cfg.Underlay != nil {
+			fmt.Fprintf(&env, "RPX_GUEST_CIDR=%s\nRPX_HOST_IP=\nRPX_ROUTES=\n", cfg.Underlay.GuestCIDR)
 		}
 		c.file("rpx/env", 0o644, env.Bytes())
 		c.file("rpx/script", 0o755, []byte(cfg.Script))
