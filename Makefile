@@ -46,7 +46,7 @@ e2e-node-smoke: deps build tools node-tools
 
 # Upstream's e2e.test (v1.36.3) with a focus (FOCUS, default the Services conformance tests; PROCS
 # ginkgo processes in parallel) against NODES real nodes (default 3), each in its network namespace
-# on an underlay bridge (MODE=ipvs: one node, in test/vm's VM), whose kube-proxies are ours or
+# on an underlay bridge (MODE=ipvs: default 2, each in a VM of test/vm's), whose kube-proxies are ours or
 # upstream's (KUBE_PROXY; upstream,ours runs both in turn on one cluster) in MODE; the JUnit report
 # and results.tsv go to _output/e2e-upstream/MODE-KUBE_PROXY (test/node; not in `test`).
 MODE ?= iptables
