@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -70,7 +69,11 @@ func StartInGuest(ctx context.Context, c *framework.Cluster, opts GuestOptions) 
 	if err != nil {
 		return nil, err
 	}
-	files, err := n.guestFiles(kubeconfig, opts)
+	archives, err := n.imageArchives()
+	if err != nil {
+		return nil, err
+	}
+	files, err := n.guestFiles(kubeconfig, archives, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +85,7 @@ func StartInGuest(ctx context.Context, c *framework.Cluster, opts GuestOptions) 
 		Underlay: &vm.Underlay{Netns: underlay, Bridge: framework.UnderlayBridge, Tap: "vm-" + n.Name,
 			GuestCIDR: framework.UnderlayCIDR(n.IP)},
 		Files: files, MemoryMB: guestMemoryMB, CPUs: opts.CPUs,
-		Script: n.guestScript(kubeconfig, images(files), opts.Routes),
+		Script: n.guestScript(kubeconfig, archives, opts.Routes),
 		// The script ends when the host tells the agent to quit.
 		Timeout: 24 * time.Hour,
 	}, n.consoleLog())
@@ -101,8 +104,8 @@ func StartInGuest(ctx context.Context, c *framework.Cluster, opts GuestOptions) 
 	if err := n.agent.WaitReady(ctx, 10*time.Minute); err != nil {
 		return nil, fmt.Errorf("%w; the guest's console (%s) ends with:\n%s", err, n.consolePath(), framework.FileTail(n.consolePath(), 30))
 	}
-	if out, err := exec.Command("ip", "route", "replace", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("route to the pods: %w: %s", err, out)
+	if err := n.routePods(); err != nil {
+		return nil, err
 	}
 	err = waitFor(ctx, 5*time.Minute, func() (bool, string) {
 		_, err := c.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
@@ -116,7 +119,7 @@ func StartInGuest(ctx context.Context, c *framework.Cluster, opts GuestOptions) 
 }
 
 // guestFiles are what the guest gets, guest path -> host path.
-func (n *Node) guestFiles(kubeconfig string, opts GuestOptions) (map[string]string, error) {
+func (n *Node) guestFiles(kubeconfig string, archives []string, opts GuestOptions) (map[string]string, error) {
 	files := map[string]string{
 		"/usr/local/bin/containerd":              filepath.Join(n.tools, "containerd"),
 		"/usr/local/bin/containerd-shim-runc-v2": filepath.Join(n.tools, "containerd-shim-runc-v2"),
@@ -133,14 +136,14 @@ func (n *Node) guestFiles(kubeconfig string, opts GuestOptions) (map[string]stri
 	for _, name := range []string{n.Name + "-kubelet", "kube-proxy"} {
 		same = append(same, filepath.Join(n.cluster.Dir, name+".crt"), filepath.Join(n.cluster.Dir, name+".key"))
 	}
-	for _, pattern := range []string{filepath.Join(n.tools, "cni", "*"), filepath.Join(n.tools, "images", "*.tar"), filepath.Join(n.Dir, "*"), filepath.Join(n.Dir, "cni", "net.d", "*")} {
+	same = append(same, archives...)
+	for _, pattern := range []string{filepath.Join(n.tools, "cni", "*"), filepath.Join(n.Dir, "*"), filepath.Join(n.Dir, "cni", "net.d", "*")} {
 		matches, err := filepath.Glob(pattern)
 		if err != nil {
 			return nil, err
 		}
 		same = append(same, matches...)
 	}
-	same = append(same, n.extraImages...)
 	for _, path := range same {
 		if st, err := os.Stat(path); err != nil {
 			return nil, err
@@ -149,24 +152,6 @@ func (n *Node) guestFiles(kubeconfig string, opts GuestOptions) (map[string]stri
 		}
 	}
 	return files, nil
-}
-
-// images are the image archives among files, in the order the host's
-// nodes import them: the node tools' first, the extra ones after, so
-// that an extra image replaces a tools' image of the same name.
-func images(files map[string]string) []string {
-	var tools, extra []string
-	for path := range files {
-		if !strings.HasSuffix(path, ".tar") {
-			continue
-		}
-		if filepath.Base(filepath.Dir(path)) == "images" {
-			tools = append(tools, path)
-		} else {
-			extra = append(extra, path)
-		}
-	}
-	return append(tools, extra...)
 }
 
 // guestScript sets the guest up as a node, starts containerd, imports the

@@ -93,11 +93,8 @@ func Start(ctx context.Context, c *framework.Cluster, opts Options) (_ *Node, er
 	if err := n.startKubelet(ctx); err != nil {
 		return nil, err
 	}
-	// The control plane reaches pods as a cluster's does: the API server
-	// proxies to them (pods/proxy, services/proxy), and pods' answers to it
-	// come back, through a route on the host to the node's pod CIDR.
-	if out, err := exec.Command("ip", "route", "replace", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("route to the pods: %w: %s", err, out)
+	if err := n.routePods(); err != nil {
+		return nil, err
 	}
 	return n, nil
 }
@@ -214,16 +211,42 @@ func (n *Node) ctr(ctx context.Context, args ...string) (string, error) {
 
 // importImages loads the OCI archives hack/build-node-tools.sh made.
 func (n *Node) importImages(ctx context.Context) error {
-	archives, err := filepath.Glob(filepath.Join(n.tools, "images", "*.tar"))
-	if err != nil || len(archives) == 0 {
-		return fmt.Errorf("no image archives in %s/images: %v", n.tools, err)
+	archives, err := n.imageArchives()
+	if err != nil {
+		return err
 	}
-	for _, a := range append(archives, n.extraImages...) {
+	for _, a := range archives {
 		if _, err := n.ctr(ctx, "images", "import", "--platform", "linux/amd64", a); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// imageArchives are the images a node imports, in order: the node tools'
+// archives, then the extra ones, so that an extra image replaces a tools'
+// image of the same name.
+func (n *Node) imageArchives() ([]string, error) {
+	archives, err := filepath.Glob(filepath.Join(n.tools, "images", "*.tar"))
+	if err != nil || len(archives) == 0 {
+		return nil, fmt.Errorf("no image archives in %s/images: %v", n.tools, err)
+	}
+	return append(archives, n.extraImages...), nil
+}
+
+// routePods routes the node's pod CIDR from the host to the node: the
+// control plane reaches pods as a cluster's does (the API server proxies
+// to them: pods/proxy, services/proxy), and pods' answers to it come back.
+func (n *Node) routePods() error {
+	if out, err := exec.Command("ip", "route", "replace", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).CombinedOutput(); err != nil {
+		return fmt.Errorf("route to the pods: %w: %s", err, out)
+	}
+	return nil
+}
+
+// unroutePods removes what routePods added.
+func (n *Node) unroutePods() {
+	_ = exec.Command("ip", "route", "delete", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).Run()
 }
 
 // startKubelet starts the kubelet in containerd's namespaces (network,
@@ -278,7 +301,7 @@ func (n *Node) Stop() {
 		if n.console != nil {
 			n.console.Close()
 		}
-		_ = exec.Command("ip", "route", "delete", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).Run()
+		n.unroutePods()
 		_ = os.RemoveAll(n.Dir)
 		return
 	}
@@ -293,7 +316,7 @@ func (n *Node) Stop() {
 	}
 	killShims(n.Socket())
 	_ = exec.Command("ip", "-n", n.netns.Name, "link", "delete", "cni0").Run()
-	_ = exec.Command("ip", "route", "delete", n.PodCIDR, "via", n.IP, "dev", framework.NodeUplink).Run()
+	n.unroutePods()
 	_ = os.RemoveAll(n.Dir)
 }
 
