@@ -48,7 +48,10 @@ const (
 	opDrainReal
 	opWatchDrain
 	opDeleteReal
-	// opBind binds an address to kube-ipvs0, after its virtual server.
+	// opBind binds an address to kube-ipvs0, after its virtual server;
+	// apply puts it off while the virtual servers added on it were refused
+	// (bound, it would take their traffic to the node's own sockets), and
+	// drops it if none of the plan's is added.
 	opBind
 )
 
@@ -125,21 +128,32 @@ func (pl *plan) lines() []string {
 
 // apply sends a plan to the kernel, step by step: a step that fails is
 // reported and the others still run, but for the real servers of a
-// virtual server that could not be added. It keeps the draining real
-// servers' deadlines. The caller holds mu.
+// virtual server that could not be added, and the binding of an address
+// none of whose added virtual servers could be. It keeps the draining
+// real servers' deadlines. The caller holds mu.
 func (p *Syncer) apply(pl *plan) error {
 	k := p.cfg.Kernel
 	var errs []error
 	fail := func(err error, format string, args ...any) {
 		errs = append(errs, fmt.Errorf(format+": %w", append(args, err)...))
 	}
+	bind := func(a netip.Addr) {
+		if err := k.Bind(a); err != nil {
+			fail(err, "binding %s to %s", a, DummyLink)
+		}
+	}
 	var notAdded map[VirtualServerKey]bool
+	// refused says, of each address a virtual server was refused on,
+	// whether every one since was too; kept only on a failure, as it is
+	// rare.
+	var refused map[netip.Addr]bool
+	var putOff []netip.Addr
 	for _, o := range pl.steps {
 		var key VirtualServerKey
 		if o.server != nil {
 			key = o.server.VirtualServerKey
 		}
-		if notAdded[key] && o.kind != opBind {
+		if notAdded[key] {
 			continue
 		}
 		switch o.kind {
@@ -147,10 +161,16 @@ func (p *Syncer) apply(pl *plan) error {
 			if err := k.AddVirtualServer(o.server.VirtualServer); err != nil {
 				fail(err, "adding virtual server %s", key)
 				if notAdded == nil {
-					notAdded = map[VirtualServerKey]bool{}
+					notAdded, refused = map[VirtualServerKey]bool{}, map[netip.Addr]bool{}
 				}
 				notAdded[key] = true
+				if _, seen := refused[key.Addr]; !seen {
+					refused[key.Addr] = true
+				}
 				continue
+			}
+			if _, seen := refused[key.Addr]; seen {
+				refused[key.Addr] = false
 			}
 			for _, rs := range o.server.Reals {
 				delete(p.draining, drainKey{key, rs})
@@ -187,9 +207,18 @@ func (p *Syncer) apply(pl *plan) error {
 				fail(err, "deleting real server %s of %s", o.real, key)
 			}
 		case opBind:
-			if err := k.Bind(o.real.Addr()); err != nil {
-				fail(err, "binding %s to %s", o.real.Addr(), DummyLink)
+			if refused[o.real.Addr()] {
+				putOff = append(putOff, o.real.Addr())
+				continue
 			}
+			bind(o.real.Addr())
+		}
+	}
+	for _, a := range putOff {
+		// Unless another service port's virtual server was added on it
+		// since, left unbound, for the failed sync's repair.
+		if !refused[a] {
+			bind(a)
 		}
 	}
 	if len(pl.sets) > 0 {

@@ -484,6 +484,46 @@ func TestOneFailingServiceDoesNotStopTheOthers(t *testing.T) {
 	requireAsFirstSyncLeavesIt(t, n, "after the repairing sync")
 }
 
+// A service address is bound only while a virtual server is on it: when
+// the kernel refuses the only one, the address stays unbound (bound, it
+// would take the service's traffic to the node's own sockets) until the
+// repairing sync adds both; when it refuses one of two, the other's
+// traffic needs the address, and it is bound.
+func TestRefusedVirtualServerLeavesItsAddressUnbound(t *testing.T) {
+	refused := errors.New("refused by the test")
+	bound := func(n *node, a string) bool { return strings.Contains(n.kernel.Dump(), "inet "+a+"/32") }
+
+	n := newNode()
+	core, _ := n.proxier(t)
+	service(core, "web", "10.96.0.10")
+	synced(core)
+	n.kernel.FailNext("AddVirtualServer", refused)
+	if err := core.SyncOnce(); !errors.Is(err, refused) {
+		t.Fatalf("sync returned %v, want the refusal", err)
+	}
+	if bound(n, "10.96.0.10") {
+		t.Errorf("the address of the refused virtual server is bound:\n%s", n.kernel.Dump())
+	}
+	sync(t, core)
+	if !bound(n, "10.96.0.10") || !strings.Contains(n.kernel.Dump(), "TCP  10.96.0.10:80") {
+		t.Errorf("the repairing sync left the service unprogrammed:\n%s", n.kernel.Dump())
+	}
+
+	n = newNode()
+	core, _ = n.proxier(t)
+	service(core, "two", "10.96.0.20", func(s *v1.Service) {
+		s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP})
+	})
+	synced(core)
+	n.kernel.FailNext("AddVirtualServer", refused)
+	if err := core.SyncOnce(); !errors.Is(err, refused) {
+		t.Fatalf("sync returned %v, want the refusal", err)
+	}
+	if !bound(n, "10.96.0.20") {
+		t.Errorf("the address is unbound though one of its two virtual servers was added:\n%s", n.kernel.Dump())
+	}
+}
+
 // requireAsFirstSyncLeavesIt fails unless n's kernel holds what a first
 // sync of feedServices leaves in a fresh one.
 func requireAsFirstSyncLeavesIt(t *testing.T, n *node, when string) {
