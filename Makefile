@@ -38,8 +38,8 @@ node-tools:
 	hack/build-node-tools.sh
 
 # One real node (kubelet and containerd in the node namespace, bridge CNI) joined to the local
-# control plane, running one pod to Ready, reached through our kube-proxy (test/node; not part
-# of `test` yet).
+# control plane, running one pod to Ready, reached through our kube-proxy (test/node; `test`
+# runs it too).
 e2e-node-smoke: deps build tools node-tools
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
 		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node
@@ -47,24 +47,27 @@ e2e-node-smoke: deps build tools node-tools
 # Upstream's e2e.test (v1.36.3) with a focus (FOCUS, default the Services conformance tests; PROCS
 # ginkgo processes in parallel) against NODES real nodes (default 3), each in its network namespace
 # on an underlay bridge (MODE=ipvs: default 2, each in a VM of test/vm's), whose kube-proxies are ours or
-# upstream's (KUBE_PROXY; upstream,ours runs both in turn on one cluster) in MODE; the JUnit report
-# and results.tsv go to _output/e2e-upstream/MODE-KUBE_PROXY (test/node; not in `test`).
+# upstream's (KUBE_PROXY; upstream,ours runs both in turn on one cluster) in MODE, with
+# KUBE_PROXY_FLAGS beside their config file (say --v=4); the JUnit report
+# and results.tsv go to _output/e2e-upstream/MODE-KUBE_PROXY (test/node; `test` runs its
+# defaults: ours, iptables, three nodes, the Services [Conformance] specs).
 MODE ?= iptables
 KUBE_PROXY ?= ours
 PROCS ?= 1
 NODES ?=
+KUBE_PROXY_FLAGS ?=
 e2e-upstream: deps build tools node-tools
-	@# What the e2e tests' agnhost image takes from Debian (test/node/images.go: agnhostTools).
-	@[ -x /bin/nc.openbsd ] && [ -x /usr/bin/curl ] && [ -x /usr/bin/wget ] && [ -x /bin/dash ] || \
-		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq netcat-openbsd curl wget dash; }
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
 		RAPIDPROXY_E2E_MODE=$(MODE) RAPIDPROXY_E2E_KUBE_PROXY=$(KUBE_PROXY) RAPIDPROXY_E2E_FOCUS='$(FOCUS)' RAPIDPROXY_E2E_PROCS=$(PROCS) RAPIDPROXY_E2E_NODES=$(NODES) \
+		RAPIDPROXY_E2E_KUBE_PROXY_FLAGS='$(KUBE_PROXY_FLAGS)' \
 		$(GO) test -tags realnode -count=1 -timeout 180m -v -run TestE2EUpstream ./test/node
 
-# Every test: unit tests and the end-to-end tests against a real API server and kernel,
-# then every fuzz target for a while.
-test: deps build tools
-	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) $(GO) test -count=1 -timeout 70m ./...
+# Every test: unit tests and the end-to-end tests against a real API server and kernel, with
+# real nodes (-tags realnode: test/node's smoke test, and upstream's Services [Conformance] e2e
+# tests against our kube-proxy in iptables mode on three nodes), then every fuzz target for a while.
+test: deps build tools node-tools
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
+		$(GO) test -tags realnode -count=1 -timeout 70m ./...
 	$(MAKE) fuzz
 
 # The IPVS tests, in a VM booting Debian's kernel (test/vm, internal/ipvs): this machine's

@@ -9,6 +9,8 @@ packages=(
   qemu-system-x86 busybox-static ipvsadm xz-utils   # the IPVS test VM (test/vm)
   curl ca-certificates make git gcc               # build and test plumbing
   prometheus                                      # promtool for deploy/monitoring's rule tests; the dashboard chart's server
+  runc containernetworking-plugins                # real nodes (test/node): containerd's runtime, the pods' CNI
+  netcat-openbsd wget dash                        # what the e2e tests' agnhost image takes from Debian (test/node/images.go)
 )
 
 missing=()

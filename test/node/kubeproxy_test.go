@@ -22,11 +22,11 @@ type nodeKubeProxy struct {
 	binary string
 }
 
-// startNodeKubeProxy starts binary with the node's config file in the
-// node's network namespace (logging to name.log in the cluster's
+// startNodeKubeProxy starts binary with the node's config file and flags
+// in the node's network namespace (logging to name.log in the cluster's
 // directory) and waits for its /healthz on the node's address.
-func startNodeKubeProxy(ctx context.Context, c *framework.Cluster, n *Node, name, binary, mode string) (*nodeKubeProxy, error) {
-	kp, err := c.StartKubeProxyIn(n.netns, n.IP, name, binary, kubeProxyConfig(c, n, mode))
+func startNodeKubeProxy(ctx context.Context, c *framework.Cluster, n *Node, name, binary, mode string, flags []string) (*nodeKubeProxy, error) {
+	kp, err := c.StartKubeProxyIn(n.netns, n.IP, name, binary, kubeProxyConfig(c, n, mode), flags...)
 	if err != nil {
 		return nil, err
 	}
@@ -57,10 +57,11 @@ type guestKubeProxy struct {
 }
 
 // startGuestKubeProxy starts binary in n's guest with the config file at
-// config (copied into the guest when it booted), logging to name.log in
-// the guest's /out, and waits for its /healthz on the node's address.
-func startGuestKubeProxy(ctx context.Context, n *Node, name, binary, config string) (*guestKubeProxy, error) {
-	proc, err := n.agent.Start("/out/"+name+".log", binary, "--config="+config)
+// config (copied into the guest when it booted) and flags, logging to
+// name.log in the guest's /out, and waits for its /healthz on the node's
+// address.
+func startGuestKubeProxy(ctx context.Context, n *Node, name, binary, config string, flags []string) (*guestKubeProxy, error) {
+	proc, err := n.agent.Start("/out/"+name+".log", append([]string{binary, "--config=" + config}, flags...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -1,8 +1,9 @@
 //go:build realnode
 
-// Built only with -tags realnode (make e2e-node-smoke): the real-node tests
-// need the node tools, minutes of building the first time, and are not
-// part of make test yet.
+// Built only with -tags realnode: the real-node tests need the node tools
+// (RAPIDPROXY_NODE_TOOLS_DIR), minutes of building the first time, which
+// make test, make e2e-node-smoke and make e2e-upstream build and pass; a
+// plain go test ./... leaves them out.
 
 package node
 

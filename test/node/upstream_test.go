@@ -21,7 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// defaultFocus is the first set of upstream's tests run against the node.
+// defaultFocus is what make test runs (with our kube-proxy in iptables
+// mode on three nodes, the defaults): about three minutes of specs.
 const defaultFocus = `\[sig-network\] Services.*\[Conformance\]`
 
 // skips are the patterns e2e.test skips, each with its reason.
@@ -43,7 +44,9 @@ var skips = []struct{ pattern, reason string }{
 // e2e-upstream MODE=iptables KUBE_PROXY=ours|upstream NODES=3` runs it
 // (KUBE_PROXY=upstream,ours runs both in turn on one cluster and its
 // nodes); each run's JUnit report and results list go to
-// _output/e2e-upstream/<mode>-<kube-proxy>.
+// _output/e2e-upstream/<mode>-<kube-proxy>. make test runs it with its
+// defaults: ours, iptables mode, three nodes, the Services [Conformance]
+// specs.
 func TestE2EUpstream(t *testing.T) {
 	tools := nodeTools(t)
 	mode := envOr("RAPIDPROXY_E2E_MODE", "iptables")
@@ -238,6 +241,9 @@ func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, nodes []*
 			}
 		}
 	}()
+	// Flags beside the config file, as a DaemonSet's command line adds
+	// them (--v=4 to see each sync).
+	flags := strings.Fields(os.Getenv("RAPIDPROXY_E2E_KUBE_PROXY_FLAGS"))
 	for _, n := range nodes {
 		var proxy interface {
 			stop()
@@ -245,9 +251,9 @@ func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, nodes []*
 		}
 		var err error
 		if n.guest != nil {
-			proxy, err = startGuestKubeProxy(ctx, n, "kube-proxy-"+which+"-"+n.Name, binary, guestKubeProxyConfig(c, n.Name))
+			proxy, err = startGuestKubeProxy(ctx, n, "kube-proxy-"+which+"-"+n.Name, binary, guestKubeProxyConfig(c, n.Name), flags)
 		} else {
-			proxy, err = startNodeKubeProxy(ctx, c, n, "kube-proxy-"+which+"-"+n.Name, binary, mode)
+			proxy, err = startNodeKubeProxy(ctx, c, n, "kube-proxy-"+which+"-"+n.Name, binary, mode, flags)
 		}
 		if err != nil {
 			t.Fatal(err)

@@ -1,4 +1,4 @@
-//go:build realnode
+//go:build nodecost
 
 package vm
 
@@ -16,10 +16,11 @@ import (
 // and kubelet of make e2e-upstream, test/node) costs in this TCG guest,
 // the only place here with IPVS: containerd's start, an image import, a
 // container run to its end, and a big Go binary's start; then the same
-// steps on the host, for the ratio. Not in make test:
+// steps on the host, for the ratio. A measurement, not in make test (its
+// own build tag):
 //
 //	RAPIDPROXY_NODE_TOOLS=$(hack/build-node-tools.sh | tail -1) \
-//	  go test -tags realnode -run TestRealNodeCostInGuest -v ./test/vm
+//	  go test -tags nodecost -run TestRealNodeCostInGuest -v ./test/vm
 func TestRealNodeCostInGuest(t *testing.T) {
 	tools := os.Getenv("RAPIDPROXY_NODE_TOOLS")
 	if tools == "" {
