@@ -110,6 +110,9 @@ type Machine struct {
 // gets the harness's messages and the console, line by line, until the
 // result line. The caller must Stop it.
 func Start(cfg Config, logf func(format string, args ...any)) (_ *Machine, err error) {
+	if cfg.Network && cfg.Underlay != nil {
+		return nil, errors.New("vm: Network and Underlay each give the guest its one link; set one of them")
+	}
 	img, err := prepared(logf)
 	if err != nil {
 		return nil, err
@@ -160,9 +163,7 @@ func Start(cfg Config, logf func(format string, args ...any)) (_ *Machine, err e
 			return nil, err
 		}
 		m.undo = append(m.undo, removeTap)
-		// romfile= skips loading the network boot ROM, which -kernel never uses.
-		args = append(args, "-netdev", "tap,id=net0,ifname="+TapName+",script=no,downscript=no",
-			"-device", "virtio-net-pci,netdev=net0,romfile=")
+		args = append(args, tapNIC(TapName, "")...)
 	}
 	qemu := []string{"qemu-system-x86_64"}
 	if u := cfg.Underlay; u != nil {
@@ -171,8 +172,7 @@ func Start(cfg Config, logf func(format string, args ...any)) (_ *Machine, err e
 			return nil, err
 		}
 		m.undo = append(m.undo, removeTap)
-		args = append(args, "-netdev", "tap,id=net0,ifname="+u.Tap+",script=no,downscript=no",
-			"-device", "virtio-net-pci,netdev=net0,romfile=,mac="+u.mac())
+		args = append(args, tapNIC(u.Tap, u.mac())...)
 		// qemu opens the tap by its name in the bridge's namespace.
 		qemu = []string{"ip", "netns", "exec", u.Netns, "qemu-system-x86_64"}
 	}
@@ -440,4 +440,15 @@ func installDeps(root string, logf func(string, ...any)) error {
 		}
 	}
 	return nil
+}
+
+// tapNIC is the guest's one network card, on the host's tap named tap,
+// with mac if it is not empty (else qemu's default). romfile= skips
+// loading the network boot ROM, which -kernel never uses.
+func tapNIC(tap, mac string) []string {
+	device := "virtio-net-pci,netdev=net0,romfile="
+	if mac != "" {
+		device += ",mac=" + mac
+	}
+	return []string{"-netdev", "tap,id=net0,ifname=" + tap + ",script=no,downscript=no", "-device", device}
 }
