@@ -13,8 +13,10 @@ export RAPIDPROXY_KUBE_PROXY := $(BIN)/kube-proxy
 export RAPIDPROXY_KUBE_PROXY_EXPLAIN := $(BIN)/kube-proxy-explain
 export RAPIDPROXY_PODSERVER  := $(BIN)/podserver
 export CGO_ENABLED           := 0
-# The upstream tools' directory, known once `tools` has run (it prints it last).
+# The upstream tools' and node tools' directories, known once `tools` and `node-tools` have run
+# (each script prints its directory last).
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
+NODE_TOOLS_DIR = $(shell hack/build-node-tools.sh | tail -n 1)
 
 .PHONY: all build deps tools node-tools test test-ipvs e2e-node-smoke e2e-upstream unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
 
@@ -41,7 +43,7 @@ node-tools:
 # control plane, running one pod to Ready, reached through our kube-proxy (test/node; `test`
 # runs it too).
 e2e-node-smoke: deps build tools node-tools
-	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
 		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node
 
 # Upstream's e2e.test (v1.36.3) with a focus (FOCUS, default the Services conformance tests; PROCS
@@ -57,7 +59,7 @@ PROCS ?= 1
 NODES ?=
 KUBE_PROXY_FLAGS ?=
 e2e-upstream: deps build tools node-tools
-	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
 		RAPIDPROXY_E2E_MODE=$(MODE) RAPIDPROXY_E2E_KUBE_PROXY=$(KUBE_PROXY) RAPIDPROXY_E2E_FOCUS='$(FOCUS)' RAPIDPROXY_E2E_PROCS=$(PROCS) RAPIDPROXY_E2E_NODES=$(NODES) \
 		RAPIDPROXY_E2E_KUBE_PROXY_FLAGS='$(KUBE_PROXY_FLAGS)' \
 		$(GO) test -tags realnode -count=1 -timeout 180m -v -run TestE2EUpstream ./test/node
@@ -66,7 +68,7 @@ e2e-upstream: deps build tools node-tools
 # real nodes (-tags realnode: test/node's smoke test, and upstream's Services [Conformance] e2e
 # tests against our kube-proxy in iptables mode on three nodes), then every fuzz target for a while.
 test: deps build tools node-tools
-	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$$(hack/build-node-tools.sh | tail -n 1) \
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
 		$(GO) test -tags realnode -count=1 -timeout 70m ./...
 	$(MAKE) fuzz
 
