@@ -13,7 +13,17 @@ package vm_test
 // is reversed by the next start in the IPVS mode. Then upstream's binary
 // goes through the same switches; its figures are printed, not checked.
 const switchScript = `
+# Clients outside the cluster, inside the LB's loadBalancerSourceRanges:
+# one address for the new connections, and one for each kind of held
+# connection. IPVS finds a NAT connection's replies by the client's
+# address and port and the real server alone, not the virtual server: a
+# client that reuses a held connection's port toward another virtual
+# server on the same pod (as connect() may, to another destination) has
+# the newer connection take the held one's replies, in any mode that
+# lets IPVS forward, with or without a switch.
 pod ext-in 10.255.1.2
+pod ext-lb 10.255.1.3
+pod ext-new 10.255.1.4
 IPVS=$CONFIG
 
 # clients: new connections to the ClusterIP from a pod, and to a NodePort
@@ -28,15 +38,15 @@ IPVS=$CONFIG
 clients_start() {
 	ip netns exec client podserver -client tcp://10.96.101.10:80 -load 1h -interval 50ms -timeout 2s >/tmp/new-clusterip 2>&1 &
 	CLIENTS=$!
-	ip netns exec ext-in podserver -client tcp://10.255.0.2:30180 -load 1h -interval 50ms -timeout 2s >/tmp/new-nodeport 2>&1 &
+	ip netns exec ext-new podserver -client tcp://10.255.0.2:30180 -load 1h -interval 50ms -timeout 2s >/tmp/new-nodeport 2>&1 &
 	CLIENTS="$CLIENTS $!"
-	ip netns exec ext-in podserver -client tcp://10.255.3.40:80 -load 1h -interval 50ms -timeout 2s >/tmp/new-lb 2>&1 &
+	ip netns exec ext-new podserver -client tcp://10.255.3.40:80 -load 1h -interval 50ms -timeout 2s >/tmp/new-lb 2>&1 &
 	CLIENTS="$CLIENTS $!"
 	ip netns exec client podserver -client tcp://10.96.101.10:80 -hold 2 -load 1h -interval 1s -timeout 10s >/tmp/held-clusterip 2>&1 &
 	CLIENTS="$CLIENTS $!"
 	ip netns exec ext-in podserver -client tcp://10.255.0.2:30180 -hold 2 -load 1h -interval 1s -timeout 10s >/tmp/held-nodeport 2>&1 &
 	CLIENTS="$CLIENTS $!"
-	ip netns exec ext-in podserver -client tcp://10.255.3.40:80 -hold 2 -load 1h -interval 1s -timeout 10s >/tmp/held-lb 2>&1 &
+	ip netns exec ext-lb podserver -client tcp://10.255.3.40:80 -hold 2 -load 1h -interval 1s -timeout 10s >/tmp/held-lb 2>&1 &
 	CLIENTS="$CLIENTS $!"
 	sleep 2
 }
