@@ -17,13 +17,17 @@ import (
 
 // Watch deletes draining real servers once their connections have ended
 // or their time is up, and every CheckInterval (or ten times the last
-// check's duration without its listings, if longer) asks for a full sync
-// when another program changed what the mode keeps in the kernel. The
-// listings whose cost grows with the services (every real server, every
-// bound address) are read again only once a hundred times their CPU time
-// has passed, so that they cost at most 1% of a CPU; the rest of the check
-// (each set's number of entries, the nat table's generation) costs the
-// same at any size.
+// check's CPU time without its listings, if longer: at most 10% of a CPU)
+// asks for a full sync when another program changed what the mode keeps
+// in the kernel. CPU time, not wall time: a check that waited for a busy
+// CPU cost no more, and pacing by wall time put a repair off by seconds
+// on a loaded node. (The iptables listing run after another program
+// changed the ruleset is a child process, not counted: it runs once per
+// such change.) The listings whose cost grows with the services (every
+// real server, every bound address) are read again only once a hundred
+// times their CPU time has passed, so that they cost at most 1% of a CPU;
+// the rest of the check (each set's number of entries, the nat table's
+// generation) costs the same at any size.
 func (p *Syncer) Watch(ctx context.Context, resync func()) {
 	drains := time.NewTicker(p.cfg.DrainCheckInterval)
 	defer drains.Stop()
@@ -39,17 +43,21 @@ func (p *Syncer) Watch(ctx context.Context, resync func()) {
 		case <-checks.C:
 			start := time.Now()
 			listings := !start.Before(listingsDue)
-			drift, cost := p.checkDrift(listings)
+			runtime.LockOSThread()
+			startCPU := threadCPU()
+			drift, listingsCPU := p.checkDrift(listings)
+			checkCPU := threadCPU() - startCPU
+			runtime.UnlockOSThread()
 			took := time.Since(start)
 			if drift != "" {
 				klog.InfoS("Another program changed the IPVS mode's kernel state; resyncing", "ipFamily", p.cfg.Family, "found", drift, "checkTook", took)
 				resync()
 			}
 			if listings {
-				listingsDue = start.Add(max(p.cfg.CheckInterval, listingsCPUShare*cost.cpu))
-				klog.V(4).InfoS("Checked the IPVS mode's kernel state with its listings", "ipFamily", p.cfg.Family, "took", took, "listingsCPU", cost.cpu, "nextListings", listingsDue.Sub(start))
+				listingsDue = start.Add(max(p.cfg.CheckInterval, listingsCPUShare*listingsCPU))
+				klog.V(4).InfoS("Checked the IPVS mode's kernel state with its listings", "ipFamily", p.cfg.Family, "took", took, "cpu", checkCPU, "listingsCPU", listingsCPU, "nextListings", listingsDue.Sub(start))
 			}
-			checks.Reset(max(p.cfg.CheckInterval, 10*(took-cost.took)))
+			checks.Reset(max(p.cfg.CheckInterval, 10*(checkCPU-listingsCPU)))
 		}
 	}
 }
@@ -57,12 +65,6 @@ func (p *Syncer) Watch(ctx context.Context, resync func()) {
 // listingsCPUShare is how many times the drift check's listings' CPU time
 // passes before they are read again: they cost at most 1% of a CPU.
 const listingsCPUShare = 100
-
-// listingsCost is what a drift check's listings took: CPU (in the kernel
-// too, where most of it goes) and wall time.
-type listingsCost struct {
-	cpu, took time.Duration
-}
 
 // errFullSync ends a drift check's listing when a full sync began
 // meanwhile: what it read is dropped, as that sync puts everything back.
@@ -74,13 +76,14 @@ var errFullSync = errors.New("a full sync began during the check")
 // check read is left out of the comparison (the snapshot tells which
 // virtual servers, by the sync that last changed each); a full sync
 // meanwhile voids the whole check. It remembers what it found for the
-// full sync that repairs it, and tells what the listings cost.
-func (p *Syncer) checkDrift(listings bool) (string, listingsCost) {
+// full sync that repairs it, and tells the listings' CPU time (in the
+// kernel too, where most of it goes). The caller keeps it on one thread.
+func (p *Syncer) checkDrift(listings bool) (string, time.Duration) {
 	start := p.snapshot.Load()
 	if start == nil {
-		return "", listingsCost{} // no full sync has succeeded: nothing to compare with
+		return "", 0 // no full sync has succeeded: nothing to compare with
 	}
-	var cost listingsCost
+	var listingsCPU time.Duration
 	var serversDrift string
 	var errs []string
 	// A family that owns no virtual server (the IPv6 one on a node whose
@@ -93,15 +96,12 @@ func (p *Syncer) checkDrift(listings bool) (string, listingsCost) {
 	var bound []netip.Addr
 	var quickErrs []string
 	if listings {
-		runtime.LockOSThread()
-		began, beganCPU := time.Now(), threadCPU()
+		began := threadCPU()
 		if listServers {
 			var err error
 			serversDrift, err = p.serversDrift(start)
 			if errors.Is(err, errFullSync) {
-				cost = listingsCost{cpu: threadCPU() - beganCPU, took: time.Since(began)}
-				runtime.UnlockOSThread()
-				return "", cost
+				return "", threadCPU() - began
 			}
 			if err != nil {
 				errs = append(errs, "virtual servers unreadable: "+err.Error())
@@ -112,8 +112,7 @@ func (p *Syncer) checkDrift(listings bool) (string, listingsCost) {
 		if bound, err = p.cfg.Kernel.BoundAddresses(); err != nil {
 			quickErrs = append(quickErrs, "addresses unreadable: "+err.Error())
 		}
-		cost = listingsCost{cpu: threadCPU() - beganCPU, took: time.Since(began)}
-		runtime.UnlockOSThread()
+		listingsCPU = threadCPU() - began
 	} else {
 		before = p.snapshot.Load()
 	}
@@ -124,7 +123,7 @@ func (p *Syncer) checkDrift(listings bool) (string, listingsCost) {
 	jumpFound := p.jumpPresent()
 	after := p.snapshot.Load()
 	if after == nil || after.fullSyncs != start.fullSyncs {
-		return "", cost
+		return "", listingsCPU
 	}
 	quick := before == after && after.settled
 	if quick {
@@ -142,7 +141,7 @@ func (p *Syncer) checkDrift(listings bool) (string, listingsCost) {
 	if drift != "" {
 		p.drifted.Store(&drift)
 	}
-	return drift, cost
+	return drift, listingsCPU
 }
 
 // quickDrift tells what of the reads that cost the same at any size is
