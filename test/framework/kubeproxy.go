@@ -74,8 +74,12 @@ func (c *Cluster) StartKubeProxyCommand(name string, args ...string) (*KubeProxy
 
 // Healthz fetches kube-proxy's /healthz from its node's healthz port, as
 // the node's primary IP serves it.
-func (k *KubeProxy) Healthz() (int, string, error) {
-	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + net.JoinHostPort(k.HealthzIP, "10256") + "/healthz")
+func (k *KubeProxy) Healthz() (int, string, error) { return Healthz(k.HealthzIP) }
+
+// Healthz fetches /healthz from a kube-proxy whose node's primary IP is
+// healthzIP, on the default healthz port.
+func Healthz(healthzIP string) (int, string, error) {
+	resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + net.JoinHostPort(healthzIP, "10256") + "/healthz")
 	if err != nil {
 		return 0, "", err
 	}
@@ -87,20 +91,31 @@ func (k *KubeProxy) Healthz() (int, string, error) {
 // WaitHealthy waits until /healthz answers 200, the process exits, or the
 // timeout passes.
 func (k *KubeProxy) WaitHealthy(ctx context.Context, timeout time.Duration) error {
+	if err := WaitHealthz(ctx, timeout, k.HealthzIP, k.Exited(), k.Err); err != nil {
+		return fmt.Errorf("%s: %w; log:\n%s", k.Name, err, k.LogTail(20))
+	}
+	return nil
+}
+
+// WaitHealthz waits until the kube-proxy at healthzIP answers /healthz
+// with 200, or its process exits (exited is closed; exitErr says how), or
+// the timeout or ctx ends. Callers add the process's name and log.
+func WaitHealthz(ctx context.Context, timeout time.Duration, healthzIP string, exited <-chan struct{}, exitErr func() error) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		if code, _, err := k.Healthz(); err == nil && code == http.StatusOK {
+		code, _, err := Healthz(healthzIP)
+		if err == nil && code == http.StatusOK {
 			return nil
 		}
 		select {
-		case <-k.Exited():
-			return fmt.Errorf("%s exited: %v\n%s", k.Name, k.Err(), k.LogTail(20))
+		case <-exited:
+			return fmt.Errorf("exited: %v", exitErr())
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(200 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not healthy after %s; log:\n%s", k.Name, timeout, k.LogTail(20))
+			return fmt.Errorf("not healthy after %s (last: %d %v)", timeout, code, err)
 		}
 	}
 }

@@ -5,7 +5,6 @@ package node
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"path/filepath"
 	"strings"
 	"time"
@@ -66,16 +65,7 @@ func startGuestKubeProxy(ctx context.Context, n *Node, name, binary, config stri
 		return nil, err
 	}
 	kp := &guestKubeProxy{node: n, name: name, binary: binary, config: config, proc: proc}
-	healthz := &framework.KubeProxy{HealthzIP: n.IP}
-	err = waitFor(ctx, 3*time.Minute, func() (bool, string) {
-		select {
-		case <-proc.Exited():
-			return false, "exited: " + proc.Err().Error()
-		default:
-		}
-		code, _, err := healthz.Healthz()
-		return err == nil && code == http.StatusOK, fmt.Sprint(code, err)
-	})
+	err = framework.WaitHealthz(ctx, 3*time.Minute, n.IP, proc.Exited(), proc.Err)
 	if err != nil {
 		kp.stop()
 		return nil, fmt.Errorf("%s: %w; log:\n%s", name, err, kp.logTail(20))
