@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -106,22 +105,12 @@ func (k watchedKernel) EachVirtualServer(each func(ipvs.VirtualServerKey, []ipvs
 		}
 		return err
 	})
-	for start := threadCPU(); k.n.listingCPU > 0 && threadCPU()-start < k.n.listingCPU; {
+	for start := ipvs.ThreadCPU(); k.n.listingCPU > 0 && ipvs.ThreadCPU()-start < k.n.listingCPU; {
 	}
 	if f := k.n.afterListing.Swap(nil); f != nil {
 		(*f)()
 	}
 	return err
-}
-
-// threadCPU is the CPU time the calling thread has used (the drift check
-// locks its goroutine to its thread while it lists).
-func threadCPU() time.Duration {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
-		panic(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func newNode() *node {
