@@ -12,8 +12,9 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=v0.0.0-dev
+ARG COMMIT=unknown
 RUN CGO_ENABLED=0 go build -trimpath \
-      -ldflags "-s -w -X github.com/rapidproxy/rapidproxy/pkg/version.gitVersion=${VERSION}" \
+      -ldflags "-s -w -X github.com/rapidproxy/rapidproxy/pkg/version.gitVersion=${VERSION} -X github.com/rapidproxy/rapidproxy/pkg/version.gitCommit=${COMMIT}" \
       -o /out/ ./cmd/kube-proxy ./cmd/kube-proxy-explain
 
 FROM debian:bookworm-slim

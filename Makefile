@@ -4,8 +4,11 @@
 GO      ?= go
 OUT     := $(CURDIR)/_output
 BIN     := $(OUT)/bin
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo v0.0.0-dev)
-LDFLAGS := -X github.com/rapidproxy/rapidproxy/pkg/version.gitVersion=$(VERSION)
+# Our release (the VERSION file: it also tags the image) and the commit built.
+VERSION ?= $(shell cat VERSION)
+COMMIT  ?= $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+LDFLAGS := -X github.com/rapidproxy/rapidproxy/pkg/version.gitVersion=$(VERSION) \
+	-X github.com/rapidproxy/rapidproxy/pkg/version.gitCommit=$(COMMIT)
 MODE    ?= iptables
 
 # Tests and the demo find the binaries they drive through these.

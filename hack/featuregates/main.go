@@ -24,16 +24,19 @@ import (
 // module. The logging gates are left out: pkg/config registers them through
 // component-base's own logs API.
 var sources = []struct{ module, file string }{
-	{"k8s.io/kubernetes@v1.36.3", "pkg/features/kube_features.go"},
-	{"k8s.io/apiserver@v0.36.3", "pkg/features/kube_features.go"},
-	{"k8s.io/client-go@v0.36.3", "features/known_features.go"},
-	{"k8s.io/component-base@v0.36.3", "metrics/features/kube_features.go"},
-	{"k8s.io/component-base@v0.36.3", "zpages/features/kube_features.go"},
+	{"k8s.io/kubernetes@v1.37.2", "pkg/features/kube_features.go"},
+	{"k8s.io/apiserver@v0.37.2", "pkg/features/kube_features.go"},
+	{"k8s.io/client-go@v0.37.2", "features/known_features.go"},
+	{"k8s.io/component-base@v0.37.2", "metrics/features/kube_features.go"},
+	{"k8s.io/component-base@v0.37.2", "zpages/features/kube_features.go"},
 }
 
 type spec struct {
 	version, preRelease string
 	def, lock           bool
+	// minCompat is MinCompatibilityVersion: two specs of one version differ
+	// by it alone when a default changes only once the cluster is compatible.
+	minCompat string
 }
 
 func main() {
@@ -69,7 +72,11 @@ func run(out string) error {
 	for _, n := range names {
 		fmt.Fprintf(&b, "\t%q: {\n", n)
 		for _, s := range gates[n] {
-			fmt.Fprintf(&b, "\t\t{Version: version.MustParse(%q), Default: %t, PreRelease: featuregate.%s, LockToDefault: %t},\n", s.version, s.def, s.preRelease, s.lock)
+			minCompat := ""
+			if s.minCompat != "" {
+				minCompat = fmt.Sprintf(", MinCompatibilityVersion: version.MustParse(%q)", s.minCompat)
+			}
+			fmt.Fprintf(&b, "\t\t{Version: version.MustParse(%q), Default: %t, PreRelease: featuregate.%s, LockToDefault: %t%s},\n", s.version, s.def, s.preRelease, s.lock, minCompat)
 		}
 		b.WriteString("\t},\n")
 	}
@@ -140,6 +147,9 @@ func readSpec(cl *ast.CompositeLit) spec {
 		case "Version":
 			call := kv.Value.(*ast.CallExpr)
 			s.version, _ = strconv.Unquote(call.Args[0].(*ast.BasicLit).Value)
+		case "MinCompatibilityVersion":
+			call := kv.Value.(*ast.CallExpr)
+			s.minCompat, _ = strconv.Unquote(call.Args[0].(*ast.BasicLit).Value)
 		case "Default":
 			s.def = kv.Value.(*ast.Ident).Name == "true"
 		case "LockToDefault":

@@ -215,7 +215,7 @@ func TestBadInputExitsOneWithOneClearError(t *testing.T) {
 
 func TestVersion(t *testing.T) {
 	code, out, _ := kubeProxy(t, "--version")
-	if code != 0 || !strings.Contains(out, "rapidproxy") || !strings.Contains(out, "v1.36") {
+	if code != 0 || !strings.HasPrefix(out, "Kubernetes v1.37.2 (rapidproxy ") {
 		t.Errorf("--version: exit %d, output %q", code, out)
 	}
 	code, out, _ = kubeProxy(t, "--version=raw")

@@ -6,7 +6,7 @@ import (
 )
 
 // NewFeatureGate returns a feature gate that knows exactly the gates
-// upstream kube-proxy v1.36 accepts, so an unknown or locked gate is refused
+// upstream kube-proxy v1.37 accepts, so an unknown or locked gate is refused
 // as upstream refuses it.
 func NewFeatureGate() featuregate.MutableVersionedFeatureGate {
 	gate := featuregate.NewFeatureGate()

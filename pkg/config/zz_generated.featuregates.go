@@ -17,10 +17,8 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 		{Version: version.MustParse("1.20"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.26"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
-	"APIServerTracing": {
-		{Version: version.MustParse("1.22"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.27"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+	"APIServerWebhookAuthenticationToken": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
 	"APIServingWithRoutine": {
 		{Version: version.MustParse("1.30"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -51,36 +49,16 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	},
 	"AllowUnsafeMalformedObjectDeletion": {
 		{Version: version.MustParse("1.32"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-	},
-	"AnonymousAuthConfigurableEndpoints": {
-		{Version: version.MustParse("1.31"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.32"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
-	},
-	"AnyVolumeDataSource": {
-		{Version: version.MustParse("1.18"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.24"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"AtomicFIFO": {
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
-	"AuthorizeNodeWithSelectors": {
-		{Version: version.MustParse("1.31"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.32"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+	"AtomicWriteVolumeUserFields": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
 	"AuthorizePodWebsocketUpgradeCreatePermission": {
 		{Version: version.MustParse("1.35"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-	},
-	"AuthorizeWithSelectors": {
-		{Version: version.MustParse("1.31"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.32"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
-	},
-	"BtreeWatchCache": {
-		{Version: version.MustParse("1.32"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
 	"CBORServingAndStorage": {
 		{Version: version.MustParse("1.32"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -129,10 +107,12 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"ClusterTrustBundle": {
 		{Version: version.MustParse("1.27"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
 	},
 	"ClusterTrustBundleProjection": {
 		{Version: version.MustParse("1.29"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
 	},
 	"ComponentFlagz": {
 		{Version: version.MustParse("1.32"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -142,13 +122,15 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 		{Version: version.MustParse("1.32"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
+	"CompositePodGroup": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
 	"ConcurrentWatchObjectDecode": {
 		{Version: version.MustParse("1.31"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
-	"ConsistentListFromCache": {
-		{Version: version.MustParse("1.28"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.31"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+	"ConsistentListFromCacheSkipTimeoutFallback": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
 	"ConstrainedImpersonation": {
 		{Version: version.MustParse("1.35"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -185,21 +167,34 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 		{Version: version.MustParse("1.34"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
+	"DRADerivedAttributes": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
 	"DRADeviceBindingConditions": {
 		{Version: version.MustParse("1.34"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
+	"DRADeviceCompatibilityGroups": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
 	"DRADeviceTaintRules": {
 		{Version: version.MustParse("1.35"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
 	},
 	"DRADeviceTaints": {
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
 	},
 	"DRAExtendedResource": {
 		{Version: version.MustParse("1.34"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+	},
+	"DRAFractionalCapacityRange": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false, MinCompatibilityVersion: version.MustParse("1.37")},
 	},
 	"DRAListTypeAttributes": {
 		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -207,18 +202,26 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"DRANodeAllocatableResources": {
 		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
+	"DRAOptionalNodeOperations": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
 	"DRAPartitionableDevices": {
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+	},
+	"DRAPartitionableDevicesType": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
 	"DRAPrioritizedList": {
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
 	"DRAResourceClaimDeviceStatus": {
 		{Version: version.MustParse("1.32"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
 	"DRAResourceClaimGranularStatusAuthorization": {
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
@@ -231,6 +234,7 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	},
 	"DRAWorkloadResourceClaims": {
 		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"DeclarativeValidation": {
 		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
@@ -242,6 +246,10 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"DeclarativeValidationTakeover": {
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Deprecated, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Deprecated, LockToDefault: true},
+	},
+	"DefaultPodSysctls": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
 	"DeploymentReplicaSetTerminatingReplicas": {
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -259,6 +267,7 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"DisableCPUQuotaWithExclusiveCPUs": {
 		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Deprecated, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Deprecated, LockToDefault: true},
 	},
 	"DisableNodeKubeProxyVersion": {
 		{Version: version.MustParse("1.29"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -272,12 +281,24 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
 		{Version: version.MustParse("1.35"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
+	"EmptyDirVolumeMode": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
 	"EnvFiles": {
 		{Version: version.MustParse("1.34"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.35"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
+	"EtcdRangeStream": {
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+	},
 	"EventedPLEG": {
 		{Version: version.MustParse("1.26"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
+	"EvictionRequestAPI": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
+	"ExcludeAdmissionWebhookVirtualResources": {
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"ExecProbeTimeout": {
 		{Version: version.MustParse("1.20"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
@@ -291,11 +312,12 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
-	"GangScheduling": {
-		{Version: version.MustParse("1.35"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	"GRPCContainerProbeTLS": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
 	"GenericWorkload": {
 		{Version: version.MustParse("1.35"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"GitRepoVolumeDriver": {
 		{Version: version.MustParse("1.0"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
@@ -310,16 +332,31 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 		{Version: version.MustParse("1.23"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.24"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
+	"H2CContainerProbe": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
 	"HPAConfigurableTolerance": {
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.35"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+	},
+	"HPAGeneration": {
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+	},
+	"HPAOptimizedSelectorStore": {
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"HPAScaleToZero": {
 		{Version: version.MustParse("1.16"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"HostnameOverride": {
 		{Version: version.MustParse("1.34"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.35"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+	},
+	"HugepageAwareEviction": {
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"ImageMaximumGCAge": {
 		{Version: version.MustParse("1.29"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -359,35 +396,40 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	},
 	"InPlacePodVerticalScalingInitContainers": {
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+	},
+	"InPlacePodVerticalScalingMemoryBackedVolumes": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
+	"InPlacePodVerticalScalingSchedulerPreemption": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
 	"InformerResourceVersion": {
 		{Version: version.MustParse("1.30"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.35"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
 	},
-	"JobBackoffLimitPerIndex": {
-		{Version: version.MustParse("1.28"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.29"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+	"InterPodAffinityHostnameFastPath": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
 	"JobManagedBy": {
 		{Version: version.MustParse("1.30"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.32"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 		{Version: version.MustParse("1.35"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
-	"JobPodReplacementPolicy": {
-		{Version: version.MustParse("1.28"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.29"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
-	},
-	"JobSuccessPolicy": {
-		{Version: version.MustParse("1.30"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.31"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
-	},
 	"KMSv1": {
 		{Version: version.MustParse("1.0"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
 		{Version: version.MustParse("1.28"), Default: true, PreRelease: featuregate.Deprecated, LockToDefault: false},
 		{Version: version.MustParse("1.29"), Default: false, PreRelease: featuregate.Deprecated, LockToDefault: false},
+	},
+	"KubeProxyIPVS": {
+		{Version: version.MustParse("1.0"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Deprecated, LockToDefault: false},
+	},
+	"KubeProxyNFTablesLocalhostNodePorts": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
+	"KubeletAllocatedPodsEndpoint": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
 	"KubeletCgroupDriverFromCRI": {
 		{Version: version.MustParse("1.28"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -409,6 +451,7 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	},
 	"KubeletInUserNamespace": {
 		{Version: version.MustParse("1.22"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"KubeletPSI": {
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -454,13 +497,9 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 		{Version: version.MustParse("1.15"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.31"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
-	"LogarithmicScaleDown": {
-		{Version: version.MustParse("1.21"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.22"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.31"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
-	},
 	"ManifestBasedAdmissionControlConfig": {
 		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"MatchLabelKeysInPodAffinity": {
 		{Version: version.MustParse("1.29"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -477,9 +516,11 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"MaxUnavailableStatefulSet": {
 		{Version: version.MustParse("1.24"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.35"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"MemoryQoS": {
 		{Version: version.MustParse("1.22"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"MultiCIDRServiceAllocator": {
 		{Version: version.MustParse("1.27"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -509,6 +550,9 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 		{Version: version.MustParse("1.34"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
 	},
+	"NFTablesNetlink": {
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+	},
 	"NFTablesProxyMode": {
 		{Version: version.MustParse("1.29"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.31"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
@@ -516,15 +560,23 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	},
 	"NativeHistograms": {
 		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+	},
+	"NodeControllerLeaseCircuitBreaker": {
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"NodeDeclaredFeatures": {
 		{Version: version.MustParse("1.35"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
 	"NodeInclusionPolicyInPodTopologySpread": {
 		{Version: version.MustParse("1.25"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.26"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+	},
+	"NodeLifecycleConditions": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
 	"NodeLogQuery": {
 		{Version: version.MustParse("1.27"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -548,44 +600,43 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"OpportunisticBatching": {
 		{Version: version.MustParse("1.35"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
-	"OrderedNamespaceDeletion": {
-		{Version: version.MustParse("1.30"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
-	},
 	"PLEGOnDemandRelist": {
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
 	"PersistentVolumeClaimUnusedSinceTime": {
 		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"PodAndContainerStatsFromCRI": {
 		{Version: version.MustParse("1.23"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"PodCertificateRequest": {
 		{Version: version.MustParse("1.34"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.35"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
 	},
 	"PodDeletionCost": {
 		{Version: version.MustParse("1.21"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.22"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
+	"PodGroupPreemptionPolicy": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
 	"PodLevelResourceManagers": {
 		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"PodLevelResources": {
 		{Version: version.MustParse("1.32"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
-	"PodLifecycleSleepAction": {
-		{Version: version.MustParse("1.29"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.30"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+	"PodLevelResourcesFixDefaulting": {
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
-	"PodLifecycleSleepActionAllowZero": {
-		{Version: version.MustParse("1.32"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+	"PodLevelResourcesFixKubeletQOSClass": {
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"PodLogsQuerySplitStreams": {
 		{Version: version.MustParse("1.32"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -598,6 +649,7 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"PodReadyToStartContainersCondition": {
 		{Version: version.MustParse("1.28"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.29"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
 	"PodSchedulingReadiness": {
 		{Version: version.MustParse("1.26"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -610,6 +662,7 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	},
 	"PodsAPI": {
 		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"PortForwardWebsockets": {
 		{Version: version.MustParse("1.30"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -619,9 +672,6 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 		{Version: version.MustParse("1.35"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
-	},
-	"PreventStaticPodAPIReferences": {
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"ProcMountType": {
 		{Version: version.MustParse("1.12"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -645,11 +695,6 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"ReduceDefaultCrashLoopBackOffDecay": {
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
-	"RelaxedDNSSearchValidation": {
-		{Version: version.MustParse("1.32"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
-	},
 	"RelaxedEnvironmentVariableValidation": {
 		{Version: version.MustParse("1.30"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.32"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
@@ -658,6 +703,7 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"RelaxedServiceNameValidation": {
 		{Version: version.MustParse("1.34"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
 	"ReloadKubeletClientCAFile": {
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
@@ -669,10 +715,6 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 		{Version: version.MustParse("1.32"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
-	"ResilientWatchCacheInitialization": {
-		{Version: version.MustParse("1.31"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
-	},
 	"ResourceHealthStatus": {
 		{Version: version.MustParse("1.31"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
@@ -683,11 +725,6 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"RestartAllContainersOnContainerExits": {
 		{Version: version.MustParse("1.35"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-	},
-	"RetryGenerateName": {
-		{Version: version.MustParse("1.30"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.31"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.32"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
 	"RotateKubeletServerCertificate": {
 		{Version: version.MustParse("1.7"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -704,6 +741,7 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"SELinuxMount": {
 		{Version: version.MustParse("1.30"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
 	},
 	"SELinuxMountReadWriteOncePod": {
 		{Version: version.MustParse("1.25"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -721,10 +759,8 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"SchedulerPopFromBackoffQ": {
 		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
-	"SchedulerQueueingHints": {
-		{Version: version.MustParse("1.28"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.32"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+	"SchedulerPreQueueingHints": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
 	"SeparateCacheWatchRPC": {
 		{Version: version.MustParse("1.28"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
@@ -766,16 +802,14 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"ShardedListAndWatch": {
 		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
-	"SidecarContainers": {
-		{Version: version.MustParse("1.28"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.29"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
-	},
 	"SizeBasedListCostEstimate": {
 		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"StaleControllerConsistencyDaemonSet": {
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+	},
+	"StaleControllerConsistencyHPA": {
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"StaleControllerConsistencyJob": {
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
@@ -786,11 +820,15 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"StaleControllerConsistencyStatefulSet": {
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
+	"StatefulSetRecreateStrategy": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
 	"StatefulSetSemanticRevisionComparison": {
 		{Version: version.MustParse("1.0"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"StorageCapacityScoring": {
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"StorageNamespaceIndex": {
 		{Version: version.MustParse("1.30"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
@@ -806,23 +844,11 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"StorageVersionMigrator": {
 		{Version: version.MustParse("1.30"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.35"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
-	},
-	"StreamingCollectionEncodingToJSON": {
-		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
-	},
-	"StreamingCollectionEncodingToProtobuf": {
-		{Version: version.MustParse("1.33"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
 	},
 	"StrictIPCIDRValidation": {
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-	},
-	"StructuredAuthenticationConfiguration": {
-		{Version: version.MustParse("1.29"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
-		{Version: version.MustParse("1.30"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
-		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
 	"StructuredAuthenticationConfigurationEgressSelector": {
 		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
@@ -886,12 +912,17 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 		{Version: version.MustParse("1.34"), Default: true, PreRelease: featuregate.GA, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
+	"VolumeBindMountOptions": {
+		{Version: version.MustParse("1.37"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+	},
 	"VolumeLimitScaling": {
 		{Version: version.MustParse("1.35"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"WatchCacheInitializationPostStartHook": {
 		{Version: version.MustParse("1.31"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
 		{Version: version.MustParse("1.36"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.GA, LockToDefault: true},
 	},
 	"WatchList": {
 		{Version: version.MustParse("1.27"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -902,6 +933,12 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"WatchListClient": {
 		{Version: version.MustParse("1.30"), Default: false, PreRelease: featuregate.Beta, LockToDefault: false},
 		{Version: version.MustParse("1.35"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+	},
+	"WatchListCompression": {
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
+	},
+	"WebhookRoundTripLoadBalancing": {
+		{Version: version.MustParse("1.37"), Default: true, PreRelease: featuregate.Beta, LockToDefault: false},
 	},
 	"WinDSR": {
 		{Version: version.MustParse("1.14"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
@@ -923,9 +960,6 @@ var upstreamFeatureGates = map[featuregate.Feature]featuregate.VersionedSpecs{
 	"WindowsHostNetwork": {
 		{Version: version.MustParse("1.26"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 		{Version: version.MustParse("1.33"), Default: false, PreRelease: featuregate.Deprecated, LockToDefault: false},
-	},
-	"WorkloadAwarePreemption": {
-		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
 	},
 	"WorkloadWithJob": {
 		{Version: version.MustParse("1.36"), Default: false, PreRelease: featuregate.Alpha, LockToDefault: false},
