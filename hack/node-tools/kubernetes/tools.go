@@ -17,6 +17,8 @@ import (
 	// The packages e2e_test.go imports, for go.sum: `go mod tidy` does not
 	// look at the tests of a dependency.
 	_ "github.com/onsi/ginkgo/v2"
+	_ "go.yaml.in/yaml/v2"
+	_ "k8s.io/kubernetes/test/conformance/testdata"
 	_ "k8s.io/kubernetes/test/e2e"
 	_ "k8s.io/kubernetes/test/e2e/apimachinery"
 	_ "k8s.io/kubernetes/test/e2e/apps"
@@ -42,10 +44,8 @@ import (
 	_ "k8s.io/kubernetes/test/e2e/storage"
 	_ "k8s.io/kubernetes/test/e2e/storage/csimock"
 	_ "k8s.io/kubernetes/test/e2e/storage/external"
-	_ "k8s.io/kubernetes/test/e2e/windows"
-	_ "k8s.io/kubernetes/test/utils/ktesting/format"
-	_ "go.yaml.in/yaml/v2"
-	_ "k8s.io/kubernetes/test/conformance/testdata"
 	_ "k8s.io/kubernetes/test/e2e/testing-manifests"
+	_ "k8s.io/kubernetes/test/e2e/windows"
 	_ "k8s.io/kubernetes/test/fixtures"
+	_ "k8s.io/kubernetes/test/utils/ktesting/format"
 )
