@@ -117,15 +117,17 @@ func flagValues(fs *pflag.FlagSet) map[string]string {
 // upstream), else the flags over the defaults.
 func (o *options) complete(fs *pflag.FlagSet) error {
 	if o.configFile != "" {
-		cfg, err := config.Load(o.configFile)
+		cfg, modeDefaulted, err := config.LoadFile(o.configFile)
 		if err != nil {
 			return err
 		}
+		o.modeDefaulted = modeDefaulted
 		if err := copyChangedLoggingFlags(fs, cfg); err != nil {
 			return err
 		}
 		o.cfg = cfg
 	} else {
+		o.modeDefaulted = !fs.Changed("proxy-mode") || o.cfg.Mode == ""
 		o.applyModeFlags(fs)
 		config.Default(o.cfg)
 	}
@@ -153,7 +155,7 @@ func (o *options) serve(ctx context.Context, flags map[string]string) error {
 		}
 		go func() { errCh <- watch.wait(ctx, configPollInterval) }()
 	}
-	go func() { errCh <- server.Run(ctx, o.cfg, server.Options{Master: o.master, Flags: flags}) }()
+	go func() { errCh <- server.Run(ctx, o.cfg, server.Options{Master: o.master, Flags: flags, ModeDefaulted: o.modeDefaulted}) }()
 	err := <-errCh
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		return nil

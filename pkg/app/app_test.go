@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"github.com/spf13/pflag"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -80,8 +81,8 @@ func TestEveryUpstreamFlagIsAcceptedAndParses(t *testing.T) {
 			}
 		})
 	}
-	if count != 56 {
-		t.Errorf("read %d upstream flags, want 56", count)
+	if count != 54 {
+		t.Errorf("read %d upstream flags, want 54", count)
 	}
 }
 
@@ -192,8 +193,10 @@ func TestBadInputExitsOneWithOneClearError(t *testing.T) {
 		{"wrong kind", []string{"--config", file("kind.yaml", "apiVersion: v1\nkind: ConfigMap\n")}, `want apiVersion "kubeproxy.config.k8s.io/v1alpha1" and kind "KubeProxyConfiguration"`},
 		{"positional argument", []string{"extra"}, "takes no positional arguments"},
 		{"unknown flag", []string{"--no-such-flag"}, "unknown flag: --no-such-flag"},
+		{"a flag upstream dropped", []string{"--boot-id-file=/proc/sys/kernel/random/boot_id"}, "unknown flag: --boot-id-file"},
 		{"bad flag value", []string{"--bind-address=not-an-ip"}, `"not-an-ip" is not a valid IP address`},
 		{"unknown feature gate", []string{"--feature-gates=NoSuchGate=true"}, "unrecognized feature gate: NoSuchGate"},
+		{"ipvs mode with its gate off", []string{"--proxy-mode=ipvs", "--feature-gates=KubeProxyIPVS=false"}, "the ipvs mode needs the KubeProxyIPVS feature gate"},
 		{"bad flag-built config", []string{"--iptables-masquerade-bit=32"}, "iptables.masqueradeBit: Invalid value: 32"},
 		{"empty hostname override", []string{"--hostname-override= ", "--write-config-to", filepath.Join(dir, "x.yaml")}, "empty hostname is invalid"},
 	}
@@ -310,5 +313,39 @@ func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The mode counts as defaulted, which upstream warns about, only when
+// neither the file nor --proxy-mode names it.
+func TestModeDefaulted(t *testing.T) {
+	dir := t.TempDir()
+	const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	noMode, withMode := filepath.Join(dir, "no-mode.yaml"), filepath.Join(dir, "mode.yaml")
+	writeFile(t, noMode, header)
+	writeFile(t, withMode, header+"mode: iptables\n")
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{nil, true},
+		{[]string{"--proxy-mode=iptables"}, false},
+		{[]string{"--proxy-mode=nftables"}, false},
+		{[]string{"--config", noMode}, true},
+		{[]string{"--config", noMode, "--proxy-mode=nftables"}, true}, // ignored with --config
+		{[]string{"--config", withMode}, false},
+	} {
+		o := newOptions()
+		fs := pflag.NewFlagSet("kube-proxy", pflag.ContinueOnError)
+		o.addFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.complete(fs); err != nil {
+			t.Fatal(err)
+		}
+		if o.modeDefaulted != tc.want {
+			t.Errorf("%v: mode defaulted %v, want %v", tc.args, o.modeDefaulted, tc.want)
+		}
 	}
 }

@@ -27,6 +27,8 @@ type options struct {
 	version       versionFlag
 
 	hostnameOverride string
+	// modeDefaulted: neither the file nor --proxy-mode chose the mode.
+	modeDefaulted bool
 
 	// cfg starts defaulted; the config-mapped flags write into it.
 	cfg *config.Config
@@ -36,10 +38,6 @@ type options struct {
 	ipvsSyncPeriod, ipvsMinSyncPeriod         time.Duration
 	// Deprecated ports; 0 disables the server.
 	healthzPort, metricsPort int32
-
-	// Accepted for compatibility (upstream inherits them from a library);
-	// kube-proxy does not use them.
-	bootIDFile, machineIDFile string
 }
 
 func newOptions() *options {
@@ -53,8 +51,6 @@ func newOptions() *options {
 		ipvsMinSyncPeriod:     minSyncPeriod,
 		healthzPort:           10256,
 		metricsPort:           10249,
-		bootIDFile:            "/proc/sys/kernel/random/boot_id",
-		machineIDFile:         "/etc/machine-id,/var/lib/dbus/machine-id",
 	}
 }
 
@@ -78,11 +74,11 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.Float32Var(&c.ClientConnection.QPS, "kube-api-qps", c.ClientConnection.QPS, "QPS to use while talking with kubernetes apiserver")
 	fs.Var(&ipValue{&c.BindAddress}, "bind-address", "Overrides kube-proxy's idea of what its node's primary IP is."+ignoredWithConfig)
 	fs.Var(&ipPortValue{&c.HealthzBindAddress}, "healthz-bind-address", "The IP address and port for the health check server to serve on, defaulting to \"0.0.0.0:10256\"."+ignoredWithConfig)
-	fs.Var(&ipPortValue{&c.MetricsBindAddress}, "metrics-bind-address", "The IP address and port for the metrics server to serve on, defaulting to \"127.0.0.1:10249\"."+ignoredWithConfig)
+	fs.Var(&ipPortValue{&c.MetricsBindAddress}, "metrics-bind-address", "The IP address and port for the metrics server to serve on, defaulting to \"127.0.0.1:10249\". Use 0.0.0.0:10249 (or [::]:10249) to serve on all interfaces."+ignoredWithConfig)
 	fs.BoolVar(&c.BindAddressHardFail, "bind-address-hard-fail", c.BindAddressHardFail, "If true kube-proxy will treat failure to bind to a port as fatal and exit")
 	fs.BoolVar(&c.EnableProfiling, "profiling", c.EnableProfiling, "If true enables profiling via web interface on /debug/pprof handler."+ignoredWithConfig)
 	fs.StringVar(&c.ShowHiddenMetricsForVersion, "show-hidden-metrics-for-version", c.ShowHiddenMetricsForVersion, "The previous version for which you want to show hidden metrics, as <major>.<minor>."+ignoredWithConfig)
-	fs.Var((*proxyModeValue)(&c.Mode), "proxy-mode", "Which proxy mode to use: 'iptables' (default) or 'ipvs'."+ignoredWithConfig)
+	fs.Var((*proxyModeValue)(&c.Mode), "proxy-mode", "Which proxy mode to use: 'iptables' (the default), 'nftables' or 'ipvs' (deprecated upstream)."+ignoredWithConfig)
 	fs.Int32Var(c.IPTables.MasqueradeBit, "iptables-masquerade-bit", *c.IPTables.MasqueradeBit, "The bit of the fwmark space to mark packets requiring SNAT with. Must be within the range [0, 31].")
 	fs.BoolVar(&c.IPTables.MasqueradeAll, "masquerade-all", c.IPTables.MasqueradeAll, "SNAT all traffic sent via Service cluster IPs.")
 	fs.BoolVar(c.IPTables.LocalhostNodePorts, "iptables-localhost-nodeports", *c.IPTables.LocalhostNodePorts, "If false, NodePort services are not reachable via localhost (iptables mode and IPv4 only).")
@@ -100,7 +96,7 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.DetectLocal.BridgeInterface, "pod-bridge-interface", "", "A bridge interface name. With --detect-local-mode=BridgeInterface, traffic from this bridge is local.")
 	fs.StringVar(&c.DetectLocal.InterfaceNamePrefix, "pod-interface-name-prefix", "", "An interface name prefix. With --detect-local-mode=InterfaceNamePrefix, traffic from interfaces with this prefix is local.")
 	fs.StringVar(&c.ClusterCIDR, "cluster-cidr", "", "The CIDR range of the pods in the cluster (a comma-separated dual-stack pair for dual-stack clusters)."+ignoredWithConfig)
-	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", nil, "CIDR ranges of the node IPs that accept NodePort connections, or the single string 'primary'. Unset: all local IPs."+ignoredWithConfig)
+	fs.StringSliceVar(&c.NodePortAddresses, "nodeport-addresses", nil, "CIDR ranges and/or keywords naming the node IPs that accept NodePort connections: 'primary' (the Node's primary IPv4 and/or IPv6 address), 'localhost' (127.0.0.0/8 and ::1/128) and 'all' (0.0.0.0/0 and ::/0), in any combination with CIDRs. NodePorts on loopback are served only in iptables mode (IPv4, see --iptables-localhost-nodeports). Unset: 'all' in iptables and ipvs mode, 'primary' in nftables mode."+ignoredWithConfig)
 	fs.Int32Var(c.OOMScoreAdj, "oom-score-adj", *c.OOMScoreAdj, "The oom-score-adj value for kube-proxy process. Values must be within the range [-1000, 1000]."+ignoredWithConfig)
 	fs.Int32Var(c.Conntrack.MaxPerCore, "conntrack-max-per-core", *c.Conntrack.MaxPerCore, "Maximum number of NAT connections to track per CPU core (0 to leave the limit as-is and ignore conntrack-min).")
 	fs.Int32Var(c.Conntrack.Min, "conntrack-min", *c.Conntrack.Min, "Minimum number of conntrack entries to allocate, regardless of conntrack-max-per-core.")
@@ -110,8 +106,6 @@ func (o *options) addFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.Conntrack.UDPTimeout.Duration, "conntrack-udp-timeout", 0, "Idle timeout for UNREPLIED UDP connections (0 to leave as-is)")
 	fs.DurationVar(&c.Conntrack.UDPStreamTimeout.Duration, "conntrack-udp-timeout-stream", 0, "Idle timeout for ASSURED UDP connections (0 to leave as-is)")
 	fs.DurationVar(&c.ConfigSyncPeriod.Duration, "config-sync-period", c.ConfigSyncPeriod.Duration, "How often configuration from the apiserver is refreshed. Must be greater than 0.")
-	fs.StringVar(&o.bootIDFile, "boot-id-file", o.bootIDFile, "Comma-separated list of files to check for boot-id. Use the first one that exists. (Accepted for compatibility; unused.)")
-	fs.StringVar(&o.machineIDFile, "machine-id-file", o.machineIDFile, "Comma-separated list of files to check for machine-id. Use the first one that exists. (Accepted for compatibility; unused.)")
 
 	fs.Int32Var(&o.healthzPort, "healthz-port", o.healthzPort, "The port to bind the health check server. Use 0 to disable.")
 	_ = fs.MarkDeprecated("healthz-port", "use --healthz-bind-address instead.")

@@ -40,9 +40,14 @@ const (
 	LocalModeBridgeInterface     = kpconfig.LocalMode("BridgeInterface")
 	LocalModeInterfaceNamePrefix = kpconfig.LocalMode("InterfaceNamePrefix")
 
-	// NodePortAddressesPrimary as the only nodePortAddresses entry means the
-	// node's primary IPs.
-	NodePortAddressesPrimary = "primary"
+	// The nodePortAddresses keywords, which may stand beside CIDRs:
+	// "primary" is the node's primary IP of each family (none for a family
+	// whose node IP is loopback), "localhost" the loopback ranges, "all"
+	// every address of both families. ExpandNodePortAddresses turns them
+	// into CIDRs.
+	NodePortAddressesPrimary   = "primary"
+	NodePortAddressesLocalhost = "localhost"
+	NodePortAddressesAll       = "all"
 
 	defaultHealthzPort = "10256"
 	defaultMetricsPort = "10249"
@@ -61,19 +66,38 @@ func New() *Config {
 // an error naming the field and the file. The result is defaulted but not
 // validated.
 func Load(path string) (*Config, error) {
+	cfg, _, err := LoadFile(path)
+	return cfg, err
+}
+
+// LoadFile is Load that also tells whether the file left the mode unset
+// (defaulted to iptables), which upstream warns about.
+func LoadFile(path string) (cfg *Config, modeDefaulted bool, err error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("reading config file: %w", err)
+		return nil, false, fmt.Errorf("reading config file: %w", err)
 	}
-	cfg, err := Decode(data)
+	cfg, err = decode(data)
 	if err != nil {
-		return nil, fmt.Errorf("config file %s: %w", path, err)
+		return nil, false, fmt.Errorf("config file %s: %w", path, err)
 	}
-	return cfg, nil
+	modeDefaulted = cfg.Mode == ""
+	Default(cfg)
+	return cfg, modeDefaulted, nil
 }
 
 // Decode parses a configuration document strictly and defaults it.
 func Decode(data []byte) (*Config, error) {
+	cfg, err := decode(data)
+	if err != nil {
+		return nil, err
+	}
+	Default(cfg)
+	return cfg, nil
+}
+
+// decode parses a configuration document strictly, leaving it undefaulted.
+func decode(data []byte) (*Config, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil, errors.New("the file is empty")
 	}
@@ -100,7 +124,6 @@ func Decode(data []byte) (*Config, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	Default(cfg)
 	return cfg, nil
 }
 
@@ -291,4 +314,31 @@ func parseIP(s string) netip.Addr {
 	}
 	addr, _ := netip.AddrFromSlice(ip)
 	return addr.Unmap()
+}
+
+// ExpandNodePortAddresses replaces the nodePortAddresses keywords with the
+// CIDRs they stand for on this node, whose primary IPs are nodeIPs (at
+// most one per family), keeping CIDRs as they are, in order. An empty
+// result restricts nothing: NodePorts answer on every address.
+func ExpandNodePortAddresses(setting []string, nodeIPs []netip.Addr) []string {
+	var out []string
+	for _, entry := range setting {
+		switch entry {
+		case NodePortAddressesPrimary:
+			// A loopback node IP means the node has no address of that
+			// family to pin NodePorts to.
+			for _, ip := range nodeIPs {
+				if ip.IsValid() && !ip.IsLoopback() {
+					out = append(out, netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen()).String())
+				}
+			}
+		case NodePortAddressesLocalhost:
+			out = append(out, "127.0.0.0/8", "::1/128")
+		case NodePortAddressesAll:
+			out = append(out, "0.0.0.0/0", "::/0")
+		default:
+			out = append(out, entry)
+		}
+	}
+	return out
 }

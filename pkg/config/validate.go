@@ -3,11 +3,13 @@ package config
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/component-base/featuregate"
 	logsapi "k8s.io/component-base/logs/api/v1"
 	"k8s.io/component-base/metrics"
 	netutils "k8s.io/utils/net"
@@ -22,7 +24,8 @@ func Validate(cfg *Config) field.ErrorList {
 	if err := gate.SetFromMap(cfg.FeatureGates); err != nil {
 		errs = append(errs, field.Invalid(field.NewPath("featureGates"), cfg.FeatureGates, err.Error()))
 	}
-	errs = append(errs, validateMode(cfg)...)
+	errs = append(errs, validateMode(cfg, gate)...)
+	errs = append(errs, validateGates(cfg, gate)...)
 	errs = append(errs, validateMasqueradeBit(cfg.IPTables.MasqueradeBit, field.NewPath("iptables", "masqueradeBit"))...)
 	if cfg.Mode == ModeNFTables {
 		errs = append(errs, validateMasqueradeBit(cfg.NFTables.MasqueradeBit, field.NewPath("nftables", "masqueradeBit"))...)
@@ -55,15 +58,32 @@ func Validate(cfg *Config) field.ErrorList {
 	return errs
 }
 
-var validModes = []string{string(ModeIPTables), string(ModeIPVS), string(ModeNFTables)}
-
-func validateMode(cfg *Config) field.ErrorList {
-	for _, m := range validModes {
-		if string(cfg.Mode) == m {
-			return nil
-		}
+// validateMode accepts the modes this build runs; IPVS only while the
+// KubeProxyIPVS gate is on, as upstream (which turns it off by default in
+// a later release).
+func validateMode(cfg *Config, gate featuregate.FeatureGate) field.ErrorList {
+	valid := []string{string(ModeIPTables), string(ModeNFTables)}
+	if gate.Enabled(GateKubeProxyIPVS) {
+		valid = append(valid, string(ModeIPVS))
 	}
-	return field.ErrorList{field.NotSupported(field.NewPath("mode"), string(cfg.Mode), validModes)}
+	if slices.Contains(valid, string(cfg.Mode)) {
+		return nil
+	}
+	if cfg.Mode == ModeIPVS {
+		return field.ErrorList{field.Invalid(field.NewPath("mode"), string(cfg.Mode), "the ipvs mode needs the KubeProxyIPVS feature gate, which featureGates turns off; remove that setting or choose iptables or nftables")}
+	}
+	return field.ErrorList{field.NotSupported(field.NewPath("mode"), string(cfg.Mode), valid)}
+}
+
+// validateGates refuses the gates whose feature this build does not have
+// yet, in the modes they act in: accepting one and ignoring it would leave
+// the operator believing it on.
+func validateGates(cfg *Config, gate featuregate.FeatureGate) field.ErrorList {
+	if cfg.Mode == ModeNFTables && gate.Enabled(GateNFTablesLocalhostNodePorts) {
+		return field.ErrorList{field.Invalid(field.NewPath("featureGates").Key(string(GateNFTablesLocalhostNodePorts)), true,
+			"rapidproxy does not serve NodePorts on localhost in nftables mode yet (upstream's alpha userspace proxy); remove the gate, or use the iptables mode, which serves them (iptables.localhostNodePorts)")}
+	}
+	return nil
 }
 
 func validateMasqueradeBit(bit *int32, path *field.Path) field.ErrorList {
@@ -151,15 +171,18 @@ func validateHostPort(addr string, path *field.Path) field.ErrorList {
 
 func validateNodePortAddresses(addrs []string, path *field.Path) field.ErrorList {
 	var errs field.ErrorList
+	seen := map[string]bool{}
 	for i, a := range addrs {
-		if a == NodePortAddressesPrimary {
-			if len(addrs) != 1 {
-				errs = append(errs, field.Invalid(path.Index(i), a, "can't use both 'primary' and CIDRs"))
+		switch a {
+		case NodePortAddressesPrimary, NodePortAddressesLocalhost, NodePortAddressesAll:
+			if seen[a] {
+				errs = append(errs, field.Duplicate(path.Index(i), a))
 			}
+			seen[a] = true
 			continue
 		}
 		if _, _, err := netutils.ParseCIDRSloppy(a); err != nil {
-			errs = append(errs, field.Invalid(path.Index(i), a, "must be a valid CIDR"))
+			errs = append(errs, field.Invalid(path.Index(i), a, "must be a valid CIDR or one of the keywords 'primary', 'localhost', 'all'"))
 		}
 	}
 	return errs

@@ -323,3 +323,29 @@ func TestKernelWatch(t *testing.T) {
 	}
 	compareWithFresh(t, h, v4(nil)(t))
 }
+
+// With NFTOnly (upstream's NFTablesNetlink gate off) the same syncs go
+// through the nft program alone and leave the same table.
+func TestKernelSyncsThroughNFTOnly(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	params := v4(nil)(t)
+	h, k := kernelHarness(t, v1.IPv4Protocol, params)
+	s, err := New(Config{Family: v1.IPv4Protocol, NFT: k, NFTOnly: true, Params: params})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.cfg.Send != nil || s.cfg.Read != nil || s.cfg.ReadObjects != nil {
+		t.Fatal("NFTOnly: a netlink reader or writer is set")
+	}
+	h.syncer = s
+	h.apply(sampleObjects()...)
+	h.full()
+	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.11"), ep("10.244.1.12", "node=node-2"), ep("10.244.1.15")))
+	h.partial()
+	if k.overNetlink != 0 || len(k.txs) == 0 {
+		t.Errorf("%d transactions over netlink, %d in all; want none over netlink", k.overNetlink, len(k.txs))
+	}
+	compareWithFresh(t, h, params)
+}

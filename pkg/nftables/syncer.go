@@ -53,7 +53,12 @@ type Config struct {
 	// reads it over netlink, less our own transactions' moves
 	// (nfgen.ForeignGeneration), which are then run through nfgen.Write.
 	Generation func() (uint64, error)
-	Params     Params
+	// NFTOnly sends every transaction and reads the table through the nft
+	// program, as upstream does with its NFTablesNetlink gate off: Read,
+	// ReadObjects and Send stay nil. The ruleset generation is still read
+	// over netlink (one small query), as nft itself does.
+	NFTOnly bool
+	Params  Params
 }
 
 // staleChainDelay is how long a flushed chain waits before it is deleted
@@ -138,8 +143,11 @@ func New(cfg Config) (*Syncer, error) {
 		return nil, errors.New("nftables: no knftables interface")
 	}
 	cfg.Params.IPv6 = cfg.Family == v1.IPv6Protocol
-	if cfg.List == nil {
+	real := cfg.List == nil
+	if real {
 		cfg.List = lister(Family(cfg.Family))
+	}
+	if real && !cfg.NFTOnly {
 		family := string(Family(cfg.Family))
 		if cfg.Read == nil {
 			cfg.Read = func(ctx context.Context) (*nftnl.Table, error) { return nftnl.Read(ctx, family, TableName) }

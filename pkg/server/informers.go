@@ -209,18 +209,27 @@ func onObject[T any](o any, deleted bool, handle func(T, bool)) {
 	}
 }
 
-// recordStartEvent tells the cluster this node's proxy started (and, in
-// IPVS mode, that the mode is deprecated, as upstream does).
-func recordStartEvent(ctx context.Context, client kubernetes.Interface, nodeName string, mode kpconfig.ProxyMode) {
+// Upstream's words, so that alerts and searches on them keep working.
+const (
+	ipvsDeprecated = "The ipvs proxier has been deprecated and will be disabled by default in Kubernetes 1.40 and removed in Kubernetes 1.43. Migrate to the 'nftables' proxier instead."
+	modeDefaulted  = "No kube-proxy mode specified: defaulting to 'iptables'. Note that in Kubernetes 1.40 the default mode will switch to 'nftables'. If you wish to continue using 'iptables' mode, you must explicitly specify 'mode: iptables' in the kube-proxy config file, or '--proxy-mode iptables' on the kube-proxy command line."
+)
+
+// recordStartEvent tells the cluster this node's proxy started, and warns,
+// as upstream does, when the mode was left to its default (which upstream
+// is to change) or is IPVS (deprecated), in the log and by a Node event.
+func recordStartEvent(ctx context.Context, client kubernetes.Interface, nodeName string, mode kpconfig.ProxyMode, defaulted bool) {
 	broadcaster := events.NewBroadcaster(&events.EventSinkImpl{Interface: client.EventsV1()})
 	broadcaster.StartRecordingToSink(ctx.Done())
 	recorder := broadcaster.NewRecorder(scheme.Scheme, "kube-proxy")
 	ref := &v1.ObjectReference{Kind: "Node", Name: nodeName, UID: types.UID(nodeName)}
+	if defaulted && mode == config.ModeIPTables {
+		klog.ErrorS(nil, modeDefaulted)
+		recorder.Eventf(ref, nil, v1.EventTypeWarning, "KubeProxyDefaultMode", "StartKubeProxy", modeDefaulted)
+	}
 	if mode == config.ModeIPVS {
-		// Upstream's words, so that alerts on them keep working.
-		const deprecated = "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead."
-		klog.ErrorS(nil, deprecated)
-		recorder.Eventf(ref, nil, v1.EventTypeWarning, "IPVSDeprecation", "StartKubeProxy", deprecated)
+		klog.ErrorS(nil, ipvsDeprecated)
+		recorder.Eventf(ref, nil, v1.EventTypeWarning, "IPVSDeprecation", "StartKubeProxy", ipvsDeprecated)
 	}
 	recorder.Eventf(ref, nil, v1.EventTypeNormal, "Starting", "StartKubeProxy", "")
 }

@@ -30,7 +30,7 @@ func newIPTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy
 		IPv6:               f.family == v1.IPv6Protocol,
 		MasqueradeBit:      int(*cfg.IPTables.MasqueradeBit),
 		MasqueradeAll:      config.MasqueradeAll(cfg),
-		LocalhostNodePorts: f.family == v1.IPv4Protocol && localhostNodePorts(cfg, f.nodeIP),
+		LocalhostNodePorts: f.family == v1.IPv4Protocol && localhostNodePorts(cfg),
 		LocalDetector:      f.detector,
 		NodeIP:             f.nodeIP,
 		NodePortAddresses:  f.nodePortAddrs,
@@ -53,14 +53,10 @@ func newIPTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy
 // localhostNodePorts is whether IPv4 NodePorts answer on 127.0.0.0/8,
 // decided as upstream does: iptables.localhostNodePorts is set, and
 // nodePortAddresses has no IPv4 CIDR (all addresses) or one that holds a
-// loopback address; "primary" stands for the node's IPv4 address nodeIP
-// (invalid when it has none), unless that is loopback.
-func localhostNodePorts(cfg *kpconfig.KubeProxyConfiguration, nodeIP netip.Addr) bool {
+// loopback address (keywords already expanded to CIDRs).
+func localhostNodePorts(cfg *kpconfig.KubeProxyConfiguration) bool {
 	if !*cfg.IPTables.LocalhostNodePorts {
 		return false
-	}
-	if len(cfg.NodePortAddresses) == 1 && cfg.NodePortAddresses[0] == config.NodePortAddressesPrimary {
-		return !nodeIP.IsValid() || nodeIP.IsLoopback()
 	}
 	anyIPv4 := false
 	for _, c := range cfg.NodePortAddresses {

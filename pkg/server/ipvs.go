@@ -71,9 +71,6 @@ func nodePortAddresses(setting []string, selected []netip.Addr) func(node []neti
 	if selected == nil {
 		return func(node []netip.Addr) []netip.Addr { return node }
 	}
-	if len(setting) == 1 && setting[0] == config.NodePortAddressesPrimary {
-		return func([]netip.Addr) []netip.Addr { return selected }
-	}
 	var prefixes []netip.Prefix
 	for _, c := range setting {
 		if p, err := netip.ParsePrefix(c); err == nil {

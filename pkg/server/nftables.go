@@ -50,6 +50,7 @@ func newNFTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy
 	metrics.NFTablesCleanupFailuresTotal.WithLabelValues(string(f.family))
 	return nftables.New(nftables.Config{
 		Family: f.family, NFT: nft,
+		NFTOnly: !config.Enabled(cfg, config.GateNFTablesNetlink),
 		Params: nftables.Params{
 			MasqueradeBit:     int(*cfg.NFTables.MasqueradeBit),
 			MasqueradeAll:     config.MasqueradeAll(cfg),

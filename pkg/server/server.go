@@ -38,6 +38,9 @@ type Options struct {
 	// Flags are the command line's flags and their values, which /flagz
 	// shows.
 	Flags map[string]string
+	// ModeDefaulted says that neither the file nor --proxy-mode chose the
+	// mode: upstream warns then that its default is to change.
+	ModeDefaulted bool
 }
 
 // nodeWait bounds how long start-up waits for the Node object to exist.
@@ -66,6 +69,9 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 	node := waitForNode(ctx, client, nodeName)
 	nodeIPs := nodeIPs(cfg, node)
 	klog.InfoS("Node", "name", nodeName, "primaryIPs", nodeIPs)
+	// From here on nodePortAddresses holds only CIDRs, as upstream's
+	// /configz then shows it too.
+	cfg.NodePortAddresses = config.ExpandNodePortAddresses(cfg.NodePortAddresses, []netip.Addr{nodeIPs[v1.IPv4Protocol], nodeIPs[v1.IPv6Protocol]})
 
 	setOOMScoreAdj(cfg.OOMScoreAdj)
 	// Upstream exits here, and restarts in a loop on a node whose
@@ -91,7 +97,7 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 	}
 	services.SetSource(proxier)
 	retire(ctx, proxier.FirstSynced())
-	recordStartEvent(ctx, client, nodeName, cfg.Mode)
+	recordStartEvent(ctx, client, nodeName, cfg.Mode, opts.ModeDefaulted)
 	return watch(ctx, client, cfg, nodeName, node, proxier, health)
 }
 
@@ -110,8 +116,11 @@ func InitOnly(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
 	switch cfg.Mode {
 	case config.ModeIPTables:
 		// The node's IP is not known without the API server; any
-		// non-loopback one gives the answer of every real node.
-		if localhostNodePorts(cfg, netip.IPv4Unspecified()) {
+		// non-loopback one (here a documentation address) gives the
+		// answer of every real node.
+		expanded := *cfg
+		expanded.NodePortAddresses = config.ExpandNodePortAddresses(cfg.NodePortAddresses, []netip.Addr{netip.MustParseAddr("192.0.2.1")})
+		if localhostNodePorts(&expanded) {
 			if err := (routeLocalnet{}).enable(); err != nil {
 				return fmt.Errorf("enabling route_localnet for NodePorts on localhost: %w", err)
 			}
@@ -241,15 +250,8 @@ func setOOMScoreAdj(score *int32) {
 }
 
 // localAddresses are the node's addresses in the given CIDRs, for
-// nodePortAddresses; "primary" means the node's primary IPs.
-func localAddresses(cidrs []string, primary map[v1.IPFamily]netip.Addr) ([]netip.Addr, error) {
-	if len(cidrs) == 1 && cidrs[0] == config.NodePortAddressesPrimary {
-		var out []netip.Addr
-		for _, a := range primary {
-			out = append(out, a)
-		}
-		return out, nil
-	}
+// nodePortAddresses (keywords already expanded).
+func localAddresses(cidrs []string) ([]netip.Addr, error) {
 	var prefixes []netip.Prefix
 	for _, c := range cidrs {
 		p, err := netip.ParsePrefix(c)

@@ -365,46 +365,61 @@ func TestLocalhostNodePorts(t *testing.T) {
 		{[]string{"primary"}, nodeIP, false},
 		{[]string{"primary"}, netip.Addr{}, true}, // no IPv4 node IP: every IPv4 address
 		{[]string{"primary"}, netip.MustParseAddr("127.0.0.1"), true},
+		{[]string{"primary", "localhost"}, nodeIP, true},
+		{[]string{"all"}, nodeIP, true},
+		{[]string{"10.0.0.0/8", "all"}, nodeIP, true},
 	} {
 		cfg := defaulted(t)
-		cfg.NodePortAddresses = tc.addresses
-		if got := localhostNodePorts(cfg, tc.nodeIP); got != tc.want {
+		cfg.NodePortAddresses = config.ExpandNodePortAddresses(tc.addresses, []netip.Addr{tc.nodeIP})
+		if got := localhostNodePorts(cfg); got != tc.want {
 			t.Errorf("nodePortAddresses %v, node IP %v: %v, want %v", tc.addresses, tc.nodeIP, got, tc.want)
 		}
 	}
 	cfg := defaulted(t)
 	*cfg.IPTables.LocalhostNodePorts = false
-	if localhostNodePorts(cfg, nodeIP) {
+	if localhostNodePorts(cfg) {
 		t.Error("iptables.localhostNodePorts false: still on")
 	}
 }
 
-// In IPVS mode the start also warns, with upstream's event, that the mode
-// is deprecated.
-func TestIPVSModeRecordsTheDeprecationEvent(t *testing.T) {
-	for _, mode := range []kpconfig.ProxyMode{config.ModeIPTables, config.ModeIPVS} {
+// The start warns with upstream's events: in IPVS mode that the mode is
+// deprecated, and when the mode was left unset that its default is to
+// change.
+func TestStartEventsWarnAsUpstreams(t *testing.T) {
+	for _, tc := range []struct {
+		mode      kpconfig.ProxyMode
+		defaulted bool
+		want      []string
+	}{
+		{config.ModeIPTables, false, []string{"Starting"}},
+		{config.ModeIPTables, true, []string{"KubeProxyDefaultMode", "Starting"}},
+		{config.ModeIPVS, false, []string{"IPVSDeprecation", "Starting"}},
+		{config.ModeNFTables, false, []string{"Starting"}},
+	} {
 		client := fake.NewClientset()
 		ctx, cancel := context.WithCancel(context.Background())
-		recordStartEvent(ctx, client, "node-1", mode)
-		want := map[string]bool{"Starting": true, "IPVSDeprecation": mode == config.ModeIPVS}
+		recordStartEvent(ctx, client, "node-1", tc.mode, tc.defaulted)
+		// The recorder sends all three in order; "Starting" is always
+		// last, so once it is there every event of the start is.
+		var got []string
 		deadline := time.Now().Add(10 * time.Second)
-		for {
+		for !slices.Contains(got, "Starting") && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
 			list, err := client.EventsV1().Events("").List(ctx, metav1.ListOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := map[string]bool{"Starting": false, "IPVSDeprecation": false}
+			got = nil
 			for _, e := range list.Items {
-				got[e.Reason] = true
+				got = append(got, e.Reason)
+				if e.Reason != "Starting" && (e.Type != v1.EventTypeWarning || e.Regarding.Kind != "Node" || !strings.Contains(e.Note, "1.40")) {
+					t.Errorf("%s event: type %s on %s, note %q", e.Reason, e.Type, e.Regarding.Kind, e.Note)
+				}
 			}
-			if got["Starting"] == want["Starting"] && got["IPVSDeprecation"] == want["IPVSDeprecation"] {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("%s mode: events %v, want %v", mode, got, want)
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s mode (defaulted %v): events %v, want %v", tc.mode, tc.defaulted, got, tc.want)
 		}
 		cancel()
 	}
@@ -430,16 +445,19 @@ func TestNodePortAddressesPerFamily(t *testing.T) {
 		{[]string{"10.0.0.0/24", "0.0.0.0/0"}, v1.IPv4Protocol, v4IP, all},
 		{[]string{"fd00::/64", "::/0"}, v1.IPv6Protocol, v6IP, all},
 		{[]string{"::/0"}, v1.IPv4Protocol, v4IP, all},
-		{[]string{"primary"}, v1.IPv4Protocol, v4IP, "[10.0.0.9]"},
+		{[]string{"primary"}, v1.IPv4Protocol, netip.MustParseAddr("10.0.0.2"), "[10.0.0.2]"},
+		{[]string{"localhost"}, v1.IPv4Protocol, v4IP, "[]"},
+		{[]string{"all"}, v1.IPv6Protocol, v6IP, all},
 		// No node IP of the family: it stands in as loopback.
 		{[]string{"primary"}, v1.IPv6Protocol, familyNodeIP(nil, v1.IPv6Protocol), all},
 		{[]string{"primary"}, v1.IPv4Protocol, familyNodeIP(nil, v1.IPv4Protocol), all},
 	} {
-		restricted := restrictsFamily(tc.setting, tc.family, tc.nodeIP)
+		setting := config.ExpandNodePortAddresses(tc.setting, []netip.Addr{tc.nodeIP})
+		restricted := restrictsFamily(setting, tc.family)
 		if restricted != (tc.want != all) {
 			t.Errorf("%v, %s, node IP %s: restricts %v", tc.setting, tc.family, tc.nodeIP, restricted)
 		}
-		pick := nodePortAddresses(tc.setting, ofFamily([]netip.Addr{tc.nodeIP}, tc.family, restricted))
+		pick := nodePortAddresses(setting, ofFamily(node, tc.family, restricted))
 		if got := fmt.Sprint(pick(node)); got != tc.want {
 			t.Errorf("%v, %s, node IP %s: %s, want %s", tc.setting, tc.family, tc.nodeIP, got, tc.want)
 		}
@@ -466,11 +484,15 @@ func TestFamilyNodePortsWithoutANodeIPOfTheFamily(t *testing.T) {
 		{"dual-stack node, IPv6", map[v1.IPFamily]netip.Addr{v1.IPv4Protocol: v4, v1.IPv6Protocol: v6}, v1.IPv6Protocol, "fd00::9", []netip.Addr{v6}},
 		{"no node IP, IPv4", map[v1.IPFamily]netip.Addr{v1.IPv4Protocol: netip.MustParseAddr("127.0.0.1")}, v1.IPv4Protocol, "127.0.0.1", nil},
 	} {
-		addrs, err := localAddresses(cfg.NodePortAddresses, tc.nodeIPs)
-		if err != nil {
-			t.Fatal(err)
+		// The node's IPs stand in for its local addresses.
+		setting := config.ExpandNodePortAddresses(cfg.NodePortAddresses, []netip.Addr{tc.nodeIPs[v1.IPv4Protocol], tc.nodeIPs[v1.IPv6Protocol]})
+		var addrs []netip.Addr
+		for _, ip := range tc.nodeIPs {
+			if slices.Contains(setting, netip.PrefixFrom(ip, ip.BitLen()).String()) {
+				addrs = append(addrs, ip)
+			}
 		}
-		nodeIP, got := familyNodePorts(cfg.NodePortAddresses, tc.nodeIPs, addrs, tc.family)
+		nodeIP, got := familyNodePorts(setting, tc.nodeIPs, addrs, tc.family)
 		if nodeIP.String() != tc.wantIP || (got == nil) != (tc.want == nil) || !slices.Equal(got, tc.want) {
 			t.Errorf("%s: node IP %s, NodePorts on %#v; want %s, %#v", tc.name, nodeIP, got, tc.wantIP, tc.want)
 		}

@@ -56,7 +56,7 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 	sync, minSync := config.SyncPeriods(cfg)
 	var nodePortAddrs []netip.Addr
 	if len(cfg.NodePortAddresses) > 0 {
-		if nodePortAddrs, err = localAddresses(cfg.NodePortAddresses, nodeIPs); err != nil {
+		if nodePortAddrs, err = localAddresses(cfg.NodePortAddresses); err != nil {
 			return nil, err
 		}
 	}
@@ -185,7 +185,7 @@ func otherFamily(f v1.IPFamily) v1.IPFamily {
 // for every local address when it does not restrict the family.
 func familyNodePorts(setting []string, nodeIPs map[v1.IPFamily]netip.Addr, nodePortAddrs []netip.Addr, family v1.IPFamily) (netip.Addr, []netip.Addr) {
 	nodeIP := familyNodeIP(nodeIPs, family)
-	return nodeIP, ofFamily(nodePortAddrs, family, restrictsFamily(setting, family, nodeIP))
+	return nodeIP, ofFamily(nodePortAddrs, family, restrictsFamily(setting, family))
 }
 
 // familyNodeIP is the node's primary IP of the family, or the family's
@@ -204,12 +204,8 @@ func familyNodeIP(nodeIPs map[v1.IPFamily]netip.Addr, family v1.IPFamily) netip.
 // restrictsFamily tells whether nodePortAddresses limits the NodePorts of
 // a family, as upstream decides it: it does when it holds a CIDR of the
 // family and none of them is /0 (a family without any answers on all its
-// addresses); "primary" stands for the family's node IP nodeIP, so a
-// family whose node IP is loopback (the node has none) is not limited.
-func restrictsFamily(setting []string, family v1.IPFamily, nodeIP netip.Addr) bool {
-	if len(setting) == 1 && setting[0] == config.NodePortAddressesPrimary {
-		return nodeIP.IsValid() && !nodeIP.IsLoopback()
-	}
+// addresses).
+func restrictsFamily(setting []string, family v1.IPFamily) bool {
 	restricted := false
 	for _, c := range setting {
 		p, err := netip.ParsePrefix(c)
