@@ -155,7 +155,9 @@ func (o *options) serve(ctx context.Context, flags map[string]string) error {
 		}
 		go func() { errCh <- watch.wait(ctx, configPollInterval) }()
 	}
-	go func() { errCh <- server.Run(ctx, o.cfg, server.Options{Master: o.master, Flags: flags, ModeDefaulted: o.modeDefaulted}) }()
+	go func() {
+		errCh <- server.Run(ctx, o.cfg, server.Options{Master: o.master, Flags: flags, ModeDefaulted: o.modeDefaulted})
+	}()
 	err := <-errCh
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		return nil
