@@ -21,7 +21,7 @@ export CGO_ENABLED           := 0
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 NODE_TOOLS_DIR = $(shell hack/build-node-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools node-tools test test-ipvs e2e-node-smoke e2e-upstream unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
+.PHONY: all build deps tools node-tools test test-ipvs e2e-node-smoke e2e-upstream e2e-apiversions unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
 
 all: build
 
@@ -66,6 +66,14 @@ e2e-upstream: deps build tools node-tools
 		RAPIDPROXY_E2E_MODE=$(MODE) RAPIDPROXY_E2E_KUBE_PROXY=$(KUBE_PROXY) RAPIDPROXY_E2E_FOCUS='$(FOCUS)' RAPIDPROXY_E2E_PROCS=$(PROCS) RAPIDPROXY_E2E_NODES=$(NODES) \
 		RAPIDPROXY_E2E_KUBE_PROXY_FLAGS='$(KUBE_PROXY_FLAGS)' \
 		$(GO) test -tags realnode -count=1 -timeout 180m -v -run TestE2EUpstream ./test/node
+
+# Our kube-proxy against the API server versions an operator may run it with (test/apiversions):
+# the tools' own (v1.37) and the older control planes of hack/skew (v1.36, v1.35), each built once
+# by hack/build-tools.sh and cached; `test` runs the tools' own only.
+OLDER_CONTROL_PLANES = $(shell for v in v1.36 v1.35; do printf '%s=%s,' $$v "$$(hack/build-tools.sh hack/skew/$$v | tail -n 1)"; done | sed 's/,$$//')
+e2e-apiversions: deps build tools
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_OLDER_CONTROL_PLANES='$(OLDER_CONTROL_PLANES)' \
+		$(GO) test -count=1 -timeout 30m -v ./test/apiversions
 
 # Every test: unit tests and the end-to-end tests against a real API server and kernel, with
 # real nodes (-tags realnode: test/node's smoke test, and upstream's Services [Conformance] e2e

@@ -3,10 +3,14 @@
 # kube-controller-manager and upstream kube-proxy) from the tools module, once: the result is
 # cached under a key of the tools' go.sum and the Go version, and reused until either changes.
 # Prints the directory holding the binaries on its last line.
+#
+# With a module directory as argument (hack/skew/v1.36, say) it builds the commands that module's
+# tools.go imports, of the Kubernetes version it pins, into a directory of its own: older control
+# planes for the API server version tests.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-tools="$root/hack/tools"
+tools=$(cd "${1:-$root/hack/tools}" && pwd)
 cache=${RAPIDPROXY_TOOLS_CACHE:-$root/_output/tools}
 key=$(cat "$tools/go.mod" "$tools/go.sum" <(go version) | sha256sum | cut -c1-16)
 dir="$cache/$key"
@@ -25,7 +29,7 @@ ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$k8s_version \
  -X k8s.io/component-base/version.gitTreeState=clean"
 
 start=$SECONDS
-for cmd in kube-apiserver kube-controller-manager kube-proxy; do
+for cmd in $(sed -n 's#^[[:space:]]*_ "k8s.io/kubernetes/cmd/\([a-z-]*\)"$#\1#p' "$tools/tools.go"); do
   out=$cmd
   [ "$cmd" = kube-proxy ] && out=kube-proxy-upstream
   if [ -x "$dir/$out" ]; then continue; fi

@@ -191,41 +191,6 @@ func (r *Runner) Available() error {
 	return nil
 }
 
-// RandomFullySupported tells whether MASQUERADE --random-fully works here:
-// iptables has it from 1.6.2 on, as upstream decides by the version too
-// (asking the tools to check a rule costs a whole nat table read).
-func (r *Runner) RandomFullySupported() bool {
-	out, err := exec.Command(r.tool(""), "--version").Output()
-	if err != nil {
-		return false
-	}
-	return versionAtLeast(string(out), 1, 6, 2)
-}
-
-// versionAtLeast tells whether `iptables --version` output ("iptables
-// v1.8.9 (nf_tables)") names at least major.minor.patch.
-func versionAtLeast(out string, want ...int) bool {
-	_, rest, ok := strings.Cut(out, " v")
-	if !ok {
-		return false
-	}
-	version, _, _ := strings.Cut(strings.TrimSpace(rest), " ")
-	parts := strings.Split(version, ".")
-	for i, w := range want {
-		n := 0 // "1.6" is 1.6.0
-		if i < len(parts) {
-			var err error
-			if n, err = strconv.Atoi(parts[i]); err != nil {
-				return false
-			}
-		}
-		if n != w {
-			return n > w
-		}
-	}
-	return true
-}
-
 // BackendEnv overrides the backend choice: "legacy" or "nft".
 const BackendEnv = "KUBE_PROXY_IPTABLES_BACKEND"
 

@@ -188,33 +188,6 @@ func TestGenerationFollowsRuleChanges(t *testing.T) {
 	}
 }
 
-func TestVersionAtLeast(t *testing.T) {
-	for out, want := range map[string]bool{
-		"iptables v1.8.9 (nf_tables)\n": true,
-		"iptables v1.6.2\n":             true,
-		"ip6tables v1.6.1 (legacy)\n":   false,
-		"iptables v1.4.21\n":            false,
-		"iptables v2.0 (nf_tables)\n":   true,
-		"iptables v1.10.0 (legacy)\n":   true,
-		"iptables v1.6\n":               false,
-		"garbage":                       false,
-	} {
-		if got := versionAtLeast(out, 1, 6, 2); got != want {
-			t.Errorf("versionAtLeast(%q, 1.6.2) = %v, want %v", out, got, want)
-		}
-	}
-}
-
-// The tools here are recent enough for --random-fully.
-func TestRandomFullySupported(t *testing.T) {
-	testutil.RequireCommands(t, "iptables-legacy", "iptables-nft")
-	for _, b := range []Backend{NFT, Legacy} {
-		if !New(false, b).RandomFullySupported() {
-			t.Errorf("%s: --random-fully reported unsupported", b)
-		}
-	}
-}
-
 // Save hands the tool's output to its reader as it comes, whole when read
 // to the end; a reader that stops early gets its error back, and the rest
 // is drained so that the tool, blocked on a full pipe, still ends.

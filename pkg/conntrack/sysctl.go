@@ -5,7 +5,10 @@ package conntrack
 
 import (
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,7 +33,7 @@ const (
 // quarter of it; the timeouts that are not 0 ("leave as is"); and liberal
 // TCP tracking when asked.
 func SetSysctls(s sysctl.Interface, cfg kpconfig.KubeProxyConntrackConfiguration) error {
-	if max := desiredMax(cfg, runtime.NumCPU()); max > 0 {
+	if max := desiredMax(cfg, hostCPUs()); max > 0 {
 		if err := raiseMax(s, max); err != nil {
 			return err
 		}
@@ -84,20 +87,58 @@ func desiredMax(cfg kpconfig.KubeProxyConntrackConfiguration, cpus int) int {
 // a network namespace other than the host's the limit is read-only; that
 // is only an error when the current value is too small.
 func raiseMax(s sysctl.Interface, max int) error {
-	current, err := s.Get(maxName)
-	if err == nil && current >= max {
-		return nil
-	}
+	// The hash table is checked even when the limit is already high
+	// enough: another program may have raised one and not the other.
 	if hash, err := s.Get(hashsizeName); err == nil && hash < max/4 {
+		klog.InfoS("Setting conntrack hashsize", "conntrackHashsize", max/4)
 		if err := s.Set(hashsizeName, max/4); err != nil {
 			klog.InfoS("Could not raise the conntrack hash size", "want", max/4, "err", err)
 		}
 	}
+	current, err := s.Get(maxName)
+	if err == nil && current >= max {
+		return nil
+	}
 	if err := s.Set(maxName, max); err != nil {
 		return fmt.Errorf("raising %s from %d to %d: %w", maxName, current, max, err)
 	}
-	klog.InfoS("Set conntrack limit", "nf_conntrack_max", max)
+	klog.InfoS("Set sysctl", "entry", maxName, "value", max)
 	return nil
+}
+
+// onlineCPUsFile lists the host's online CPUs, whatever CPUs this
+// process may run on: the table serves the whole host.
+const onlineCPUsFile = "/sys/devices/system/cpu/online"
+
+// hostCPUs counts the host's online CPUs, or, if that cannot be read, the
+// CPUs this process may use.
+func hostCPUs() int {
+	if data, err := os.ReadFile(onlineCPUsFile); err == nil {
+		if n, err := countCPUList(strings.TrimSpace(string(data))); err == nil && n > 0 {
+			return n
+		}
+	}
+	return runtime.NumCPU()
+}
+
+// countCPUList counts the CPUs of a kernel CPU list such as "0-3,8,10-11".
+func countCPUList(list string) (int, error) {
+	n := 0
+	for _, part := range strings.Split(list, ",") {
+		first, last, isRange := strings.Cut(part, "-")
+		lo, err := strconv.Atoi(first)
+		if err != nil {
+			return 0, fmt.Errorf("CPU list %q: %w", list, err)
+		}
+		hi := lo
+		if isRange {
+			if hi, err = strconv.Atoi(last); err != nil || hi < lo {
+				return 0, fmt.Errorf("CPU list %q: bad range %q", list, part)
+			}
+		}
+		n += hi - lo + 1
+	}
+	return n, nil
 }
 
 func setIfDifferent(s sysctl.Interface, name string, value int) error {

@@ -80,3 +80,32 @@ func TestReadOnlyConntrackMax(t *testing.T) {
 		t.Errorf("want an error naming %s, got %v", maxName, err)
 	}
 }
+
+// The hash table is raised to a quarter of the limit even when the limit
+// itself is already high enough.
+func TestConntrackHashsizeCheckedWhenTheLimitFits(t *testing.T) {
+	fake := &sysctl.Fake{Values: map[string]int{maxName: 262144, hashsizeName: 1024}}
+	if err := raiseMax(fake, 131072); err != nil {
+		t.Fatal(err)
+	}
+	if fake.Values[maxName] != 262144 || fake.Values[hashsizeName] != 32768 {
+		t.Errorf("got max %d hash %d, want 262144 and 32768", fake.Values[maxName], fake.Values[hashsizeName])
+	}
+}
+
+// The limit is sized by the host's online CPUs, as the kernel lists them.
+func TestCountCPUList(t *testing.T) {
+	for list, want := range map[string]int{"0": 1, "0-3": 4, "0-3,8-11": 8, "0,2,4-5": 4} {
+		if got, err := countCPUList(list); err != nil || got != want {
+			t.Errorf("%q: %d, %v; want %d", list, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "a", "3-1", "0-"} {
+		if _, err := countCPUList(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+	if hostCPUs() < 1 {
+		t.Error("no CPU on this host")
+	}
+}

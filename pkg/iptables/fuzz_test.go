@@ -36,7 +36,7 @@ func fuzzParams(t testing.TB, family v1.IPFamily, nfacct bool) Params {
 		t.Fatal(err)
 	}
 	return Params{IPv6: family == v1.IPv6Protocol, MasqueradeBit: 14, LocalhostNodePorts: true,
-		LocalDetector: detector, NodeIP: netip.MustParseAddr(nodeIP), RandomFully: true, NFAcct: nfacct}
+		LocalDetector: detector, NodeIP: netip.MustParseAddr(nodeIP), NFAcct: nfacct}
 }
 
 // objectsProxier is a proxier on kernel that has been given the objects

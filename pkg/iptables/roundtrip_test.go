@@ -107,7 +107,7 @@ func sampleRuleSet(t *testing.T, family v1.IPFamily, nfacct bool) map[Table][]Ow
 		t.Fatal(err)
 	}
 	params := Params{IPv6: v6, MasqueradeBit: 14, LocalhostNodePorts: true, LocalDetector: detector,
-		NodeIP: addr("10.255.0.2", "fd00:255::2"), RandomFully: true, NFAcct: nfacct}
+		NodeIP: addr("10.255.0.2", "fd00:255::2"), NFAcct: nfacct}
 	static := params.StaticRules()
 	chains := map[Table][]OwnChain{}
 	for table, cs := range static.Chains {

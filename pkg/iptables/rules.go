@@ -44,8 +44,6 @@ type Params struct {
 	// NodePortAddresses are the addresses NodePorts answer on; nil means
 	// every local address.
 	NodePortAddresses []netip.Addr
-	// RandomFully is whether MASQUERADE supports --random-fully here.
-	RandomFully bool
 	// TCPBeLiberal skips the drop of conntrack-INVALID packets.
 	TCPBeLiberal bool
 	// LargeCluster leaves the comments out of the endpoint chains and of
@@ -294,10 +292,9 @@ var SharedChains = map[Table][]Chain{
 // StaticRules decides the fixed part of the rule set.
 func (p *Params) StaticRules() StaticRules {
 	mark := p.masqueradeMark()
-	masquerade := []string{"-j", "MASQUERADE"}
-	if p.RandomFully {
-		masquerade = append(masquerade, "--random-fully")
-	}
+	// Always with --random-fully, as upstream (iptables has had it since
+	// 1.6.2).
+	masquerade := []string{"-j", "MASQUERADE", "--random-fully"}
 	nat := []OwnChain{
 		{Name: chainPostrouting, Rules: []Rule{
 			rule([]string{"-m", "mark", "!", "--mark", mark + "/" + mark, "-j", "RETURN"}),

@@ -25,8 +25,6 @@ type Params struct {
 	// NodeIP is the node's primary IP: load-balancer source ranges that
 	// contain it let the node reach the load-balancer IP itself.
 	NodeIP netip.Addr
-	// RandomFully is whether MASQUERADE supports --random-fully here.
-	RandomFully bool
 	// MaxSetEntries is the maxelem the hash sets are created with, and
 	// so how many entries the mode puts into one; 0 means MaxSetEntries
 	// (upstream's). Tests lower it.

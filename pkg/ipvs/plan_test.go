@@ -36,7 +36,7 @@ func testParams(t *testing.T, ipv6 bool) Params {
 		t.Fatal(err)
 	}
 	return Params{IPv6: ipv6, Scheduler: "rr", MasqueradeBit: 14, LocalDetector: detector,
-		NodeIP: netip.MustParseAddr(nodeIP), RandomFully: true}
+		NodeIP: netip.MustParseAddr(nodeIP)}
 }
 
 func addrs(s ...string) []netip.Addr {

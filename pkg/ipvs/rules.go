@@ -132,11 +132,7 @@ func (p *Params) Chains(nonEmpty func(set string) bool, outFilter []iptables.Rul
 
 	add(chainPostrouting, "-m mark ! --mark", mark+"/"+mark, "-j RETURN")
 	add(chainPostrouting, "-j MARK --xor-mark", mark)
-	masquerade := `-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE`
-	if p.RandomFully {
-		masquerade += " --random-fully"
-	}
-	add(chainPostrouting, masquerade)
+	add(chainPostrouting, `-m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`)
 	add(chainMarkMasq, "-j MARK --or-mark", mark)
 
 	out := map[iptables.Table][]iptables.OwnChain{}

@@ -130,7 +130,7 @@ func (n *node) proxier(t testing.TB, exclude ...netip.Prefix) (*proxy.Core, *ipv
 	mode := ipvs.New(ipvs.Config{
 		Family: v1.IPv4Protocol, Kernel: watchedKernel{n.kernel, n}, IPTables: n.iptables,
 		Params: ipvs.Params{Scheduler: "rr", MasqueradeBit: 14, LocalDetector: detector,
-			NodeIP: netip.MustParseAddr("10.255.0.2"), RandomFully: true, MaxSetEntries: n.maxSetEntries},
+			NodeIP: netip.MustParseAddr("10.255.0.2"), MaxSetEntries: n.maxSetEntries},
 		NodePortAddresses:  func(node []netip.Addr) []netip.Addr { return node },
 		ExcludeCIDRs:       exclude,
 		DrainCheckInterval: 5 * time.Millisecond,

@@ -81,19 +81,33 @@ func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeP
 	if node != nil {
 		podCIDRs = node.Spec.PodCIDRs
 	}
+	// The rules were built for the node's IPs at start ("primary"
+	// NodePort addresses, the node IP of each family): a change, or the
+	// Node's deletion, restarts the process, as upstream does.
+	startIPs := nodeHostIPs(node)
 	onNode := func(o any, deleted bool) {
+		if tomb, ok := o.(cache.DeletedFinalStateUnknown); ok {
+			o = tomb.Obj
+		}
 		n, ok := o.(*v1.Node)
 		if !ok {
 			return
 		}
 		if deleted {
 			health.SetNode(nil)
+			klog.InfoS("Node is being deleted", "node", klog.KObj(n))
+			cancel(errNodeDeleted)
 			return
 		}
 		health.SetNode(n)
 		proxier.OnNode(n)
 		if cfg.DetectLocalMode == config.LocalModeNodeCIDR && !slices.Equal(n.Spec.PodCIDRs, podCIDRs) {
+			klog.InfoS("PodCIDRs changed for the node", "node", klog.KObj(n), "newPodCIDRs", n.Spec.PodCIDRs, "oldPodCIDRs", podCIDRs)
 			cancel(errNodeCIDRChanged)
+		}
+		if ips := nodeHostIPs(n); !slices.Equal(ips, startIPs) {
+			klog.InfoS("NodeIPs changed for the node", "node", klog.KObj(n), "newNodeIPs", ips, "oldNodeIPs", startIPs)
+			cancel(errNodeIPsChanged)
 		}
 	}
 	_, _ = nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{

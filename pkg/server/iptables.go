@@ -34,7 +34,6 @@ func newIPTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy
 		LocalDetector:      f.detector,
 		NodeIP:             f.nodeIP,
 		NodePortAddresses:  f.nodePortAddrs,
-		RandomFully:        f.iptables.RandomFullySupported(),
 		TCPBeLiberal:       cfg.Conntrack.TCPBeLiberal,
 		NFAcct:             nfacctErr == nil,
 	}

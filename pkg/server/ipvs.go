@@ -38,7 +38,6 @@ func newIPVSMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy.Mod
 		MasqueradeAll: config.MasqueradeAll(cfg),
 		LocalDetector: f.detector,
 		NodeIP:        f.nodeIP,
-		RandomFully:   f.iptables.RandomFullySupported(),
 	}
 	// The sets are created at start, so that a missing ipset tool or
 	// kernel module stops the start with its error, as upstream's check.

@@ -10,7 +10,6 @@ import (
 
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/knftables"
 
@@ -71,17 +70,11 @@ func openNFTables(family v1.IPFamily) (knftables.Interface, error) {
 	return nft, nil
 }
 
-// withoutLoopback drops loopback addresses from nodePortAddresses' with
-// upstream's error log: the nftables mode has no localhost NodePorts. Nil
+// withoutLoopback drops loopback addresses from nodePortAddresses
+// silently, as upstream: the nftables mode has no localhost NodePorts. Nil
 // (every address) stays nil: that rule skips 127.0.0.0/8 itself.
 func withoutLoopback(addrs []netip.Addr) []netip.Addr {
-	return slices.DeleteFunc(slices.Clone(addrs), func(a netip.Addr) bool {
-		if a.IsLoopback() {
-			klog.ErrorS(nil, "--nodeport-addresses includes localhost but localhost NodePorts are not supported", "address", a.String())
-			return true
-		}
-		return false
-	})
+	return slices.DeleteFunc(slices.Clone(addrs), netip.Addr.IsLoopback)
 }
 
 // ipv6Usable tells whether the kernel has IPv6 on, as upstream checks it

@@ -189,14 +189,22 @@ func waitForNode(ctx context.Context, client kubernetes.Interface, name string) 
 	deadline := time.Now().Add(nodeWait)
 	for {
 		node, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err == nil {
+		if err == nil && len(nodeHostIPs(node)) > 0 {
 			return node
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			klog.ErrorS(err, "Could not get this node's Node object; continuing without it", "node", name)
-			return nil
+			if err != nil {
+				klog.ErrorS(err, "Could not get this node's Node object; continuing without it", "node", name)
+				return nil
+			}
+			klog.ErrorS(nil, "Timed out waiting for node to be assigned IPs", "node", name)
+			return node
 		}
-		klog.InfoS("Waiting for this node's Node object", "node", name, "err", err)
+		if err != nil {
+			klog.InfoS("Waiting for this node's Node object", "node", name, "err", err)
+		} else {
+			klog.InfoS("Waiting for this node's Node object to have IPs", "node", name)
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(time.Second):
@@ -204,26 +212,39 @@ func waitForNode(ctx context.Context, client kubernetes.Interface, name string) 
 	}
 }
 
-// nodeIPs are the node's primary IP per family: bindAddress when it is
-// set to a specific address, else the Node's addresses, else loopback.
-func nodeIPs(cfg *kpconfig.KubeProxyConfiguration, node *v1.Node) map[v1.IPFamily]netip.Addr {
-	ips := map[v1.IPFamily]netip.Addr{}
-	if a, err := netip.ParseAddr(cfg.BindAddress); err == nil && !a.IsUnspecified() {
-		ips[familyOf(a)] = a
-		return ips
+// nodeHostIPs are the Node's own primary IPs, bindAddress aside: the first
+// InternalIP (else ExternalIP), then the first address of the other family,
+// as the kubelet reports them.
+func nodeHostIPs(node *v1.Node) []netip.Addr {
+	if node == nil {
+		return nil
 	}
-	if node != nil {
-		for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
-			for _, addr := range node.Status.Addresses {
-				a, err := netip.ParseAddr(addr.Address)
-				if err != nil || addr.Type != t {
-					continue
-				}
-				if _, ok := ips[familyOf(a)]; !ok {
-					ips[familyOf(a)] = a.Unmap()
-				}
+	var ips []netip.Addr
+	for _, t := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, addr := range node.Status.Addresses {
+			a, err := netip.ParseAddr(addr.Address)
+			if err != nil || addr.Type != t {
+				continue
+			}
+			a = a.Unmap()
+			if len(ips) == 0 || len(ips) == 1 && familyOf(ips[0]) != familyOf(a) {
+				ips = append(ips, a)
 			}
 		}
+	}
+	return ips
+}
+
+// nodeIPs are the node's primary IP per family: the Node's own, with
+// bindAddress, when it is set to a specific address, in place of its
+// family's; a node with none at all is taken to be 127.0.0.1.
+func nodeIPs(cfg *kpconfig.KubeProxyConfiguration, node *v1.Node) map[v1.IPFamily]netip.Addr {
+	ips := map[v1.IPFamily]netip.Addr{}
+	for _, a := range nodeHostIPs(node) {
+		ips[familyOf(a)] = a
+	}
+	if a, err := netip.ParseAddr(cfg.BindAddress); err == nil && !a.IsUnspecified() {
+		ips[familyOf(a.Unmap())] = a.Unmap()
 	}
 	if len(ips) == 0 {
 		klog.InfoS("Warning: no node IP found; assuming 127.0.0.1")
@@ -285,3 +306,10 @@ func localAddresses(cidrs []string) ([]netip.Addr, error) {
 // errNodeCIDRChanged ends the process when the node's pod CIDRs change in
 // NodeCIDR mode, as upstream does: the rules built on them are wrong now.
 var errNodeCIDRChanged = errors.New("the node's podCIDRs changed, and detect-local-mode is NodeCIDR: restarting to use the new ones")
+
+// errNodeIPsChanged and errNodeDeleted end the process as upstream's: the
+// rules follow the node's IPs as they were at start.
+var (
+	errNodeIPsChanged = errors.New("the node's IPs changed: restarting to use the new ones")
+	errNodeDeleted    = errors.New("the node's Node object was deleted")
+)

@@ -85,7 +85,9 @@ func TestNodeIPs(t *testing.T) {
 }
 
 func TestWaitForNodeReturnsTheNode(t *testing.T) {
-	client := fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+	withIP := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
+		Status: v1.NodeStatus{Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.2"}}}}
+	client := fake.NewClientset(withIP, &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "no-ip"}})
 	if n := waitForNode(context.Background(), client, "node-1"); n == nil || n.Name != "node-1" {
 		t.Errorf("got %v", n)
 	}
@@ -93,6 +95,11 @@ func TestWaitForNodeReturnsTheNode(t *testing.T) {
 	cancel()
 	if n := waitForNode(ctx, client, "missing"); n != nil {
 		t.Errorf("a missing node gave %v", n)
+	}
+	// A Node without IPs yet is waited for (here: until the context
+	// ends), then taken as it is.
+	if n := waitForNode(ctx, client, "no-ip"); n == nil || n.Name != "no-ip" {
+		t.Errorf("a node without IPs gave %v", n)
 	}
 }
 
@@ -510,5 +517,90 @@ func TestFamilyNodeIP(t *testing.T) {
 	}
 	if got := familyNodeIP(map[v1.IPFamily]netip.Addr{v1.IPv6Protocol: netip.MustParseAddr("fd00::9")}, v1.IPv4Protocol); got.String() != "127.0.0.1" {
 		t.Errorf("IPv4 on an IPv6-only node: %s, want 127.0.0.1", got)
+	}
+}
+
+// The process ends, as upstream's, when the Node's own IPs change or the
+// Node is deleted: the rules were made for the IPs it had at start.
+func TestNodeIPChangeOrDeletionEndsTheWatch(t *testing.T) {
+	addresses := func(ips ...string) []v1.NodeAddress {
+		out := []v1.NodeAddress{{Type: v1.NodeHostName, Address: "node-1"}}
+		for _, ip := range ips {
+			out = append(out, v1.NodeAddress{Type: v1.NodeInternalIP, Address: ip})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name   string
+		change func(ctx context.Context, client *fake.Clientset, node *v1.Node) error
+		want   error
+	}{
+		{"an IP changed", func(ctx context.Context, client *fake.Clientset, node *v1.Node) error {
+			node.Status.Addresses = addresses("10.0.0.3", "fd00::2")
+			_, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
+			return err
+		}, errNodeIPsChanged},
+		{"an IPv6 address added", func(ctx context.Context, client *fake.Clientset, node *v1.Node) error {
+			node.Status.Addresses = addresses("10.0.0.2", "fd00::2", "fd00::3")
+			_, err := client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{})
+			return err
+		}, nil},
+		{"the Node deleted", func(ctx context.Context, client *fake.Clientset, node *v1.Node) error {
+			return client.CoreV1().Nodes().Delete(ctx, node.Name, metav1.DeleteOptions{})
+		}, errNodeDeleted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: v1.NodeStatus{Addresses: addresses("10.0.0.2", "fd00::2")}}
+			client := fake.NewClientset(node)
+			proxier := &recordingProxier{}
+			result := make(chan error, 1)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			go func() {
+				result <- watch(ctx, client, defaulted(t), "node-1", node, proxier, healthcheck.NewProxyHealth(time.Minute))
+			}()
+			for !proxier.done() {
+				if ctx.Err() != nil {
+					t.Fatal("the caches never synced")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := tc.change(ctx, client, node.DeepCopy()); err != nil {
+				t.Fatal(err)
+			}
+			if tc.want == nil {
+				// A second address of a family changes no primary IP: the
+				// watch goes on until its context ends.
+				select {
+				case err := <-result:
+					t.Fatalf("the watch ended: %v", err)
+				case <-time.After(time.Second):
+				}
+				return
+			}
+			if err := <-result; !errors.Is(err, tc.want) {
+				t.Errorf("got %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// The node IP per family is the Node's own; bindAddress replaces only its
+// own family's, as upstream's.
+func TestNodeIPsWithBindAddress(t *testing.T) {
+	node := &v1.Node{Status: v1.NodeStatus{Addresses: []v1.NodeAddress{
+		{Type: v1.NodeExternalIP, Address: "192.0.2.9"},
+		{Type: v1.NodeInternalIP, Address: "fd00::2"},
+		{Type: v1.NodeInternalIP, Address: "10.0.0.2"},
+		{Type: v1.NodeInternalIP, Address: "10.0.0.3"},
+	}}}
+	if got := fmt.Sprint(nodeHostIPs(node)); got != "[fd00::2 10.0.0.2]" {
+		t.Errorf("the Node's own IPs: %s", got)
+	}
+	cfg := defaulted(t)
+	cfg.BindAddress = "10.0.0.7"
+	got := nodeIPs(cfg, node)
+	if got[v1.IPv4Protocol].String() != "10.0.0.7" || got[v1.IPv6Protocol].String() != "fd00::2" {
+		t.Errorf("with bindAddress 10.0.0.7: %v", got)
 	}
 }

@@ -242,7 +242,11 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	if err := c.startEtcd(ctx); err != nil {
 		return err
 	}
-	c.apiServerArgs = []string{filepath.Join(c.bins.tools, "kube-apiserver"),
+	controlPlane := c.bins.tools
+	if c.opts.ControlPlane != "" {
+		controlPlane = c.opts.ControlPlane
+	}
+	c.apiServerArgs = []string{filepath.Join(controlPlane, "kube-apiserver"),
 		"--etcd-servers=" + etcdClientURL,
 		"--bind-address=" + APIServerIP,
 		"--secure-port=" + apiServerPort,
@@ -280,7 +284,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 	if err := c.StartAPIServer(ctx); err != nil {
 		return err
 	}
-	kcm, err := c.start("kube-controller-manager", exec.Command(filepath.Join(c.bins.tools, "kube-controller-manager"),
+	kcm, err := c.start("kube-controller-manager", exec.Command(filepath.Join(controlPlane, "kube-controller-manager"),
 		append([]string{
 			"--kubeconfig=" + kcmConfig,
 			"--authentication-kubeconfig=" + kcmConfig,

@@ -24,6 +24,10 @@ type Options struct {
 	RealNodes bool
 	// Scheduler, if set, is a kube-scheduler binary to run (with RealNodes).
 	Scheduler string
+	// ControlPlane, if set, is a directory holding the kube-apiserver and
+	// kube-controller-manager to run instead of the tools' (another
+	// Kubernetes version's: hack/build-tools.sh hack/skew/vX.Y).
+	ControlPlane string
 }
 
 // realNodeControllers are the controller-manager's defaults: the
