@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -281,5 +282,28 @@ func TestWriteRoundTrip(t *testing.T) {
 	}
 	if *again.IPTables.MasqueradeBit != 14 || ptr.Deref(again.IPTables.LocalhostNodePorts, false) != true {
 		t.Error("defaults lost in the round trip")
+	}
+}
+
+// The nodePortAddresses keywords stand for CIDRs of this node, as
+// upstream expands them; CIDRs stay as they are, in order.
+func TestExpandNodePortAddresses(t *testing.T) {
+	v4, v6, lo := netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("fd00::2"), netip.MustParseAddr("127.0.0.1")
+	for _, tc := range []struct {
+		setting []string
+		nodeIPs []netip.Addr
+		want    string
+	}{
+		{nil, []netip.Addr{v4}, "[]"},
+		{[]string{"primary"}, []netip.Addr{v4, v6}, "[10.0.0.2/32 fd00::2/128]"},
+		{[]string{"primary"}, []netip.Addr{v4, {}}, "[10.0.0.2/32]"},
+		{[]string{"primary"}, []netip.Addr{lo}, "[]"}, // no routable node IP: nothing to pin to
+		{[]string{"localhost"}, []netip.Addr{v4}, "[127.0.0.0/8 ::1/128]"},
+		{[]string{"all"}, []netip.Addr{v4}, "[0.0.0.0/0 ::/0]"},
+		{[]string{"192.168.0.0/16", "primary", "localhost"}, []netip.Addr{v4}, "[192.168.0.0/16 10.0.0.2/32 127.0.0.0/8 ::1/128]"},
+	} {
+		if got := fmt.Sprint(ExpandNodePortAddresses(tc.setting, tc.nodeIPs)); got != tc.want {
+			t.Errorf("%v with node IPs %v: %s, want %s", tc.setting, tc.nodeIPs, got, tc.want)
+		}
 	}
 }

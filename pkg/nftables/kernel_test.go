@@ -349,3 +349,28 @@ func TestKernelSyncsThroughNFTOnly(t *testing.T) {
 	}
 	compareWithFresh(t, h, params)
 }
+
+// A service whose "namespace/name:port" is longer than the 128 bytes nft
+// takes as a comment (63 + 1 + 63 + 1 + 15) is written with its comment
+// cut there, as upstream's: not one failed transaction.
+func TestKernelLongNamesFitTheCommentLimit(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	params := v4(nil)(t)
+	h, _ := kernelHarness(t, v1.IPv4Protocol, params)
+	ns, name, portName := strings.Repeat("n", 63), strings.Repeat("s", 63), strings.Repeat("p", 15)
+	h.apply(service(ns, name, "10.96.10.40", []port{{portName, v1.ProtocolTCP, 80, 31999}}, func(s *v1.Service) {
+		s.Spec.Type = v1.ServiceTypeNodePort
+	}))
+	h.full()
+	out, err := exec.Command("nft", "list", "map", "ip", TableName, mapNoEndpointServices).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	full := ns + "/" + name + ":" + portName
+	if want := `comment "` + full[:knftables.CommentLengthMax] + `"`; !strings.Contains(string(out), want) {
+		t.Errorf("no element with the comment cut to %d bytes in:\n%s", knftables.CommentLengthMax, out)
+	}
+	compareWithFresh(t, h, params)
+}
