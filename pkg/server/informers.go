@@ -6,6 +6,7 @@ package server
 import (
 	"context"
 	"errors"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"net/netip"
 	"slices"
 	"time"
@@ -118,7 +119,7 @@ func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeP
 
 	// ServiceCIDRs only for a mode that uses them (the nftables mode).
 	var cidrFactory informers.SharedInformerFactory
-	if proxier.UsesServiceCIDRs() {
+	if proxier.UsesServiceCIDRs() && servesServiceCIDRs(client) {
 		cidrFactory = informers.NewSharedInformerFactory(client, cfg.ConfigSyncPeriod.Duration)
 		cidrs := cidrFactory.Networking().V1().ServiceCIDRs().Informer()
 		onCIDRs := func(any) { proxier.OnServiceCIDRs(serviceCIDRs(cidrs.GetStore().List())) }
@@ -221,6 +222,27 @@ func onObject[T any](o any, deleted bool, handle func(T, bool)) {
 	if obj, ok := o.(T); ok {
 		handle(obj, deleted)
 	}
+}
+
+// servesServiceCIDRs tells whether the API server has networking.k8s.io/v1
+// ServiceCIDRs (Kubernetes 1.33 and later). Against an older one the
+// nftables mode runs without them, saying so once, instead of failing its
+// watch forever; an API server that cannot be asked is assumed to have
+// them (the watch then says what is wrong).
+func servesServiceCIDRs(client kubernetes.Interface) bool {
+	resources, err := client.Discovery().ServerResourcesForGroupVersion("networking.k8s.io/v1")
+	if err != nil && !apierrors.IsNotFound(err) {
+		return true
+	}
+	if err == nil && slices.ContainsFunc(resources.APIResources, func(r metav1.APIResource) bool { return r.Name == "servicecidrs" }) {
+		return true
+	}
+	version := "an older version"
+	if info, err := client.Discovery().ServerVersion(); err == nil {
+		version = info.GitVersion
+	}
+	klog.ErrorS(nil, "The API server does not serve networking.k8s.io/v1 ServiceCIDRs (Kubernetes 1.33 and later): traffic to unallocated ClusterIPs is not dropped; upgrade the control plane", "apiServerVersion", version)
+	return false
 }
 
 // Upstream's words, so that alerts and searches on them keep working.

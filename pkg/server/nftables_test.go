@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	fakediscovery "k8s.io/client-go/discovery/fake"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -130,6 +131,7 @@ func TestServiceCIDRsReachTheProxier(t *testing.T) {
 		return &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: cidrs}}
 	}
 	client := fake.NewClientset(cidr("kubernetes", "10.96.0.0/16", "fd00:10:96::/112"), cidr("extra", "10.97.0.0/24"))
+	servesCIDRs(client)
 	proxier := &recordingProxier{usesCIDRs: true}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -161,4 +163,26 @@ func TestServiceCIDRsReachTheProxier(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("10.96.0.0/16", "fd00:10:96::/112")
+}
+
+// servesCIDRs makes the fake API server list ServiceCIDRs in discovery, as
+// every one since 1.33 does.
+func servesCIDRs(client *fake.Clientset) {
+	client.Discovery().(*fakediscovery.FakeDiscovery).Resources = []*metav1.APIResourceList{{
+		GroupVersion: "networking.k8s.io/v1",
+		APIResources: []metav1.APIResource{{Name: "servicecidrs", Kind: "ServiceCIDR"}},
+	}}
+}
+
+// Against an API server older than 1.33, which has no ServiceCIDRs, the
+// nftables mode runs without them: no watch that fails forever.
+func TestServiceCIDRsLeftOutWhenTheAPIServerLacksThem(t *testing.T) {
+	client := fake.NewClientset()
+	if servesServiceCIDRs(client) {
+		t.Error("an API server without networking.k8s.io/v1 is taken to serve ServiceCIDRs")
+	}
+	servesCIDRs(client)
+	if !servesServiceCIDRs(client) {
+		t.Error("an API server listing servicecidrs is taken to lack them")
+	}
 }
