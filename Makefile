@@ -49,7 +49,7 @@ e2e-node-smoke: deps build tools node-tools
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
 		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node
 
-# Upstream's e2e.test (v1.36.3) with a focus (FOCUS, default the Services conformance tests; PROCS
+# Upstream's e2e.test (v1.37.2) with a focus (FOCUS, default the Services conformance tests; PROCS
 # ginkgo processes in parallel) against NODES real nodes (default 3), each in its network namespace
 # on an underlay bridge (MODE=ipvs: default 2, each in a VM of test/vm's), whose kube-proxies are ours or
 # upstream's (KUBE_PROXY; upstream,ours runs both in turn on one cluster) in MODE, with

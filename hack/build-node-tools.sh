@@ -4,7 +4,7 @@
 # script and the Go version>) so that changing one never rebuilds the other:
 #   kubelet, kube-scheduler, kubectl          k8s.io/kubernetes cmd/... (hack/node-tools/kubernetes)
 #   e2e.test                                  `go test -c` of k8s.io/kubernetes/test/e2e
-#   containerd, containerd-shim-runc-v2, ctr  containerd 2.x: kubelet v1.36 needs it, Debian has 1.6
+#   containerd, containerd-shim-runc-v2, ctr  containerd 2.x: kubelet (v1.36 on) needs it, Debian has 1.6
 #   cni/{bridge,host-local,loopback,portmap}  Debian's containernetworking-plugins
 #   images/pause.tar                          registry.k8s.io/pause:<tag> from the module's pause.c
 #   images/busybox.tar                        a static busybox from Debian's busybox-static
@@ -99,8 +99,11 @@ applets=()
 for applet in $(/bin/busybox --list); do
   [ "$applet" = busybox ] || applets+=(-link "/bin/$applet=busybox")
 done
+# The busybox tag e2e.test names (test/utils/image/manifest.go).
+busybox_tag=$(sed -n 's/.*configs\[BusyBox\] = Config{[^,]*, "busybox", "\([^"]*\)"}.*/\1/p' "$k8s_src/test/utils/image/manifest.go")
+[ -n "$busybox_tag" ] || { echo "build-node-tools: no busybox tag in the e2e image manifest" >&2; exit 1; }
 if [ ! -f "$dir/images/busybox.tar" ]; then
-  "$dir/ociimage" -name "registry.k8s.io/e2e-test-images/busybox:1.37.0-1" -o "$dir/images/busybox.tar" \
+  "$dir/ociimage" -name "registry.k8s.io/e2e-test-images/busybox:$busybox_tag" -o "$dir/images/busybox.tar" \
     -cmd /bin/sh -file /bin/busybox=/bin/busybox "${applets[@]}"
 fi
 if [ ! -f "$dir/images/agnhost.tar" ]; then

@@ -91,7 +91,7 @@ func (n *Node) cniConfig() string {
 func (n *Node) kubeletConfig() string {
 	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-# This machine's cgroups are v1, which v1.36 still runs when asked.
+# This machine's cgroups are v1, which v1.37 still runs when asked.
 failCgroupV1: false
 cgroupDriver: cgroupfs
 # The node's pods live under a cgroup of their own, removed at teardown.

@@ -122,23 +122,50 @@ func busyboxArgs(replaced map[string]string) ([]string, error) {
 	return args, nil
 }
 
+// e2eImageTag is the tag the pinned e2e.test gives one of its images
+// (test/utils/image/manifest.go's configs[key]), so that the images built
+// here follow the suite's version.
+func e2eImageTag(k8s, key string) (string, error) {
+	manifest, err := os.ReadFile(filepath.Join(k8s, "test/utils/image/manifest.go"))
+	if err != nil {
+		return "", err
+	}
+	m := regexp.MustCompile(`configs\[` + key + `\] = Config\{[^,]*, "[^"]*", "([^"]*)"\}`).FindSubmatch(manifest)
+	if m == nil {
+		return "", fmt.Errorf("no tag for %s in the e2e image manifest", key)
+	}
+	return string(m[1]), nil
+}
+
 // BuildConntrackTestImages writes to dir the two images the two-node
 // Conntrack and KubeProxy tests run besides agnhost, and returns their
-// archives:
-//   - distroless-iptables (v0.9.6, the tag e2e.test v1.36.3 names), which
+// archives, with the tags the pinned e2e.test names:
+//   - distroless-iptables, which
 //     the CLOSE_WAIT test runs as a privileged host-network pod to read
 //     the node's /proc/net/nf_conntrack with `/bin/sh -c "cat ... | grep
 //     -m 1 -E ..."`: busybox's sh, cat, grep and sleep do that;
-//   - regression-issue-74839 (1.4), the invalid-conntrack-state test's
-//     server, built from the pinned module's test/images source.
+//   - regression-issue-74839, the invalid-conntrack-state test's server,
+//     built from the pinned module's test/images source.
 func BuildConntrackTestImages(tools, dir string) ([]string, error) {
 	busybox, err := busyboxArgs(nil)
 	if err != nil {
 		return nil, err
 	}
+	k8s, err := kubernetesSource()
+	if err != nil {
+		return nil, err
+	}
+	iptablesTag, err := e2eImageTag(k8s, "DistrolessIptables")
+	if err != nil {
+		return nil, err
+	}
+	regressionTag, err := e2eImageTag(k8s, "RegressionIssue74839")
+	if err != nil {
+		return nil, err
+	}
 	iptables := filepath.Join(dir, "distroless-iptables.tar")
 	if out, err := exec.Command(filepath.Join(tools, "ociimage"), append([]string{
-		"-name", "registry.k8s.io/build-image/distroless-iptables:v0.9.6", "-o", iptables, "-cmd", "/bin/sh"},
+		"-name", "registry.k8s.io/build-image/distroless-iptables:" + iptablesTag, "-o", iptables, "-cmd", "/bin/sh"},
 		busybox...)...).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("ociimage: %w: %s", err, out)
 	}
@@ -156,7 +183,7 @@ func BuildConntrackTestImages(tools, dir string) ([]string, error) {
 	}
 	regression := filepath.Join(dir, "regression-issue-74839.tar")
 	if out, err := exec.Command(filepath.Join(tools, "ociimage"), append([]string{
-		"-name", "registry.k8s.io/e2e-test-images/regression-issue-74839:1.4", "-o", regression,
+		"-name", "registry.k8s.io/e2e-test-images/regression-issue-74839:" + regressionTag, "-o", regression,
 		"-entrypoint", "/regression-issue-74839", "-file", "/regression-issue-74839=" + server},
 		busybox...)...).CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("ociimage: %w: %s", err, out)

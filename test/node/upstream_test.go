@@ -36,7 +36,7 @@ var skips = []struct{ pattern, reason string }{
 	{`IPv6|[Dd]ual[- ]?[Ss]tack`, "the node's pods have IPv4 addresses only"},
 }
 
-// TestE2EUpstream runs upstream's e2e.test (v1.36.3) with a focus against
+// TestE2EUpstream runs upstream's e2e.test (v1.37.2) with a focus against
 // real nodes (kubelet and containerd, RAPIDPROXY_E2E_NODES of them, each in
 // its network namespace on the underlay the framework makes) whose
 // kube-proxies are ours or upstream's, each run from a config file in its
