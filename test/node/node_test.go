@@ -10,6 +10,7 @@ package node
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -70,7 +71,7 @@ func TestNodeSmoke(t *testing.T) {
 			Containers: []v1.Container{
 				{
 					Name:            "agnhost",
-					Image:           "registry.k8s.io/e2e-test-images/agnhost:2.63.0",
+					Image:           agnhostImage(t),
 					ImagePullPolicy: v1.PullNever,
 					Args:            []string{"netexec", "--http-port=8080"},
 					// The kubelet probes from the node namespace, over the bridge.
@@ -79,7 +80,7 @@ func TestNodeSmoke(t *testing.T) {
 				},
 				{
 					Name:            "busybox",
-					Image:           "registry.k8s.io/e2e-test-images/busybox:1.37.0-1",
+					Image:           busyboxImage(t),
 					ImagePullPolicy: v1.PullNever,
 					Command:         []string{"/bin/sleep", "3600"},
 				},
@@ -159,4 +160,34 @@ func podSummary(p *v1.Pod) string {
 		}
 	}
 	return strings.Join(parts, "; ")
+}
+
+// busyboxImage is the busybox image of the node tools, under the tag the
+// pinned e2e.test names.
+func busyboxImage(t *testing.T) string {
+	t.Helper()
+	k8s, err := kubernetesSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, err := e2eImageTag(k8s, "BusyBox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "registry.k8s.io/e2e-test-images/busybox:" + tag
+}
+
+// agnhostImage is the agnhost image of the node tools, under the tag the
+// pinned module's agnhost VERSION gives.
+func agnhostImage(t *testing.T) string {
+	t.Helper()
+	k8s, err := kubernetesSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	version, err := os.ReadFile(filepath.Join(k8s, "test/images/agnhost/VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "registry.k8s.io/e2e-test-images/agnhost:" + strings.TrimSpace(string(version))
 }
