@@ -1,9 +1,11 @@
 package deploy
 
 import (
+	"fmt"
 	"maps"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -17,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/diff"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 
 	"github.com/rapidproxy/rapidproxy/pkg/config"
@@ -250,6 +254,57 @@ func exactlyOne(t *testing.T, original, target *appsv1.DaemonSet, mode string, m
 		_, labelled := node[ModeLabel]
 		if runsOriginal == runsTarget || runsTarget != (labelled && node[ModeLabel] == mode) {
 			t.Errorf("node labels %v: original runs %v, target (%s) runs %v", node, runsOriginal, mode, runsTarget)
+		}
+	}
+}
+
+// mode-migration as shipped, before config.conf is written over, does not
+// build, and says why and what to do: the build error (kubectl's, from
+// the directory on disk, and from Render) holds the shipped file's text,
+// which names the file and the documented command. Once it is written, in
+// YAML or JSON, it builds, and the check leaves nothing in the output.
+func TestModeMigrationWithoutConfigSaysWhatToDo(t *testing.T) {
+	const command = `{ kubectl -n kube-system get configmap kube-proxy -o jsonpath='{.data.config\.conf}' |
+      grep -v '^mode:'; echo 'mode: nftables'; } > config.conf`
+	for _, want := range []string{"config.conf is not written yet", command, "then apply\nagain"} {
+		if !strings.Contains(readFile(t, "mode-migration/config.conf"), want) {
+			t.Errorf("the shipped config.conf does not say %q", want)
+		}
+	}
+	words := func(s string) string { return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n#", "\n")), " ") }
+	if !strings.Contains(words(readFile(t, "mode-migration/kustomization.yaml")), words(command)) {
+		t.Errorf("kustomization.yaml's comment does not give the command the shipped config.conf gives:\n%s", command)
+	}
+	onDisk := func() error {
+		dir := t.TempDir()
+		if err := os.CopyFS(dir, os.DirFS(".")); err != nil {
+			t.Fatal(err)
+		}
+		_, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), filepath.Join(dir, ModeMigration))
+		return err
+	}
+	_, inMemory := Render(ModeMigration)
+	for name, err := range map[string]error{"kustomize build on disk": onDisk(), "Render": inMemory} {
+		if err == nil || !strings.Contains(err.Error(), "deploy/mode-migration/config.conf is not written yet") || !strings.Contains(err.Error(), command) {
+			t.Errorf("%s, as shipped: %v; want an error saying config.conf is not written and how to write it", name, err)
+		}
+	}
+
+	yamlConfig := TargetConfig(readFile(t, "base/config.conf"), "nftables")
+	jsonConfig := `{"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration", "mode": "nftables"}`
+	for name, cfg := range map[string]string{"YAML": yamlConfig, "JSON": jsonConfig} {
+		r, err := RenderEdited(ModeMigration, map[string]string{"mode-migration/config.conf": cfg})
+		if err != nil {
+			t.Errorf("%s config.conf written: %v", name, err)
+			continue
+		}
+		if got := r.TargetConfigMap.Data["config.conf"]; got != cfg {
+			t.Errorf("%s: the ConfigMap holds %q, want the file as written", name, got)
+		}
+		for _, obj := range r.Objects {
+			if obj.GetName() == "mode-migration" || strings.Contains(fmt.Sprint(obj.Object), "configured") {
+				t.Errorf("%s: the check shows in the output: %s %s", name, obj.GetKind(), obj.GetName())
+			}
 		}
 	}
 }

@@ -183,6 +183,7 @@ func TestBadInputExitsOneWithOneClearError(t *testing.T) {
 	}{
 		{"unknown field", []string{"--config", file("unknown.yaml", header+"iptables:\n  masqueradeBitt: 1\n")}, `unknown field "iptables.masqueradeBitt"`},
 		{"bad duration", []string{"--config", file("duration.yaml", header+"configSyncPeriod: 15 minutes\n")}, `configSyncPeriod: invalid duration "15 minutes"`},
+		{"wrong type", []string{"--config", file("type.yaml", header+"conntrack:\n  maxPerCore: lots\n")}, `conntrack.maxPerCore: invalid value "lots": want an integer (int32)`},
 		{"bad CIDR", []string{"--config", file("cidr.yaml", header+"clusterCIDR: 10.244.0.0/40\n")}, `clusterCIDR: Invalid value: "10.244.0.0/40"`},
 		{"masqueradeBit 40", []string{"--config", file("bit.yaml", header+"iptables:\n  masqueradeBit: 40\n")}, "iptables.masqueradeBit: Invalid value: 40: must be within the range [0, 31]"},
 		{"minSyncPeriod > syncPeriod", []string{"--config", file("sync.yaml", header+"iptables:\n  syncPeriod: 5s\n  minSyncPeriod: 10s\n")}, "iptables.minSyncPeriod: Invalid value: \"10s\""},

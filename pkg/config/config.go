@@ -118,7 +118,7 @@ func decode(data []byte) (*Config, error) {
 	cfg := &Config{}
 	strictErrs, err := kjson.UnmarshalStrict(jsonData, cfg)
 	if err != nil && len(errs) == 0 {
-		errs = append(errs, err)
+		errs = append(errs, typeError(jsonData, err))
 	}
 	errs = append(errs, strictErrs...)
 	if len(errs) > 0 {

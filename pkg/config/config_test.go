@@ -219,7 +219,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"unknown top-level field", header + "foo: 1\n", `unknown field "foo"`},
 		{"misspelt nested field", header + "iptables:\n  masqueradeBitt: 3\n", `unknown field "iptables.masqueradeBitt"`},
 		{"duplicate field", header + "mode: ipvs\nmode: iptables\n", `key "mode" already set`},
-		{"wrong type", header + "iptables:\n  masqueradeBit: fourteen\n", "iptables.masqueradeBit of type int32"},
+		{"wrong type", header + "iptables:\n  masqueradeBit: fourteen\n", `iptables.masqueradeBit: invalid value "fourteen": want an integer (int32)`},
 		{"bad duration", header + "iptables:\n  syncPeriod: 5x\n", `iptables.syncPeriod: invalid duration "5x"`},
 		{"bad conntrack duration", header + "conntrack:\n  tcpCloseWaitTimeout: soon\n", `conntrack.tcpCloseWaitTimeout: invalid duration "soon"`},
 		{"wrong apiVersion", "apiVersion: kubeproxy.config.k8s.io/v1beta9\nkind: KubeProxyConfiguration\n", `apiVersion "kubeproxy.config.k8s.io/v1beta9"`},
@@ -304,6 +304,36 @@ func TestExpandNodePortAddresses(t *testing.T) {
 	} {
 		if got := fmt.Sprint(ExpandNodePortAddresses(tc.setting, tc.nodeIPs)); got != tc.want {
 			t.Errorf("%v with node IPs %v: %s, want %s", tc.setting, tc.nodeIPs, got, tc.want)
+		}
+	}
+}
+
+// A value of the wrong type is named by its path in the file, with the
+// value given and what the field wants, as the validation errors are.
+func TestWrongTypeNamesFieldValueAndType(t *testing.T) {
+	const header = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+	for doc, want := range map[string]string{
+		"conntrack:\n  maxPerCore: lots\n":        `conntrack.maxPerCore: invalid value "lots": want an integer (int32)`,
+		"conntrack:\n  maxPerCore: 3.5\n":         `conntrack.maxPerCore: invalid value 3.5: want an integer (int32)`,
+		"conntrack:\n  maxPerCore: 99999999999\n": `conntrack.maxPerCore: invalid value 99999999999: want an integer from -2147483648 to 2147483647 (int32)`,
+		"conntrack: lots\n":                       `conntrack: invalid value "lots": want a mapping`,
+		"configSyncPeriod: 5\n":                   `configSyncPeriod: invalid value 5: want a duration (a number and a unit, e.g. 30s, 5m, 1h)`,
+		"featureGates:\n  Foo: maybe\n":           `featureGates.Foo: invalid value "maybe": want true or false`,
+		"nodePortAddresses: 10.0.0.0/8\n":         `nodePortAddresses: invalid value "10.0.0.0/8": want a list`,
+		"nodePortAddresses: [primary, 10]\n":      `nodePortAddresses[1]: invalid value 10: want a string`,
+		"ipvs:\n  excludeCIDRs: [{a: 1}]\n":       `ipvs.excludeCIDRs[0]: invalid value {"a":1}: want a string`,
+		"enableProfiling: \"true\"\n":             `enableProfiling: invalid value "true": want true or false`,
+		"clientConnection:\n  qps: fast\n":        `clientConnection.qps: invalid value "fast": want a number`,
+		"iptables:\n  localhostNodePorts: 1\n":    `iptables.localhostNodePorts: invalid value 1: want true or false`,
+		"logging:\n  verbosity: high\n":           `logging.verbosity: invalid value "high": want an integer of 0 or more (uint32)`,
+		`{"apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration", "oomScoreAdj": "x"}`: `oomScoreAdj: invalid value "x": want an integer (int32)`,
+	} {
+		if !strings.HasPrefix(doc, "{") {
+			doc = header + doc
+		}
+		_, err := Decode([]byte(doc))
+		if err == nil || err.Error() != want {
+			t.Errorf("%q: %v\nwant %s", doc, err, want)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -28,9 +29,15 @@ type Handler struct {
 	// IsLocal tells whether an address is this node's, for a trace (a
 	// NodePort answers there); nil reads the host's interfaces.
 	IsLocal func(netip.Addr) bool
+	// AllClients serves every client; by default only clients on the node
+	// itself are answered (AccessEnv), others get 403.
+	AllClients bool
 
 	mu     sync.Mutex
 	source proxy.Explainer
+	// verify limits the requests that read the kernel (verify=1).
+	verify verifyLimit
+	now    func() time.Time // time.Now if nil
 }
 
 // SetSource gives the handler its proxier: the metrics server starts
@@ -42,6 +49,9 @@ func (h *Handler) SetSource(s proxy.Explainer) {
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.allowed(w, r) {
+		return
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		http.Error(w, "only GET", http.StatusMethodNotAllowed)
 		return
@@ -79,7 +89,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	verify := r.URL.Query().Get("verify")
-	e := source.Explain(types.NamespacedName{Namespace: namespace, Name: name}, verify == "1" || verify == "true")
+	verify1 := verify == "1" || verify == "true"
+	if verify1 {
+		done := h.startVerify(w, func(status int, msg string) {
+			if text {
+				writeText(w, status, func(b *strings.Builder) { b.WriteString(wrap(msg, "", "")) })
+				return
+			}
+			writeJSON(w, status, map[string]string{"error": msg})
+		})
+		if done == nil {
+			return
+		}
+		defer done()
+	}
+	e := source.Explain(types.NamespacedName{Namespace: namespace, Name: name}, verify1)
 	if len(e.ServicePorts) == 0 {
 		msg := fmt.Sprintf("%s/%s: this node programs no port of it. Either it does not exist, or kube-proxy leaves it out: "+
 			"a headless or ExternalName service, one labelled service.kubernetes.io/service-proxy-name, "+

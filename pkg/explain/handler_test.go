@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
@@ -15,13 +16,25 @@ import (
 func get(t *testing.T, h http.Handler, method, url string) (int, string, string) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(method, url, nil))
+	req := httptest.NewRequest(method, url, nil)
+	req.RemoteAddr = "127.0.0.1:40000"
+	h.ServeHTTP(rec, req)
 	body, _ := io.ReadAll(rec.Body)
 	return rec.Code, rec.Header().Get("Content-Type"), string(body)
 }
 
+// tick is a clock that moves on by VerifyInterval on each reading, so
+// that every verification is let through.
+func tick() func() time.Time {
+	now := time.Now()
+	return func() time.Time {
+		now = now.Add(VerifyInterval)
+		return now
+	}
+}
+
 func TestHandler(t *testing.T) {
-	h := &Handler{}
+	h := &Handler{now: tick()}
 	if code, _, _ := get(t, h, "GET", Path); code != http.StatusServiceUnavailable {
 		t.Errorf("before the proxier exists: %d, want 503", code)
 	}
@@ -55,7 +68,7 @@ func TestHandler(t *testing.T) {
 // The JSON says the same as the text, field by field, and verification
 // only when asked for.
 func TestHandlerJSON(t *testing.T) {
-	h := &Handler{}
+	h := &Handler{now: tick()}
 	h.SetSource(proxy.DualStack{webService(t, &fakeIPTables{})})
 	decode := func(url string) proxy.Explanation {
 		t.Helper()

@@ -19,6 +19,9 @@ const TracePath = "/debug/trace"
 
 // ServeTrace answers TracePath.
 func (h *Handler) ServeTrace(w http.ResponseWriter, r *http.Request) {
+	if !h.allowed(w, r) {
+		return
+	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		http.Error(w, "only GET", http.StatusMethodNotAllowed)
 		return
@@ -59,6 +62,13 @@ func (h *Handler) ServeTrace(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	verify := q.Get("verify") == "1" || q.Get("verify") == "true"
+	if verify {
+		done := h.startVerify(w, fail)
+		if done == nil {
+			return
+		}
+		defer done()
+	}
 	result, err := tracer.Trace(pkt, verify)
 	if errors.Is(err, proxy.ErrNoTracer) || errors.Is(err, proxy.ErrCannotVerify) {
 		fail(http.StatusNotImplemented, err.Error())

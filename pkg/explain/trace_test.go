@@ -12,7 +12,7 @@ import (
 )
 
 func TestTraceHandler(t *testing.T) {
-	h := &Handler{IsLocal: func(a netip.Addr) bool { return a == netip.MustParseAddr("10.255.0.2") }}
+	h := &Handler{IsLocal: func(a netip.Addr) bool { return a == netip.MustParseAddr("10.255.0.2") }, now: tick()}
 	const pod = TracePath + "?source=10.244.0.9&destination=10.96.0.10&port=80&protocol=TCP&from=pod"
 	if code, _, _ := get(t, http.HandlerFunc(h.ServeTrace), "GET", pod); code != http.StatusServiceUnavailable {
 		t.Errorf("before the proxier exists: %d, want 503", code)

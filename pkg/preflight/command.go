@@ -2,14 +2,31 @@ package preflight
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"strings"
 
 	"github.com/spf13/pflag"
+
+	"github.com/rapidproxy/rapidproxy/pkg/metricsaddr"
 )
+
+// usageText is the subcommand's help, without its flags.
+const usageText = `Usage: kube-proxy-explain preflight --to MODE [--output text|json] [--allow CHECK]... [--address HOST:PORT|URL]
+
+Lists what would break on this node if its kube-proxy (rapidproxy or upstream's) moved from the mode
+it runs in to MODE (iptables, ipvs or nftables): each blocker and warning, with its reason and what
+to do. Exits 1 if there is a blocker, 0 otherwise. It asks kube-proxy's metrics server for its mode,
+configuration and counters, and reads the node's kernel, rules and firewall.
+
+Examples:
+  kube-proxy-explain preflight --to nftables
+  kubectl exec -n kube-system <kube-proxy pod on the node> -- kube-proxy-explain preflight --to nftables
+  kube-proxy-explain preflight --to nftables --allow localhost-nodeports -o json
+
+Flags:
+`
 
 // Main is `kube-proxy-explain preflight`: it prints what would break on
 // this node if its kube-proxy moved to the mode --to, and returns the exit
@@ -20,25 +37,24 @@ func Main(args []string, stdout, stderr io.Writer) int {
 
 func run(args []string, stdout, stderr io.Writer, gather func(context.Context, string) *Facts) int {
 	flags := pflag.NewFlagSet("kube-proxy-explain preflight", pflag.ContinueOnError)
-	flags.SetOutput(stderr)
-	flags.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: kube-proxy-explain preflight --to MODE [--output text|json] [--allow CHECK]... [--address HOST:PORT]")
-		fmt.Fprintln(stderr, "Lists what would break on this node if its kube-proxy moved to MODE; exits 1 if anything would.")
-		flags.PrintDefaults()
-	}
+	flags.SetOutput(io.Discard) // errors are printed below, help on request
+	flags.Usage = func() {}
 	to := flags.String("to", "", "the mode to move to: "+strings.Join(Modes, ", "))
 	output := flags.StringP("output", "o", "text", "text or json")
 	allow := flags.StringSlice("allow", nil, "turn this check's blocker into a warning, once you know it does not apply (one of: "+strings.Join(CheckNames, ", ")+")")
-	address := flags.String("address", DefaultAddress, "kube-proxy's metrics server (metricsBindAddress)")
-	if err := flags.Parse(args); errors.Is(err, pflag.ErrHelp) {
-		return 0
-	} else if err != nil {
-		fmt.Fprintf(stderr, "kube-proxy-explain preflight: %v\n", err)
+	address := flags.String("address", DefaultAddress, "kube-proxy's metrics server: its metricsBindAddress (HOST:PORT) or a URL (http://HOST:PORT)")
+	help := flags.BoolP("help", "h", false, "print this help")
+	if err := flags.Parse(args); err != nil {
+		fmt.Fprintf(stderr, "kube-proxy-explain preflight: %v\n(kube-proxy-explain preflight --help for its usage)\n", err)
 		return 2
 	}
+	if *help {
+		fmt.Fprint(stdout, usageText)
+		fmt.Fprint(stdout, flags.FlagUsages())
+		return 0
+	}
 	usage := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "kube-proxy-explain preflight: "+format+"\n", a...)
-		flags.Usage()
+		fmt.Fprintf(stderr, "kube-proxy-explain preflight: "+format+"\n(kube-proxy-explain preflight --help for its usage)\n", a...)
 		return 2
 	}
 	switch {
@@ -50,6 +66,9 @@ func run(args []string, stdout, stderr io.Writer, gather func(context.Context, s
 		return usage("--to %q: want one of %s", *to, strings.Join(Modes, ", "))
 	case *output != "text" && *output != "json":
 		return usage("--output %q: want text or json", *output)
+	}
+	if _, err := metricsaddr.Parse(*address); err != nil {
+		return usage("%v", err)
 	}
 	for _, c := range *allow {
 		if !slices.Contains(CheckNames, c) {

@@ -38,7 +38,9 @@ func TestCommand(t *testing.T) {
 		{[]string{"--to", "nftables", "--output", "yaml"}, facts(nil), 2, "", `--output "yaml"`},
 		{[]string{"--to", "nftables", "--allow", "everything"}, facts(nil), 2, "", `--allow "everything"`},
 		{[]string{"--to", "nftables", "extra"}, facts(nil), 2, "", "unexpected arguments"},
-		{[]string{"--help"}, facts(nil), 0, "", "Usage: kube-proxy-explain preflight --to MODE"},
+		{[]string{"--help"}, facts(nil), 0, "Usage: kube-proxy-explain preflight --to MODE", ""},
+		{[]string{"--to", "nftables", "--address", "http://10.0.0.1:10249/"}, used, 1, "kube-proxy preflight: iptables -> nftables (kube-proxy at http://10.0.0.1:10249/)", ""},
+		{[]string{"--to", "nftables", "--address", "10.0.0.1"}, facts(nil), 2, "", `--address "10.0.0.1" has no port`},
 	} {
 		var stdout, stderr strings.Builder
 		code := run(tc.args, &stdout, &stderr, tc.gather)

@@ -20,10 +20,11 @@ import (
 	"github.com/rapidproxy/rapidproxy/internal/firewalld"
 	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/internal/kernel"
+	"github.com/rapidproxy/rapidproxy/pkg/metricsaddr"
 )
 
 // DefaultAddress is kube-proxy's default metricsBindAddress.
-const DefaultAddress = "127.0.0.1:10249"
+const DefaultAddress = metricsaddr.Default
 
 // nftablesTable is nftables.TableName, not imported: that would bring the
 // mode's netlink code into kube-proxy-explain.
@@ -77,7 +78,11 @@ func gatherKubeProxy(ctx context.Context, f *Facts) {
 }
 
 func get(ctx context.Context, client *http.Client, address, path string) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+address+path, nil)
+	base, err := metricsaddr.Parse(address)
+	if err != nil {
+		return "", err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, metricsaddr.URL(base, path, nil), nil)
 	if err != nil {
 		return "", err
 	}

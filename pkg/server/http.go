@@ -79,9 +79,10 @@ func startServers(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, hea
 // /statusz and, with
 // profiling on, /debug/pprof and /debug/flags (PUT /debug/flags/v sets the
 // log verbosity); and /debug/services (what the node does with each
-// service: only here, on the metrics address, which is loopback unless
-// configured otherwise, as /configz), and /debug/trace (where a packet
-// goes). Every other path is 404.
+// service) and /debug/trace (where a packet goes): only here, on the
+// metrics address, and answering clients on the node itself only, whatever
+// metricsBindAddress is, unless explain.AccessEnv opens them. Every other
+// path is 404.
 func metricsMux(cfg *kpconfig.KubeProxyConfiguration, services *explain.Handler, z *zpages.Pages) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(explain.Path, services)

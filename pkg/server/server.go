@@ -58,6 +58,10 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
 	}
+	allClients, err := explain.ParseAccess(os.Getenv(explain.AccessEnv))
+	if err != nil {
+		return err
+	}
 	client, err := newClient(cfg, opts.Master)
 	if err != nil {
 		return err
@@ -84,7 +88,7 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 	health := healthcheck.NewProxyHealth(2 * syncPeriod(cfg))
 	health.SetNode(node)
 	retire := switchOver(cfg, health)
-	services := &explain.Handler{}
+	services := &explain.Handler{AllClients: allClients}
 	servers, err := startServers(ctx, cfg, health, services, zpages.New(opts.Flags))
 	if err != nil {
 		return err

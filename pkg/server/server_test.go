@@ -107,7 +107,9 @@ func TestMetricsServerPaths(t *testing.T) {
 	cfg := defaulted(t)
 	get := func(h http.Handler, path string) (int, string) {
 		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		req := httptest.NewRequest(http.MethodGet, path, nil)
+		req.RemoteAddr = "127.0.0.1:40000"
+		h.ServeHTTP(rec, req)
 		body, _ := io.ReadAll(rec.Result().Body)
 		return rec.Code, string(body)
 	}
@@ -135,6 +137,14 @@ func TestMetricsServerPaths(t *testing.T) {
 	// address only (here before the proxier exists), never on healthz.
 	if code, _ := get(mux, "/debug/services/default/web"); code != http.StatusServiceUnavailable {
 		t.Errorf("/debug/services/default/web: %d, want 503", code)
+	}
+	// To another host: refused by default, whatever it asks.
+	for _, path := range []string{"/debug/services", "/debug/services/default/web?verify=1", "/debug/trace?verify=1"} {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		if rec.Code != http.StatusForbidden {
+			t.Errorf("%s from another host: %d, want 403", path, rec.Code)
+		}
 	}
 	if code, _ := get(healthcheck.NewProxyHealth(time.Minute).Handler(), "/debug/services"); code != http.StatusNotFound {
 		t.Errorf("/debug/services on the healthz port: %d, want 404", code)

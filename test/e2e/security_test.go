@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"net/netip"
@@ -22,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/rapidproxy/rapidproxy/deploy"
+	"github.com/rapidproxy/rapidproxy/pkg/explain"
 	"github.com/rapidproxy/rapidproxy/test/framework"
 )
 
@@ -513,4 +515,125 @@ func TestLocalhostIsClosedToOtherHosts(t *testing.T) {
 			}
 		}
 	})
+}
+
+// /debug/services and /debug/trace (verify=1 included, which reads the
+// kernel) answer only the node itself, though metricsBindAddress is
+// 0.0.0.0:10249 as for Prometheus: from the external namespace, from a
+// pod and from the host, each reaching the node's address, /metrics
+// answers and they are refused with 403; from the node, to 127.0.0.1 and
+// to its own address, they answer (and kube-proxy-explain with them).
+// verify=1 reads the kernel at most once a second: a second request at
+// once gets 429 with Retry-After. KUBE_PROXY_DEBUG_ENDPOINTS=all opens
+// them to every client; another value stops the start, naming it.
+func TestDebugEndpointsAnswerOnlyTheNode(t *testing.T) {
+	useOurProxy(t, iptablesMode)
+	client := addPod(t, "debug-client", framework.PodOptions{})
+	svc := createService(t, service("debug-access", "debug-access", v1.ProtocolTCP))
+	trace := "/debug/trace?source=" + client.IPv4 + "&destination=" + svc.Spec.ClusterIP + "&port=80&from=pod"
+	const explained = "/debug/services/default/debug-access"
+	paths := []string{"/debug/services", explained, explained + "?verify=1", trace, trace + "&verify=1", explained + "?format=text&verify=1"}
+	eventually(t, convergence, "the service programmed", func() error {
+		code, body, err := nodeAsk("http://127.0.0.1:10249" + explained)
+		if err != nil || code != http.StatusOK {
+			return fmt.Errorf("%d %v: %s", code, err, body)
+		}
+		return nil
+	})
+	remote := "http://" + framework.NodeIPv4 + ":10249"
+
+	refused := func(t *testing.T, from string, ask func(url string) (int, string, error)) {
+		t.Helper()
+		if code, _, err := ask(remote + "/metrics"); err != nil || code != http.StatusOK {
+			t.Errorf("%s: /metrics: %d %v, want 200", from, code, err)
+		}
+		for _, path := range paths {
+			code, body, err := ask(remote + path)
+			if err != nil || code != http.StatusForbidden || !strings.Contains(body, "answers clients on this node only") || !strings.Contains(body, "KUBE_PROXY_DEBUG_ENDPOINTS=all") {
+				t.Errorf("%s: %s: %d %v %q, want 403 saying how to ask", from, path, code, err, body)
+			}
+		}
+	}
+	fromHost := func(url string) (int, string, error) {
+		resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(url)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body), err
+	}
+	others := func(t *testing.T) {
+		refused(t, "the external namespace", func(url string) (int, string, error) { return askFrom(cluster.External, url) })
+		refused(t, "a pod", func(url string) (int, string, error) { return askFrom(client.Netns, url) })
+		refused(t, "the host", fromHost)
+	}
+	others(t)
+
+	// The node itself, to 127.0.0.1 and to its own address; a
+	// verification a second after the last.
+	for _, base := range []string{"http://127.0.0.1:10249", remote} {
+		for _, path := range paths {
+			time.Sleep(explain.VerifyInterval)
+			if code, body, err := nodeAsk(base + path); err != nil || code != http.StatusOK {
+				t.Errorf("the node: %s%s: %d %v %q, want 200", base, path, code, err, body)
+			}
+		}
+	}
+	if code, stdout, stderr := explainOnTheNode(t, "default/debug-access", "--verify"); code != 0 || !strings.Contains(stdout, "verify:") {
+		t.Errorf("kube-proxy-explain default/debug-access --verify on the node: exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+
+	// Two verifications at once: the second is told when to ask again.
+	time.Sleep(explain.VerifyInterval)
+	out, err := cluster.Node.Exec("sh", "-c", `for i in 1 2; do curl -sS -o /dev/null -D - --max-time 10 "$1"; done`, "sh", "http://127.0.0.1:10249"+explained+"?verify=1")
+	statuses := grepLines(out, "HTTP/")
+	if err != nil || !strings.Contains(statuses, " 200") || !strings.Contains(statuses, " 429") || !strings.Contains(out, "Retry-After: 1") {
+		t.Errorf("two verifications at once: %v\n%s\nwant 200, then 429 with Retry-After: 1", err, out)
+	}
+	if code, _, err := nodeAsk("http://127.0.0.1:10249" + explained); err != nil || code != http.StatusOK {
+		t.Errorf("an explanation without verify, right after: %d %v, want 200 (not limited)", code, err)
+	}
+
+	// Opened to every client.
+	proxyMu.Lock()
+	startProxyLocked(t, true, iptablesMode, []string{"env", explain.AccessEnv + "=all"}, proxyConfig(iptablesMode))
+	proxyMu.Unlock()
+	defer switchProxy(t, true, iptablesMode) // the default again for the next tests
+	eventually(t, convergence, "the service programmed", func() error {
+		code, body, err := askFrom(cluster.External, remote+explained)
+		if err != nil || code != http.StatusOK {
+			return fmt.Errorf("%d %v: %s", code, err, body)
+		}
+		return nil
+	})
+	for name, ask := range map[string]func(string) (int, string, error){
+		"the external namespace": func(url string) (int, string, error) { return askFrom(cluster.External, url) },
+		"a pod":                  func(url string) (int, string, error) { return askFrom(client.Netns, url) },
+		"the host":               fromHost,
+	} {
+		for _, path := range paths {
+			time.Sleep(explain.VerifyInterval)
+			if code, body, err := ask(remote + path); err != nil || code != http.StatusOK {
+				t.Errorf("with %s=all, %s: %s: %d %v %q, want 200", explain.AccessEnv, name, path, code, err, body)
+			}
+		}
+	}
+
+	// A value it does not know stops the start.
+	started++
+	bad, err := cluster.StartKubeProxyUnder(fmt.Sprintf("kube-proxy-bad-access-%d", started), []string{"env", explain.AccessEnv + "=everyone"},
+		cluster.KubeProxy(), cluster.KubeProxyConfig(proxyConfig(iptablesMode)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Stop()
+	select {
+	case <-bad.Exited():
+		if log := bad.LogTail(5); !strings.Contains(log, explain.AccessEnv+`="everyone": want loopback (the default`) {
+			t.Errorf("kube-proxy with %s=everyone exited (%v) without naming it:\n%s", explain.AccessEnv, bad.Err(), log)
+		}
+	case <-time.After(30 * time.Second):
+		t.Errorf("kube-proxy with %s=everyone still runs after 30s:\n%s", explain.AccessEnv, bad.LogTail(5))
+	}
 }
