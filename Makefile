@@ -21,7 +21,7 @@ export CGO_ENABLED           := 0
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 NODE_TOOLS_DIR = $(shell hack/build-node-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools node-tools test test-ipvs e2e-node-smoke e2e-upstream unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
+.PHONY: all build deps tools node-tools image image-upstream test test-ipvs e2e-node-smoke e2e-upstream unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
 
 all: build
 
@@ -41,6 +41,18 @@ tools:
 # (hack/build-node-tools.sh), built once and cached under a key of their own.
 node-tools:
 	hack/build-node-tools.sh
+
+# The kube-proxy image, ghcr.io/rapidproxy/kube-proxy:$(VERSION), as an archive for `ctr -n k8s.io
+# images import`, `docker load`, `podman load` or `skopeo copy oci-archive:...`, built with no
+# container engine from our binaries and Debian's packages (hack/build-image.sh; the same commit
+# gives the same digest): _output/images/rapidproxy-kube-proxy.tar.
+image:
+	VERSION=$(VERSION) COMMIT=$(COMMIT) hack/build-image.sh ours $(OUT)/images
+
+# Upstream's kube-proxy (hack/tools' version) in an image made the same way, with the same Debian
+# packages, as a reference: _output/images/upstream-kube-proxy.tar, registry.k8s.io/kube-proxy:<version>.
+image-upstream: tools
+	hack/build-image.sh upstream $(OUT)/images
 
 # One real node (kubelet and containerd in the node namespace, bridge CNI) joined to the local
 # control plane, running one pod to Ready, reached through our kube-proxy (test/node; `test`
