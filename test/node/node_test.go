@@ -62,6 +62,10 @@ func TestNodeSmoke(t *testing.T) {
 	}
 	t.Logf("node %s registered and Ready", n.Name)
 
+	agnhost, err := AgnhostImage()
+	if err != nil {
+		t.Fatal(err)
+	}
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "smoke", Namespace: "default", Labels: map[string]string{"app": "smoke"}},
 		Spec: v1.PodSpec{
@@ -70,7 +74,7 @@ func TestNodeSmoke(t *testing.T) {
 			Containers: []v1.Container{
 				{
 					Name:            "agnhost",
-					Image:           "registry.k8s.io/e2e-test-images/agnhost:2.63.0",
+					Image:           agnhost,
 					ImagePullPolicy: v1.PullNever,
 					Args:            []string{"netexec", "--http-port=8080"},
 					// The kubelet probes from the node namespace, over the bridge.
