@@ -21,7 +21,7 @@ export CGO_ENABLED           := 0
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 NODE_TOOLS_DIR = $(shell hack/build-node-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools node-tools image image-upstream test test-ipvs e2e-node-smoke e2e-upstream unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
+.PHONY: all build deps tools node-tools image image-upstream e2e-node-daemonset test test-ipvs e2e-node-smoke e2e-upstream unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
 
 all: build
 
@@ -61,6 +61,13 @@ e2e-node-smoke: deps build tools node-tools
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
 		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node
 
+# Our image (make image) as deploy/base's and deploy/least-privilege's DaemonSet pod on a real
+# node, serving a ClusterIP, then `kube-proxy --cleanup` as a pod (test/node; `test` runs it too).
+e2e-node-daemonset: deps build tools node-tools image
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
+		RAPIDPROXY_IMAGE=$(OUT)/images/rapidproxy-kube-proxy.tar \
+		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestKubeProxyDaemonSet ./test/node
+
 # Upstream's e2e.test (v1.36.3) with a focus (FOCUS, default the Services conformance tests; PROCS
 # ginkgo processes in parallel) against NODES real nodes (default 3), each in its network namespace
 # on an underlay bridge (MODE=ipvs: default 2, each in a VM of test/vm's), whose kube-proxies are ours or
@@ -80,10 +87,12 @@ e2e-upstream: deps build tools node-tools
 		$(GO) test -tags realnode -count=1 -timeout 180m -v -run TestE2EUpstream ./test/node
 
 # Every test: unit tests and the end-to-end tests against a real API server and kernel, with
-# real nodes (-tags realnode: test/node's smoke test, and upstream's Services [Conformance] e2e
-# tests against our kube-proxy in iptables mode on three nodes), then every fuzz target for a while.
-test: deps build tools node-tools
+# real nodes (-tags realnode: test/node's smoke test, our image as the DaemonSet's pod under a
+# kubelet, and upstream's Services [Conformance] e2e tests against our kube-proxy in iptables mode
+# on three nodes), then every fuzz target for a while.
+test: deps build tools node-tools image
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
+		RAPIDPROXY_IMAGE=$(OUT)/images/rapidproxy-kube-proxy.tar \
 		$(GO) test -tags realnode -count=1 -timeout 70m ./...
 	$(MAKE) fuzz
 
