@@ -55,7 +55,10 @@ for line in "${closure[@]}"; do
   # apt-get download's file name: the epoch's colon escaped.
   file="$cache/${name}_${version//:/%3a}_${arch}.deb"
   if [ ! -f "$file" ]; then
-    (cd "$cache" && apt-get download -q "${apt_opts[@]}" "$name=$version" >&2)
+    # Downloaded aside and moved in whole: the cache never holds a partial .deb.
+    mkdir -p "$work/download"
+    (cd "$work/download" && apt-get download -q "${apt_opts[@]}" "$name=$version" >&2)
+    mv "$work/download/$(basename "$file")" "$file"
   fi
   debs+=("$file")
 done

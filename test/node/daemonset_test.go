@@ -334,6 +334,32 @@ func TestKubeProxyDaemonSet(t *testing.T) {
 		t.Errorf("the privileged container's CapEff is %s, the kubelet's %s", eff, capEff(t, n.kubelet.Pid()))
 	}
 	serves(t, "deploy/base")
+	// What the probes ask, asked from the node: 200 once synced.
+	for _, path := range []string{"/healthz", "/livez"} {
+		out, err := n.Command("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2",
+			"http://"+n.IP+":10256"+path).CombinedOutput()
+		if err != nil || string(out) != "200" {
+			t.Errorf("%s on the node's address: %q %v", path, out, err)
+		}
+	}
+	// The image's iptables drives the backend the node's other programs
+	// (the kubelet, the CNI plugins) use: nft, here.
+	var proxyChains []string
+	for _, c := range iptablesChains(t, n) {
+		if !slices.Contains(kubeletChains, c) {
+			proxyChains = append(proxyChains, c)
+		}
+	}
+	if !slices.Contains(proxyChains, "iptables-nft-save nat KUBE-SERVICES") || slices.ContainsFunc(proxyChains, func(c string) bool {
+		return strings.Contains(c, "-legacy-")
+	}) {
+		t.Errorf("kube-proxy's chains are not all in the kubelet's (nft) backend: %v", proxyChains)
+	}
+	if p, err := c.Client.CoreV1().Pods("kube-system").Get(ctx, pod.Name, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else if cs := p.Status.ContainerStatuses; len(cs) != 1 || cs[0].RestartCount != 0 {
+		t.Errorf("the container restarted: %+v", cs)
+	}
 
 	t.Run("least-privilege", func(t *testing.T) {
 		lp := renderForNode(t, deploy.LeastPrivilege)
