@@ -334,6 +334,19 @@ func TestKubeProxyDaemonSet(t *testing.T) {
 		t.Errorf("the privileged container's CapEff is %s, the kubelet's %s", eff, capEff(t, n.kubelet.Pid()))
 	}
 	serves(t, "deploy/base")
+	// kube-proxy-explain in the pod, as the README runs it: the service's
+	// endpoint, and the rules the proxy reads back through the image's
+	// iptables-save matching what it wants.
+	backend, err := c.Client.CoreV1().Pods("default").Get(ctx, "backend", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	explain, err := exec.CommandContext(ctx, filepath.Join(tools, "kubectl"), "--kubeconfig", c.AdminKubeconfig(),
+		"exec", "-n", "kube-system", pod.Name, "--", "kube-proxy-explain", "default/backend", "--verify").CombinedOutput()
+	if err != nil || !strings.Contains(string(explain), backend.Status.PodIP) ||
+		!strings.Contains(string(explain), "verify: the kernel holds what this node wants") {
+		t.Errorf("kubectl exec %s -- kube-proxy-explain default/backend --verify: %v\n%s", pod.Name, err, explain)
+	}
 	// What the probes ask, asked from the node: 200 once synced.
 	for _, path := range []string{"/healthz", "/livez"} {
 		out, err := n.Command("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2",
