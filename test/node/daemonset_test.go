@@ -61,9 +61,9 @@ func podConfig(mode string) string {
 }
 
 // renderForNode renders a variant as an operator would for this cluster:
-// config.conf as podConfig, and kubeconfig.conf's server the API server's
+// config.conf as podConfig in mode, and kubeconfig.conf's server the API server's
 // address (the rest of it, the service account's token and CA, as it is).
-func renderForNode(t *testing.T, variant string) *deploy.Rendered {
+func renderForNode(t *testing.T, variant, mode string) *deploy.Rendered {
 	t.Helper()
 	kubeconfig, err := os.ReadFile(filepath.Join("..", "..", "deploy", "base", "kubeconfig.conf"))
 	if err != nil {
@@ -74,7 +74,7 @@ func renderForNode(t *testing.T, variant string) *deploy.Rendered {
 		t.Fatalf("deploy/base/kubeconfig.conf names no %s", server)
 	}
 	r, err := deploy.RenderEdited(variant, map[string]string{
-		"base/config.conf":     podConfig("iptables"),
+		"base/config.conf":     podConfig(mode),
 		"base/kubeconfig.conf": strings.Replace(string(kubeconfig), server, "https://"+framework.APIServerIP+":6443", 1),
 	})
 	if err != nil {
@@ -225,8 +225,8 @@ func checkContainer(t *testing.T, n *Node, pid int) {
 // kubelet starts the pod (hostNetwork, privileged, with the node's
 // /run/xtables.lock and /lib/modules), its probes pass, and a ClusterIP
 // answers through it from the node and from a pod. Then
-// deploy/least-privilege replaces it (the --init-only init container, then
-// the proxy with only NET_ADMIN and NET_RAW), and `kube-proxy --cleanup`
+// deploy/least-privilege in nftables mode replaces it (the --init-only init
+// container, then the proxy with only NET_ADMIN and NET_RAW), and `kube-proxy --cleanup`
 // run as a pod of our image leaves none of its rules.
 func TestKubeProxyDaemonSet(t *testing.T) {
 	tools := nodeTools(t)
@@ -319,7 +319,7 @@ func TestKubeProxyDaemonSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := renderForNode(t, deploy.Base)
+	base := renderForNode(t, deploy.Base, "iptables")
 	applied := time.Now()
 	apply(ctx, t, client, mapper, base.Objects)
 	selector := "k8s-app=kube-proxy"
@@ -375,7 +375,10 @@ func TestKubeProxyDaemonSet(t *testing.T) {
 	}
 
 	t.Run("least-privilege", func(t *testing.T) {
-		lp := renderForNode(t, deploy.LeastPrivilege)
+		// In nftables mode: the nft of the image, and a change of mode
+		// with the rollout, the iptables mode's rules going after the
+		// first sync.
+		lp := renderForNode(t, deploy.LeastPrivilege, "nftables")
 		applied := time.Now()
 		apply(ctx, t, client, mapper, lp.Objects)
 		pod := readyPod(ctx, t, c, n, selector, string(pod.UID))
@@ -392,6 +395,12 @@ func TestKubeProxyDaemonSet(t *testing.T) {
 		}
 		t.Logf("the proxy (PID %d) runs with CapEff %s", pid, capEff(t, pid))
 		serves(t, "deploy/least-privilege")
+		if err := waitFor(ctx, time.Minute, func() (bool, string) {
+			left := slices.DeleteFunc(iptablesChains(t, n), func(c string) bool { return slices.Contains(kubeletChains, c) })
+			return len(left) == 0, fmt.Sprintf("the iptables mode's chains are left: %v", left)
+		}); err != nil {
+			t.Errorf("after the switch to nftables mode: %v", err)
+		}
 	})
 
 	t.Run("cleanup", func(t *testing.T) {
@@ -409,8 +418,8 @@ func TestKubeProxyDaemonSet(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		if chains := iptablesChains(t, n); len(slices.DeleteFunc(chains, func(c string) bool { return slices.Contains(kubeletChains, c) })) == 0 {
-			t.Fatalf("no kube-proxy chains before the cleanup: the proxy wrote nothing?")
+		if out, err := n.Command("nft", "list", "tables").CombinedOutput(); err != nil || !strings.Contains(string(out), "table ip kube-proxy") {
+			t.Fatalf("no nftables table kube-proxy before the cleanup (%v):\n%s", err, out)
 		}
 		// The DaemonSet's pod, run once with --cleanup.
 		spec := base.DaemonSet.Spec.Template.Spec.DeepCopy()
