@@ -3,8 +3,9 @@
 # ipset, conntrack, kmod). The binary picks the iptables backend (legacy or nft) the host already uses,
 # so no wrapper script is needed. kube-proxy-explain, for `kubectl exec`, prints what the node
 # does with a service, and with `preflight --to MODE` what would break in another mode. It runs as root, as upstream's image. deploy/image_test.go checks that the
-# runtime stage installs every program the binary may run, and that ENTRYPOINT is the path the
-# DaemonSet's command names.
+# runtime stage installs every program the binary may run, the same packages as `make image`
+# (hack/image/packages.txt), and that ENTRYPOINT is the path the DaemonSet's command names.
+# `make image` builds the same image with no container engine (hack/build-image.sh).
 
 FROM golang:1.26-bookworm AS build
 WORKDIR /src

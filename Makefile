@@ -21,7 +21,7 @@ export CGO_ENABLED           := 0
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 NODE_TOOLS_DIR = $(shell hack/build-node-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools node-tools test test-ipvs e2e-node-smoke e2e-upstream e2e-apiversions unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
+.PHONY: all build deps tools node-tools image image-upstream e2e-node-daemonset test test-ipvs e2e-node-smoke e2e-upstream e2e-apiversions unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
 
 all: build
 
@@ -42,12 +42,31 @@ tools:
 node-tools:
 	hack/build-node-tools.sh
 
+# The kube-proxy image, ghcr.io/rapidproxy/kube-proxy:$(VERSION), as an archive for `ctr -n k8s.io
+# images import`, `docker load`, `podman load` or `skopeo copy oci-archive:...`, built with no
+# container engine from our binaries and Debian's packages (hack/build-image.sh; the same commit
+# gives the same digest): _output/images/rapidproxy-kube-proxy.tar.
+image:
+	VERSION=$(VERSION) COMMIT=$(COMMIT) hack/build-image.sh ours $(OUT)/images
+
+# Upstream's kube-proxy (hack/tools' version) in an image made the same way, with the same Debian
+# packages, as a reference: _output/images/upstream-kube-proxy.tar, registry.k8s.io/kube-proxy:<version>.
+image-upstream: tools
+	hack/build-image.sh upstream $(OUT)/images
+
 # One real node (kubelet and containerd in the node namespace, bridge CNI) joined to the local
 # control plane, running one pod to Ready, reached through our kube-proxy (test/node; `test`
 # runs it too).
 e2e-node-smoke: deps build tools node-tools
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
 		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestNodeSmoke ./test/node
+
+# Our image (make image) as deploy/base's and deploy/least-privilege's DaemonSet pod on a real
+# node, serving a ClusterIP, then `kube-proxy --cleanup` as a pod (test/node; `test` runs it too).
+e2e-node-daemonset: deps build tools node-tools image
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
+		RAPIDPROXY_IMAGE=$(OUT)/images/rapidproxy-kube-proxy.tar \
+		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestKubeProxyDaemonSet ./test/node
 
 # Upstream's e2e.test (v1.37.2) with a focus (FOCUS, default the Services conformance tests; PROCS
 # ginkgo processes in parallel) against NODES real nodes (default 3), each in its network namespace
@@ -76,10 +95,12 @@ e2e-apiversions: deps build tools
 		$(GO) test -count=1 -timeout 30m -v ./test/apiversions
 
 # Every test: unit tests and the end-to-end tests against a real API server and kernel, with
-# real nodes (-tags realnode: test/node's smoke test, and upstream's Services [Conformance] e2e
-# tests against our kube-proxy in iptables mode on three nodes), then every fuzz target for a while.
-test: deps build tools node-tools
+# real nodes (-tags realnode: test/node's smoke test, our image as the DaemonSet's pod under a
+# kubelet, and upstream's Services [Conformance] e2e tests against our kube-proxy in iptables mode
+# on three nodes), then every fuzz target for a while.
+test: deps build tools node-tools image
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
+		RAPIDPROXY_IMAGE=$(OUT)/images/rapidproxy-kube-proxy.tar \
 		$(GO) test -tags realnode -count=1 -timeout 70m ./...
 	$(MAKE) fuzz
 

@@ -6,10 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
 )
 
 // debianPackage is the Debian package that installs each program the
@@ -240,5 +243,96 @@ func TestImageEntrypointIsTheDaemonSetsCommand(t *testing.T) {
 	}
 	if !strings.Contains(string(makefile), stamp) || !strings.Contains(strings.Join(stages[0], "\n"), stamp) {
 		t.Errorf("the Makefile and the Dockerfile's build stage should both stamp the version with %s", stamp)
+	}
+}
+
+// imagePackages are the Debian packages `make image` installs
+// (hack/image/packages.txt, one a line, # comments).
+func imagePackages(t *testing.T) []string {
+	t.Helper()
+	data, err := os.ReadFile("../hack/image/packages.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var packages []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			packages = append(packages, line)
+		}
+	}
+	return packages
+}
+
+// `make image` and the Dockerfile install the same Debian packages.
+func TestMakeImageInstallsTheDockerfilesPackages(t *testing.T) {
+	stages := dockerfileStages(t)
+	docker := slices.Sorted(slices.Values(stages[len(stages)-1].aptPackages()))
+	ours := slices.Sorted(slices.Values(imagePackages(t)))
+	if !slices.Equal(docker, ours) {
+		t.Errorf("the Dockerfile installs %v, make image (hack/image/packages.txt) %v", docker, ours)
+	}
+}
+
+// ourImage is the image `make image` builds: tagged with the VERSION
+// file, which the binary's --version also prints.
+func ourImage(t *testing.T) string {
+	t.Helper()
+	version, err := os.ReadFile("../VERSION")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "ghcr.io/rapidproxy/kube-proxy:" + strings.TrimSpace(string(version))
+}
+
+// imageRef finds our image's references, and kustomize's newTag lines, in
+// a manifest.
+var imageRef = regexp.MustCompile(`(ghcr\.io/rapidproxy/kube-proxy:\S+)|newTag:\s*(\S+)`)
+
+// Every manifest names the image `make image` builds, so a version bump
+// cannot leave one behind: each file's references and newTag lines, and
+// every container and init container of every rendered variant.
+func TestManifestsNameTheVersionsImage(t *testing.T) {
+	want := ourImage(t)
+	_, tag, _ := strings.Cut(want, ":")
+	files, err := filepath.Glob("*/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range imageRef.FindAllStringSubmatch(string(data), -1) {
+			seen++
+			if (m[1] != "" && m[1] != want) || (m[2] != "" && m[2] != tag) {
+				t.Errorf("deploy/%s names %q; the VERSION file's image is %s", f, m[0], want)
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no manifest names our image")
+	}
+	for _, variant := range Variants {
+		var edits map[string]string
+		if variant == ModeMigration {
+			edits = map[string]string{"mode-migration/config.conf": TargetConfig(readFile(t, "base/config.conf"), "nftables")}
+		}
+		r, err := RenderEdited(variant, edits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ds := range []*appsv1.DaemonSet{r.DaemonSet, r.Target} {
+			if ds == nil {
+				continue
+			}
+			spec := ds.Spec.Template.Spec
+			for _, c := range append(spec.InitContainers, spec.Containers...) {
+				if c.Image != "" && c.Image != want {
+					t.Errorf("deploy/%s: %s's container %s runs %s, want %s", variant, ds.Name, c.Name, c.Image, want)
+				}
+			}
+		}
 	}
 }

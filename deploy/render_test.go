@@ -44,7 +44,7 @@ func TestEveryVariantRenders(t *testing.T) {
 			ds, cm = r.Target, r.TargetConfigMap
 		}
 		c := ds.Spec.Template.Spec.Containers
-		if len(c) != 1 || c[0].Name != "kube-proxy" || c[0].Image != "ghcr.io/rapidproxy/kube-proxy:latest" {
+		if len(c) != 1 || c[0].Name != "kube-proxy" || c[0].Image != ourImage(t) {
 			t.Errorf("deploy/%s: containers %+v, want kube-proxy with our image", variant, c)
 		}
 		if variant != Kubeadm && (cm == nil || cm.Data["config.conf"] == "") {

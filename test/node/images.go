@@ -32,13 +32,13 @@ func BuildAgnhostImage(tools, dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	version, err := os.ReadFile(filepath.Join(k8s, "test/images/agnhost/VERSION"))
+	ref, err := AgnhostImage()
 	if err != nil {
 		return "", err
 	}
 	porter := filepath.Join(k8s, "test/images/agnhost/porter")
 	out := filepath.Join(dir, "agnhost-e2e.tar")
-	args := []string{"-name", "registry.k8s.io/e2e-test-images/agnhost:" + strings.TrimSpace(string(version)), "-o", out,
+	args := []string{"-name", ref, "-o", out,
 		"-entrypoint", "/agnhost", "-cmd", "pause", "-file", "/agnhost=" + filepath.Join(tools, "agnhost"), "-link", "/agnhost-2=agnhost",
 		"-file", "/localhost.crt=" + filepath.Join(porter, "localhost.crt"), "-file", "/localhost.key=" + filepath.Join(porter, "localhost.key")}
 	busybox, err := busyboxArgs(agnhostTools)
@@ -71,6 +71,21 @@ func BuildAgnhostImage(tools, dir string) (string, error) {
 		return "", fmt.Errorf("ociimage: %w: %s", err, out)
 	}
 	return out, nil
+}
+
+// AgnhostImage is the agnhost image the node tools and BuildAgnhostImage
+// make: the tag of the pinned k8s.io/kubernetes module's
+// test/images/agnhost/VERSION, as the e2e tests of that version name it.
+func AgnhostImage() (string, error) {
+	k8s, err := kubernetesSource()
+	if err != nil {
+		return "", err
+	}
+	version, err := os.ReadFile(filepath.Join(k8s, "test/images/agnhost/VERSION"))
+	if err != nil {
+		return "", err
+	}
+	return "registry.k8s.io/e2e-test-images/agnhost:" + strings.TrimSpace(string(version)), nil
 }
 
 var lddPath = regexp.MustCompile(`(?m)(?:=>\s*)?(/\S+)\s+\(0x`)

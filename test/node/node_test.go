@@ -10,7 +10,6 @@ package node
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -63,6 +62,10 @@ func TestNodeSmoke(t *testing.T) {
 	}
 	t.Logf("node %s registered and Ready", n.Name)
 
+	agnhost, err := AgnhostImage()
+	if err != nil {
+		t.Fatal(err)
+	}
 	pod := &v1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "smoke", Namespace: "default", Labels: map[string]string{"app": "smoke"}},
 		Spec: v1.PodSpec{
@@ -71,7 +74,7 @@ func TestNodeSmoke(t *testing.T) {
 			Containers: []v1.Container{
 				{
 					Name:            "agnhost",
-					Image:           agnhostImage(t),
+					Image:           agnhost,
 					ImagePullPolicy: v1.PullNever,
 					Args:            []string{"netexec", "--http-port=8080"},
 					// The kubelet probes from the node namespace, over the bridge.
@@ -175,19 +178,4 @@ func busyboxImage(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return "registry.k8s.io/e2e-test-images/busybox:" + tag
-}
-
-// agnhostImage is the agnhost image of the node tools, under the tag the
-// pinned module's agnhost VERSION gives.
-func agnhostImage(t *testing.T) string {
-	t.Helper()
-	k8s, err := kubernetesSource()
-	if err != nil {
-		t.Fatal(err)
-	}
-	version, err := os.ReadFile(filepath.Join(k8s, "test/images/agnhost/VERSION"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return "registry.k8s.io/e2e-test-images/agnhost:" + strings.TrimSpace(string(version))
 }
