@@ -157,7 +157,7 @@ func TestStatuszServesItsFieldsInEachVersion(t *testing.T) {
 		for key, want := range map[string]any{
 			"kind": "Statusz", "apiVersion": "config.k8s.io/" + version, "metadata": map[string]any{"name": "kube-proxy"},
 			"startTime": pages.started.UTC().Format(time.RFC3339), "uptimeSeconds": float64(5400),
-			"emulationVersion": "1.36", "paths": []any{"/configz", "/flagz", "/healthz", "/metrics", "/proxyMode"},
+			"emulationVersion": "1.37", "paths": []any{"/configz", "/flagz", "/healthz", "/metrics", "/proxyMode"},
 		} {
 			if g, _ := json.Marshal(got[key]); string(g) != mustJSON(want) {
 				t.Errorf("%s: %s is %s, want %s", version, key, g, mustJSON(want))
