@@ -23,4 +23,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends iptables ipset conntrack kmod nftables \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/kube-proxy /out/kube-proxy-explain /usr/local/bin/
+# The iptables backend when no marker chain or rule on the node decides: nft, as upstream's
+# image's wrapper (a binary on a bare-metal node follows the host's `iptables` instead).
+ENV KUBE_PROXY_IPTABLES_BACKEND_FALLBACK=nft
 ENTRYPOINT ["/usr/local/bin/kube-proxy"]

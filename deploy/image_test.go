@@ -151,7 +151,7 @@ func TestImageHasEveryToolTheBinaryRuns(t *testing.T) {
 	installed := runtime.aptPackages()
 	for _, tool := range execedTools(t) {
 		pkg, ok := debianPackage[tool]
-		if !ok && (strings.HasPrefix(tool, "iptables-") || strings.HasPrefix(tool, "ip6tables-")) {
+		if !ok && (tool == "iptables" || strings.HasPrefix(tool, "iptables-") || strings.HasPrefix(tool, "ip6tables-")) {
 			pkg, ok = "iptables", true
 		}
 		if !ok {

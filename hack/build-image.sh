@@ -74,7 +74,10 @@ case "$which" in
       -X github.com/rapidproxy/rapidproxy/pkg/version.gitCommit=$COMMIT"
     CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$work/bin/" ./cmd/kube-proxy ./cmd/kube-proxy-explain
     files=(-file "/usr/local/bin/kube-proxy=$work/bin/kube-proxy"
-      -file "/usr/local/bin/kube-proxy-explain=$work/bin/kube-proxy-explain")
+      -file "/usr/local/bin/kube-proxy-explain=$work/bin/kube-proxy-explain"
+      # As upstream's image's iptables wrapper: nft when no marker chain or rule decides (the
+      # Dockerfile's ENV says the same).
+      -env KUBE_PROXY_IPTABLES_BACKEND_FALLBACK=nft)
     labels=(-annotation "org.opencontainers.image.version=$VERSION"
       -annotation "org.opencontainers.image.revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)"
       -annotation "org.opencontainers.image.source=https://github.com/rapidproxy/rapidproxy"

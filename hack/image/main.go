@@ -44,13 +44,14 @@ func (l *list) String() string     { return strings.Join(*l, ",") }
 func (l *list) Set(s string) error { *l = append(*l, s); return nil }
 
 func main() {
-	var debs, files, annotations list
+	var debs, files, annotations, env list
 	ref := flag.String("name", "", "the image's reference, e.g. ghcr.io/rapidproxy/kube-proxy:v0.1.0")
 	out := flag.String("o", "", "the archive to write")
 	entrypoint := flag.String("entrypoint", "", "the entrypoint, space separated")
 	epoch := flag.Int64("epoch", 0, "every file's mtime and the image's creation time, in seconds since 1970 (say, the commit's time)")
 	flag.Var(&debs, "deb", "a Debian package to unpack into the first layer (repeatable)")
 	flag.Var(&files, "file", "dst=src: the local file src at dst in the second layer, mode 0755 (repeatable)")
+	flag.Var(&env, "env", "KEY=VALUE: an environment variable of the image's config (repeatable)")
 	flag.Var(&annotations, "annotation", "KEY=VALUE: a label of the image's config and an annotation of its manifest (repeatable)")
 	flag.Parse()
 	if *ref == "" || *out == "" || flag.NArg() > 0 {
@@ -58,7 +59,7 @@ func main() {
 		os.Exit(2)
 	}
 	img := Image{Name: *ref, Epoch: time.Unix(*epoch, 0).UTC(), Entrypoint: strings.Fields(*entrypoint),
-		Annotations: map[string]string{}}
+		Annotations: map[string]string{}, Env: env}
 	for _, a := range annotations {
 		k, v, ok := strings.Cut(a, "=")
 		if !ok {
@@ -208,6 +209,8 @@ type Image struct {
 	Name       string
 	Epoch      time.Time
 	Entrypoint []string
+	// Env is added to the config's environment, after PATH.
+	Env []string
 	// Annotations go on the manifest and, as labels, in the config.
 	Annotations map[string]string
 	Layers      []Layer
@@ -296,7 +299,7 @@ func (img *Image) WriteArchive(out string) (Summary, error) {
 	blobs := map[string][]byte{}
 	created := img.Epoch.Format(time.RFC3339)
 	cfg := imageConfig{Architecture: "amd64", OS: "linux", Created: created}
-	cfg.Config.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	cfg.Config.Env = append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, img.Env...)
 	cfg.Config.Entrypoint = img.Entrypoint
 	cfg.Config.Labels = img.Annotations
 	cfg.RootFS.Type = "layers"

@@ -200,18 +200,33 @@ const BackendEnv = "KUBE_PROXY_IPTABLES_BACKEND"
 // whole ruleset (1.3 s at 100k chains), where listing one chain takes ms.
 var markerChains = []string{"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY", "KUBE-PROXY-CANARY"}
 
-// DetectBackend picks the backend the host's other programs use, as
-// upstream's images do: the override if set, else the one whose mangle
-// table holds kubelet or kube-proxy marker chains, else the one holding
-// more rules, else nft. Without CAP_NET_RAW it cannot look at the legacy
-// backend's tables (LegacyPermitted), and sees none there.
-func DetectBackend() (Backend, error) {
+// FallbackEnv names the backend to use when neither marker chains nor
+// rule counts decide. rapidproxy's image sets it to nft, as upstream's
+// image's iptables wrapper decides; unset (a binary on a bare-metal node)
+// the host's own `iptables` command decides, as upstream's binary, which
+// runs `iptables` by name, writes through whatever backend that is.
+const FallbackEnv = "KUBE_PROXY_IPTABLES_BACKEND_FALLBACK"
+
+// DetectBackend picks the backend the host's other programs use, and says
+// why: the override if set; else the one whose mangle table holds kubelet
+// or kube-proxy marker chains; else the one holding more rules; else
+// FallbackEnv, or the backend of the `iptables` on PATH. Without
+// CAP_NET_RAW it cannot look at the legacy backend's tables
+// (LegacyPermitted), nor use them: nft.
+func DetectBackend() (Backend, string, error) {
 	switch b := Backend(os.Getenv(BackendEnv)); b {
 	case Legacy, NFT:
-		return b, nil
+		return b, BackendEnv + " is set", nil
 	case "":
 	default:
-		return "", fmt.Errorf("%s=%q: want %q or %q", BackendEnv, b, Legacy, NFT)
+		return "", "", fmt.Errorf("%s=%q: want %q or %q", BackendEnv, b, Legacy, NFT)
+	}
+	fallback := Backend(os.Getenv(FallbackEnv))
+	if fallback != "" && fallback != Legacy && fallback != NFT {
+		return "", "", fmt.Errorf("%s=%q: want %q or %q", FallbackEnv, fallback, Legacy, NFT)
+	}
+	if err := LegacyPermitted(); err != nil {
+		return NFT, "the legacy backend cannot be used without CAP_NET_RAW", nil
 	}
 	tools := func(b Backend) []string { return []string{"iptables-" + string(b), "ip6tables-" + string(b)} }
 	hasMarker := func(b Backend) bool {
@@ -224,32 +239,58 @@ func DetectBackend() (Backend, error) {
 		}
 		return false
 	}
-	save := func(b Backend) string {
-		var all strings.Builder
+	rules := func(b Backend) int {
+		n := 0
 		for _, tool := range tools(b) {
 			out, _ := exec.Command(tool + "-save").Output()
-			all.Write(out)
+			n += strings.Count(string(out), "\n-A ")
 		}
-		return all.String()
+		return n
 	}
 	// Without a legacy table the legacy backend holds no marker and no
-	// rule: nft wins without a process (each costs 0.1-0.3 s under
-	// emulation, and there are up to 16).
-	if LegacyPermitted() != nil || !LegacyHoldsTables() {
-		return NFT, nil
-	}
-	legacyMarked, nftMarked := hasMarker(Legacy), hasMarker(NFT)
+	// rule, and is not asked (a legacy tool listing a chain would make
+	// its table; each process costs 0.1-0.3 s under emulation).
+	legacyTables := LegacyHoldsTables()
+	legacyMarked, nftMarked := legacyTables && hasMarker(Legacy), hasMarker(NFT)
 	if legacyMarked != nftMarked {
 		if legacyMarked {
-			return Legacy, nil
+			return Legacy, "the kubelet's or kube-proxy's marker chains are in it", nil
 		}
-		return NFT, nil
+		return NFT, "the kubelet's or kube-proxy's marker chains are in it", nil
 	}
-	rules := func(b Backend) int { return strings.Count(save(b), "\n-A ") }
-	if rules(Legacy) > rules(NFT) {
-		return Legacy, nil
+	legacyRules, nftRules := 0, rules(NFT)
+	if legacyTables {
+		legacyRules = rules(Legacy)
 	}
-	return NFT, nil
+	if legacyRules != nftRules {
+		if legacyRules > nftRules {
+			return Legacy, fmt.Sprintf("it holds more rules (%d against nft's %d)", legacyRules, nftRules), nil
+		}
+		return NFT, fmt.Sprintf("it holds more rules (%d against legacy's %d)", nftRules, legacyRules), nil
+	}
+	if fallback != "" {
+		return fallback, "no marker chain or rule decides, and " + FallbackEnv + " (set in the image) says so", nil
+	}
+	return hostBackend()
+}
+
+// hostBackend is the backend of the host's `iptables` command: the first
+// on PATH, as Debian's alternatives or the distribution resolve it.
+// iptables before 1.8 had only the legacy backend; without any, nft.
+func hostBackend() (Backend, string, error) {
+	path, err := exec.LookPath("iptables")
+	if err != nil {
+		return NFT, "no marker chain or rule decides, and there is no iptables command on PATH", nil
+	}
+	out, err := exec.Command(path, "--version").Output()
+	if err != nil {
+		return NFT, fmt.Sprintf("no marker chain or rule decides, and %s --version fails (%v)", path, err), nil
+	}
+	version := strings.TrimSpace(string(out))
+	if strings.Contains(version, "nf_tables") {
+		return NFT, fmt.Sprintf("no marker chain or rule decides, and the host's iptables (%s: %s) uses it", path, version), nil
+	}
+	return Legacy, fmt.Sprintf("no marker chain or rule decides, and the host's iptables (%s: %s) uses it", path, version), nil
 }
 
 // LegacyHoldsTables tells whether the legacy backend has a table in the

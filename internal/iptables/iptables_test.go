@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,12 +17,12 @@ import (
 func TestBackendOverride(t *testing.T) {
 	for value, want := range map[string]Backend{"legacy": Legacy, "nft": NFT} {
 		t.Setenv(BackendEnv, value)
-		if got, err := DetectBackend(); err != nil || got != want {
+		if got, _, err := DetectBackend(); err != nil || got != want {
 			t.Errorf("%s=%s: got %q, %v", BackendEnv, value, got, err)
 		}
 	}
 	t.Setenv(BackendEnv, "xtables")
-	if _, err := DetectBackend(); err == nil || !strings.Contains(err.Error(), BackendEnv) {
+	if _, _, err := DetectBackend(); err == nil || !strings.Contains(err.Error(), BackendEnv) {
 		t.Errorf("a bad override gave %v, want an error naming %s", err, BackendEnv)
 	}
 }
@@ -60,12 +61,13 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	if os.Getenv(detectHelperEnv) != "" {
-		b, err := DetectBackend()
+		b, why, err := DetectBackend()
 		if err != nil {
 			os.Stderr.WriteString(err.Error())
 			os.Exit(1)
 		}
 		os.Stdout.WriteString(string(b))
+		os.Stderr.WriteString(why)
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
@@ -79,20 +81,40 @@ func TestBackendFollowsTheHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	detect := func(netns string) Backend {
+	detectWith := func(netns string, env ...string) Backend {
 		t.Helper()
 		cmd := exec.Command("ip", "netns", "exec", netns, self)
-		cmd.Env = append(os.Environ(), detectHelperEnv+"=1", BackendEnv+"=")
+		cmd.Env = append(append(os.Environ(), detectHelperEnv+"=1", BackendEnv+"=", FallbackEnv+"="), env...)
 		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("detecting in %s: %v", netns, err)
 		}
 		return Backend(out)
 	}
+	// pathTo puts a directory first in PATH whose iptables is the given
+	// backend's, as Debian's alternatives choose it.
+	pathTo := func(b Backend) string {
+		multi, err := exec.LookPath("xtables-" + string(b) + "-multi")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		if err := os.Symlink(multi, filepath.Join(dir, "iptables")); err != nil {
+			t.Fatal(err)
+		}
+		return "PATH=" + dir + ":" + os.Getenv("PATH")
+	}
+	detect := func(netns string) Backend { return detectWith(netns, pathTo(NFT)) }
 
 	empty := testutil.NewNetns(t)
 	if got := detect(empty); got != NFT {
-		t.Errorf("no rules anywhere: got %q, want nft", got)
+		t.Errorf("no rules anywhere, iptables is nft: got %q, want nft", got)
+	}
+	if got := detectWith(empty, pathTo(Legacy)); got != Legacy {
+		t.Errorf("no rules anywhere, iptables is legacy: got %q, want legacy", got)
+	}
+	if got := detectWith(empty, pathTo(Legacy), FallbackEnv+"=nft"); got != NFT {
+		t.Errorf("no rules anywhere, iptables is legacy, %s=nft (the image): got %q, want nft", FallbackEnv, got)
 	}
 	// Nothing looked at the legacy backend, which has no table: a legacy
 	// tool listing a chain would have made the table.

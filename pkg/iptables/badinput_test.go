@@ -40,7 +40,7 @@ func TestBadObjectsNeverBreakTheRestore(t *testing.T) {
 		return
 	}
 	nfacct := EnsureNFAcctObjects() == nil
-	backend, err := iptableskernel.DetectBackend()
+	backend, _, err := iptableskernel.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}

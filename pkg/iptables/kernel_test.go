@@ -180,7 +180,7 @@ func savedText(t *testing.T, k Kernel) string {
 // namespace's kernel with the backend chosen for the run.
 func syncedProxier(t *testing.T, n int) (testProxier, Kernel, iptableskernel.Backend) {
 	t.Helper()
-	backend, err := iptableskernel.DetectBackend()
+	backend, _, err := iptableskernel.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestSplitFullSyncGivesTheSameRules(t *testing.T) {
 	if !runInNetns(t) {
 		return
 	}
-	backend, err := iptableskernel.DetectBackend()
+	backend, _, err := iptableskernel.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +319,7 @@ func TestPartialSyncWritesOnlyTheChange(t *testing.T) {
 	if !runInNetns(t) {
 		return
 	}
-	backend, err := iptableskernel.DetectBackend()
+	backend, _, err := iptableskernel.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -385,7 +385,7 @@ func TestNFAcctCountersOnTheRealKernel(t *testing.T) {
 	if !runInNetns(t) {
 		return
 	}
-	backend, err := iptableskernel.DetectBackend()
+	backend, _, err := iptableskernel.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}

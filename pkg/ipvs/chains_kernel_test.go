@@ -38,7 +38,7 @@ func TestChainsRoundTripThroughTheKernel(t *testing.T) {
 	if !testutil.RerunInNetns(t, variants) {
 		return
 	}
-	backend, err := iptables.DetectBackend()
+	backend, _, err := iptables.DetectBackend()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,9 +45,11 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 	var backend iptableskernel.Backend
 	var err error
 	if iptablesBased {
-		if backend, err = iptableskernel.DetectBackend(); err != nil {
+		var why string
+		if backend, why, err = iptableskernel.DetectBackend(); err != nil {
 			return nil, err
 		}
+		klog.InfoS("Chose the iptables backend", "backend", backend, "reason", why)
 		if legacyErr := iptableskernel.LegacyPermitted(); legacyErr != nil && os.Getenv(iptableskernel.BackendEnv) == "" {
 			klog.InfoS("Picked the iptables backend without seeing the legacy one's tables; on a node whose other programs use iptables-legacy, grant CAP_NET_RAW or set "+iptableskernel.BackendEnv+"=legacy",
 				"backend", backend, "err", legacyErr)
