@@ -71,7 +71,7 @@ e2e-node-daemonset: deps build tools node-tools image
 # A kubeadm-made kube-proxy DaemonSet (upstream's image) on three real nodes moved to ours by
 # `kubectl apply --server-side --force-conflicts -k deploy/kubeadm`, rolled back with `rollout undo`,
 # then restarted as upstream for a baseline, in iptables and in nftables mode, with new, long-lived
-# and UDP connections counted per phase (test/node; not in `test`: about 15 minutes).
+# and UDP connections counted per phase (test/node; not in `test`: about four minutes).
 e2e-node-takeover: deps build tools node-tools image image-upstream
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
 		RAPIDPROXY_IMAGE=$(OUT)/images/rapidproxy-kube-proxy.tar RAPIDPROXY_UPSTREAM_IMAGE=$(OUT)/images/upstream-kube-proxy.tar \

@@ -177,18 +177,24 @@ type phaseCounts struct {
 	errors            []string
 }
 
-// udpFlow is one UDP flow: a fixed source port from a node to the
+// udpFlow is one UDP flow: a fixed source port from a client pod to the
 // ClusterIP, asked every second which endpoint answers.
 type udpFlow struct {
-	node  *Node
+	from  string
+	netns *framework.Netns
 	sport int
 	pod   string
 }
 
-// traffic runs from every node's namespace: a new TCP connection every
-// 20 ms (after each answer) to the ClusterIP, to the next node's NodePort
-// and to the LoadBalancer IP, two long-lived connections to each, and the
-// UDP flows.
+// target is where a client sends its connections, and from where.
+type target struct {
+	what     string
+	from     *framework.Netns
+	hostPort string
+}
+
+// traffic runs to each target a new TCP connection every 20 ms (after
+// each answer) and two long-lived connections, and the UDP flows.
 type traffic struct {
 	loads []*framework.Load
 	held  []*framework.Held
@@ -199,21 +205,19 @@ type traffic struct {
 	udp   phaseCounts
 }
 
-func startTraffic(t *testing.T, nodes []*Node, targets func(i int) map[string]string, flows []*udpFlow, udpTarget string) *traffic {
+func startTraffic(t *testing.T, targets []target, flows []*udpFlow, udpTarget string) *traffic {
 	t.Helper()
 	tr := &traffic{stop: make(chan struct{})}
-	for i, n := range nodes {
-		for what, hostPort := range targets(i) {
-			load, err := n.netns.StartLoad("tcp", hostPort, 30*time.Minute, 20*time.Millisecond)
-			if err != nil {
-				t.Fatal(err)
-			}
-			held, err := n.netns.HoldConnections(hostPort, 2)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tr.loads, tr.held, tr.what = append(tr.loads, load), append(tr.held, held), append(tr.what, n.Name+" -> "+what)
+	for _, tg := range targets {
+		load, err := tg.from.StartLoad("tcp", tg.hostPort, 30*time.Minute, 20*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
 		}
+		held, err := tg.from.HoldConnections(tg.hostPort, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr.loads, tr.held, tr.what = append(tr.loads, load), append(tr.held, held), append(tr.what, tg.what)
 	}
 	tr.udp.flows = len(flows)
 	for _, f := range flows {
@@ -227,21 +231,21 @@ func startTraffic(t *testing.T, nodes []*Node, targets func(i int) map[string]st
 					return
 				case <-time.After(time.Second):
 				}
-				r, err := f.node.netns.RequestFrom(f.sport, "udp", udpTarget, time.Second)
+				r, err := f.netns.RequestFrom(f.sport, "udp", udpTarget, time.Second)
 				tr.mu.Lock()
 				tr.udp.udpAsked++
 				switch {
 				case err != nil:
 					tr.udp.udpLost++
 					tr.udp.errors = append(tr.udp.errors, fmt.Sprintf("%s UDP from port %d: no answer at %s: %v",
-						f.node.Name, f.sport, time.Now().Format("15:04:05.000"), err))
+						f.from, f.sport, time.Now().Format("15:04:05.000"), err))
 				case r.Pod != f.pod:
 					if !moved {
 						tr.udp.moved++
 						moved = true
 					}
 					tr.udp.errors = append(tr.udp.errors, fmt.Sprintf("%s UDP from port %d: answered by %s, before by %s",
-						f.node.Name, f.sport, r.Pod, f.pod))
+						f.from, f.sport, r.Pod, f.pod))
 					f.pod = r.Pod
 				}
 				tr.mu.Unlock()
@@ -287,12 +291,14 @@ func (tr *traffic) finish(t *testing.T) phaseCounts {
 //	rollback  `kubectl -n kube-system rollout undo daemonset/kube-proxy`
 //	baseline  `kubectl -n kube-system rollout restart daemonset/kube-proxy`: upstream replacing upstream
 //
-// Each phase waits for `kubectl rollout status` and then for every node's
-// /healthz (the new pod's first sync). Throughout, each node's namespace
-// opens a new TCP connection every 20 ms (after each answer) to a
-// ClusterIP, to the next node's NodePort and to a LoadBalancer IP, holds
-// two long-lived connections to each, and two UDP flows (a fixed source
-// port each) ask every second which endpoint answers. The takeover and the
+// Each phase waits for `kubectl rollout status`, then for every node's new
+// pod's first sync (/healthz 200 and the sync timestamp metric set), then
+// 10 s more. Throughout, a client pod on each node opens a new TCP
+// connection every 20 ms (after each answer) to a ClusterIP, and the
+// node's namespace to the next node's NodePort and to a LoadBalancer IP;
+// each holds two long-lived connections to its target; and two UDP flows
+// from each client pod (a fixed source port each) ask the ClusterIP every
+// second which endpoint (a podserver pod on each node) answers. The takeover and the
 // rollback must fail no new connection, break no long-lived one and move
 // no UDP flow; the baseline's figures are logged, for comparison. Each
 // mode of RAPIDPROXY_TAKEOVER_MODES (default iptables,nftables) is a
@@ -401,14 +407,52 @@ func TestDaemonSetTakeoverAndRollback(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("backends not Ready: %v", err)
 	}
-	clusterIP := net.JoinHostPort(svc.Spec.ClusterIP, "80")
-	nodePort := strconv.Itoa(int(svc.Spec.Ports[0].NodePort))
-	targets := func(i int) map[string]string {
-		return map[string]string{
-			"ClusterIP":       clusterIP,
-			"NodePort":        net.JoinHostPort(nodes[(i+1)%len(nodes)].IP, nodePort),
-			"LoadBalancer IP": net.JoinHostPort(takeoverLBIP, "80"),
+	// A client pod on each node, its network namespace named on the host
+	// for the framework's clients to run in.
+	clients := make([]*framework.Netns, len(nodes))
+	for i, n := range nodes {
+		pod := &v1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "client-" + n.Name, Namespace: "default"},
+			Spec: v1.PodSpec{
+				NodeName: n.Name,
+				Containers: []v1.Container{{Name: "agnhost", Image: agnhostRef, ImagePullPolicy: v1.PullNever,
+					Args: []string{"pause"}}},
+				TerminationGracePeriodSeconds: new(int64),
+			},
 		}
+		if _, err := c.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		var running *v1.Pod
+		if err := waitFor(ctx, 2*time.Minute, func() (bool, string) {
+			p, err := c.Client.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			running = p
+			return podReady(p), podSummary(p)
+		}); err != nil {
+			t.Fatalf("pod %s not Ready: %v", pod.Name, err)
+		}
+		name := fmt.Sprintf("rpx-takeover-client-%d", i+1)
+		pid := n.containerPID(ctx, t, running, "agnhost")
+		if out, err := exec.Command("ip", "netns", "attach", name, strconv.Itoa(pid)).CombinedOutput(); err != nil {
+			t.Fatalf("ip netns attach %s %d: %v: %s", name, pid, err, out)
+		}
+		t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", name).Run() })
+		clients[i] = &framework.Netns{Name: name}
+	}
+	// From each node's client pod, the ClusterIP; from each node's
+	// namespace, the next node's NodePort and the LoadBalancer IP (which
+	// the node's own rules catch on its output path).
+	nodePort := strconv.Itoa(int(svc.Spec.Ports[0].NodePort))
+	var targets []target
+	for i, n := range nodes {
+		next := nodes[(i+1)%len(nodes)]
+		targets = append(targets,
+			target{"client-" + n.Name + " -> ClusterIP", clients[i], net.JoinHostPort(svc.Spec.ClusterIP, "80")},
+			target{n.Name + " -> " + next.Name + "'s NodePort", n.netns, net.JoinHostPort(next.IP, nodePort)},
+			target{n.Name + " -> LoadBalancer IP", n.netns, net.JoinHostPort(takeoverLBIP, "80")})
 	}
 	client, mapper, err := c.DynamicClient()
 	if err != nil {
@@ -434,26 +478,24 @@ func TestDaemonSetTakeoverAndRollback(t *testing.T) {
 			// Upstream's pods serve before any phase: every node's
 			// /healthz, and every target answers from every node.
 			waitRolledOut(ctx, t, c, nodes, upstreamRef, nil)
-			for i, n := range nodes {
-				for what, hostPort := range targets(i) {
-					if err := waitFor(ctx, time.Minute, func() (bool, string) {
-						_, err := n.netns.Request("tcp", hostPort, time.Second)
-						return err == nil, fmt.Sprint(err)
-					}); err != nil {
-						t.Fatalf("%s -> %s %s through upstream's kube-proxy: %v", n.Name, what, hostPort, err)
-					}
+			for _, tg := range targets {
+				if err := waitFor(ctx, time.Minute, func() (bool, string) {
+					_, err := tg.from.Request("tcp", tg.hostPort, time.Second)
+					return err == nil, fmt.Sprint(err)
+				}); err != nil {
+					t.Fatalf("%s (%s) through upstream's kube-proxy: %v", tg.what, tg.hostPort, err)
 				}
 			}
-			// Two UDP flows from each node, each kept on the endpoint it
-			// first reached.
+			// Two UDP flows from each client pod, each kept on the
+			// endpoint it first reached.
 			udpTarget := net.JoinHostPort(svc.Spec.ClusterIP, "80")
 			var flows []*udpFlow
 			for i, n := range nodes {
 				for j := range 2 {
-					f := &udpFlow{node: n, sport: 40100 + 10*i + j}
-					r, err := n.netns.RequestFrom(f.sport, "udp", udpTarget, time.Second)
+					f := &udpFlow{from: "client-" + n.Name, netns: clients[i], sport: 40100 + 10*i + j}
+					r, err := f.netns.RequestFrom(f.sport, "udp", udpTarget, time.Second)
 					if err != nil {
-						t.Fatalf("%s UDP from port %d: %v", n.Name, f.sport, err)
+						t.Fatalf("%s UDP from port %d: %v", f.from, f.sport, err)
 					}
 					f.pod = r.Pod
 					flows = append(flows, f)
@@ -472,7 +514,7 @@ func TestDaemonSetTakeoverAndRollback(t *testing.T) {
 			counts := map[string]phaseCounts{}
 			for _, p := range phases {
 				before := kubeProxyPodUIDs(ctx, t, c)
-				tr := startTraffic(t, nodes, targets, flows, udpTarget)
+				tr := startTraffic(t, targets, flows, udpTarget)
 				time.Sleep(3 * time.Second)
 				began := time.Now()
 				err := kubectl(p.args...)
@@ -485,7 +527,9 @@ func TestDaemonSetTakeoverAndRollback(t *testing.T) {
 				}
 				waitRolledOut(ctx, t, c, nodes, p.image, before)
 				took := time.Since(began)
-				time.Sleep(3 * time.Second)
+				// Longer than the syncs the new pods' start may queue
+				// (minSyncPeriod, 1 s by default).
+				time.Sleep(10 * time.Second)
 				pc := tr.finish(t)
 				pc.took = took
 				counts[p.name] = pc
@@ -586,9 +630,31 @@ func waitRolledOut(ctx context.Context, t *testing.T, c *framework.Cluster, node
 		if err := waitFor(ctx, 2*time.Minute, func() (bool, string) {
 			out, err := n.Command("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2",
 				"http://"+n.IP+":10256/healthz").CombinedOutput()
-			return err == nil && string(out) == "200", fmt.Sprintf("%q %v", out, err)
+			if err != nil || string(out) != "200" {
+				return false, fmt.Sprintf("/healthz: %q %v", out, err)
+			}
+			metrics, err := n.Command("curl", "-sS", "--max-time", "2", "http://127.0.0.1:10249/metrics").CombinedOutput()
+			if err != nil {
+				return false, fmt.Sprintf("/metrics: %v: %s", err, metrics)
+			}
+			return synced(string(metrics)), "kubeproxy_sync_proxy_rules_last_timestamp_seconds is not set"
 		}); err != nil {
-			t.Fatalf("%s: /healthz of %s: %v", n.Name, image, err)
+			t.Fatalf("%s: the pod of %s: %v", n.Name, image, err)
 		}
 	}
+}
+
+// synced says whether metrics (Prometheus text) show a sync of the rules:
+// kubeproxy_sync_proxy_rules_last_timestamp_seconds above 0.
+func synced(metrics string) bool {
+	for _, line := range strings.Split(metrics, "\n") {
+		if !strings.HasPrefix(line, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") {
+			continue
+		}
+		f := strings.Fields(line)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil && v > 0 {
+			return true
+		}
+	}
+	return false
 }
