@@ -21,7 +21,7 @@ export CGO_ENABLED           := 0
 TOOLS_DIR = $(shell hack/build-tools.sh | tail -n 1)
 NODE_TOOLS_DIR = $(shell hack/build-node-tools.sh | tail -n 1)
 
-.PHONY: all build deps tools node-tools image image-upstream e2e-node-daemonset test test-ipvs e2e-node-smoke e2e-upstream e2e-apiversions unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
+.PHONY: all build deps tools node-tools image image-upstream e2e-node-daemonset e2e-node-takeover test test-ipvs e2e-node-smoke e2e-upstream e2e-apiversions unit fuzz lint demo demo-shell dashboard-chart bench synloss soak clean
 
 all: build
 
@@ -67,6 +67,15 @@ e2e-node-daemonset: deps build tools node-tools image
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
 		RAPIDPROXY_IMAGE=$(OUT)/images/rapidproxy-kube-proxy.tar \
 		$(GO) test -tags realnode -count=1 -timeout 30m -v -run TestKubeProxyDaemonSet ./test/node
+
+# A kubeadm-made kube-proxy DaemonSet (upstream's image) on three real nodes moved to ours by
+# `kubectl apply --server-side --force-conflicts -k deploy/kubeadm`, rolled back with `rollout undo`,
+# then restarted as upstream for a baseline, in iptables and in nftables mode, with new, long-lived
+# and UDP connections counted per phase (test/node; not in `test`: about four minutes).
+e2e-node-takeover: deps build tools node-tools image image-upstream
+	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
+		RAPIDPROXY_IMAGE=$(OUT)/images/rapidproxy-kube-proxy.tar RAPIDPROXY_UPSTREAM_IMAGE=$(OUT)/images/upstream-kube-proxy.tar \
+		$(GO) test -tags realnode -count=1 -timeout 45m -v -run TestDaemonSetTakeoverAndRollback ./test/node
 
 # Upstream's e2e.test (v1.37.2) with a focus (FOCUS, default the Services conformance tests; PROCS
 # ginkgo processes in parallel) against NODES real nodes (default 3), each in its network namespace
