@@ -281,9 +281,12 @@ check "explain: the ClusterIP's virtual server" explains default/web "10.96.101.
 check "explain --verify: the kernel agrees" explains "default/web --verify" "verify: the kernel holds what this node wants"
 # names_deleted: verify names a real server deleted by hand. kube-proxy's
 # drift check puts it back within about a second, which may come first:
-# then it is deleted again, up to 5 times.
+# then it is deleted again, up to 5 times. kube-proxy verifies at most once
+# a second (a sooner request waits that long): each try waits out that
+# second first, so that the verification follows the deletion at once.
 names_deleted() {
 	for i in 1 2 3 4 5; do
+		sleep 1
 		ipvsadm -d -t 10.96.101.10:80 -r $A:8080 2>/dev/null || :
 		explains "default/web --verify" "lacks real server $A:8080" && return
 	done
