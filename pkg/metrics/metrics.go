@@ -4,6 +4,7 @@ package metrics
 
 import (
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -162,3 +163,23 @@ func Handler() http.Handler {
 
 // SinceInSeconds is the time since start, in seconds.
 func SinceInSeconds(start time.Time) float64 { return time.Since(start).Seconds() }
+
+// The nftables mode's localhost NodePorts (gate
+// KubeProxyNFTablesLocalhostNodePorts), as upstream's: userspace listeners
+// bound on the loopback address, and those that could not be bound.
+// Registered only with the gate on (RegisterLocalhostNodePorts), as
+// upstream registers them.
+var (
+	LocalhostNodePortListeners                     = gauge("nftables_localhost_nodeport_listeners", "Number of active localhost NodePort userspace proxy listeners.", "ip_family")
+	LocalhostNodePortListenerCreationFailuresTotal = counter("nftables_localhost_nodeport_listener_creation_failures_total", "Number of localhost NodePort userspace proxy listener creation failures.", "ip_family")
+)
+
+var registerLocalhostNodePorts sync.Once
+
+// RegisterLocalhostNodePorts adds the localhost NodePort metrics to the
+// registry; with the gate off they are not served.
+func RegisterLocalhostNodePorts() {
+	registerLocalhostNodePorts.Do(func() {
+		Registry.MustRegister(LocalhostNodePortListeners, LocalhostNodePortListenerCreationFailuresTotal)
+	})
+}
