@@ -107,6 +107,32 @@ func TestKernelLocalhostNodePorts(t *testing.T) {
 	})
 }
 
+// On the real kernel: a restart with another localhost NodePort setting
+// (the gate turned off, or loopback put into nodePortAddresses) leaves the
+// table as a fresh sync with that setting writes it, the rejection chains
+// and counters it does not use removed, as upstream removes them.
+func TestKernelLocalhostNodePortsSettingChanges(t *testing.T) {
+	if !inNetns(t) {
+		return
+	}
+	settings := []LocalhostNodePorts{LocalhostNodePortsReject, LocalhostNodePortsProxy, LocalhostNodePortsOff, LocalhostNodePortsProxy, LocalhostNodePortsReject}
+	params := func(l LocalhostNodePorts) Params {
+		return v4(func(p *Params) { p.LocalhostNodePorts = l })(t)
+	}
+	h, k := kernelHarness(t, v1.IPv4Protocol, params(settings[0]))
+	h.apply(localhostNodePortObjects()...)
+	h.full()
+	for _, l := range settings[1:] {
+		h.syncer = h.kernelSyncer(v1.IPv4Protocol, params(l), k)
+		h.full()
+		// The flushed chains go a moment later.
+		time.Sleep(staleChainDelay + 100*time.Millisecond)
+		h.changed = nil
+		h.partial()
+		compareWithFresh(t, h, params(l))
+	}
+}
+
 func dialTCP(port int) error {
 	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
 	if err == nil {

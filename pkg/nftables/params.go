@@ -82,10 +82,15 @@ var LocalhostNodePortProtocols = []v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP, v
 // LocalhostRejectedCounter is the named counter of the localhost NodePort
 // packets of a protocol rejected, as upstream names it.
 func LocalhostRejectedCounter(protocol v1.Protocol) string {
-	return "localhost-nodeport-rejected-" + strings.ToLower(string(protocol))
+	return prefixLocalhostRejectedCounter + strings.ToLower(string(protocol))
 }
 
 // localhostRejectChain is the chain that counts and rejects them.
 func localhostRejectChain(protocol v1.Protocol) string {
-	return "localhost-nodeport-reject-" + strings.ToLower(string(protocol))
+	return prefixLocalhostRejectChain + strings.ToLower(string(protocol))
 }
+
+const (
+	prefixLocalhostRejectedCounter = "localhost-nodeport-rejected-"
+	prefixLocalhostRejectChain     = "localhost-nodeport-reject-"
+)
