@@ -40,6 +40,8 @@ type batchKernel struct {
 	// rules are each chain's NEWRULE attributes, in order.
 	rules map[string][][]netlink.Attribute
 	sets  [][]netlink.Attribute
+	// objects are the named objects (counters).
+	objects [][]netlink.Attribute
 	// elements are each set's NFTA_LIST_ELEM entries, in the order written.
 	elements map[string][]netlink.Attribute
 	// setIDs names the batch's sets by their NFTA_SET_ID.
@@ -126,6 +128,8 @@ func (k *batchKernel) apply(msgType uint16, attrs []netlink.Attribute) error {
 	switch msgType {
 	case unix.NFT_MSG_NEWTABLE:
 		k.table = attrs
+	case unix.NFT_MSG_NEWOBJ:
+		k.objects = append(k.objects, attrs)
 	case unix.NFT_MSG_NEWCHAIN:
 		attrs = with(attrs, unix.NFTA_CHAIN_HANDLE, k.nextHandle())
 		if _, base := find(attrs, unix.NFTA_CHAIN_HOOK); base {
@@ -290,6 +294,8 @@ func (k *batchKernel) Request(msgType uint16, family byte, dump bool, data []byt
 		answers = k.rules[findString(req, unix.NFTA_RULE_CHAIN)]
 	case msgType == unix.NFT_MSG_GETSET && dump:
 		answers = k.sets
+	case msgType == unix.NFT_MSG_GETOBJ && dump:
+		answers = k.objects
 	case msgType == unix.NFT_MSG_GETSET:
 		answers = named(k.sets, unix.NFTA_SET_NAME)
 	case msgType == unix.NFT_MSG_GETSETELEM && dump:

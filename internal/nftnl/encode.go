@@ -125,6 +125,10 @@ type ruleEncoder struct {
 	l4proto bool
 }
 
+// objectCounter is NFT_OBJECT_COUNTER, the type of a named counter an
+// objref expression ("counter name "x"") refers to.
+const objectCounter = 1
+
 // Registers are named by 32-bit words: NFT_REG32_00 + word.
 func reg(word int) uint32 { return uint32(unix.NFT_REG32_00 + word) }
 
@@ -155,6 +159,13 @@ func encodeRule(family byte, nextID *uint32, rule string) ([]expr.Any, string, [
 			s.next()
 			code := map[byte]uint8{unix.NFPROTO_IPV4: 3, unix.NFPROTO_IPV6: 4}[family] // port unreachable
 			e.exprs = append(e.exprs, &expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: code})
+		case t == "counter" && s.peek(1) == "name":
+			s.next()
+			s.next()
+			var name string
+			if name, err = unquote(s.next()); err == nil {
+				e.exprs = append(e.exprs, &expr.Objref{Type: objectCounter, Name: name})
+			}
 		case t == "masquerade":
 			s.next()
 			m := &expr.Masq{}

@@ -55,6 +55,8 @@ type Table struct {
 	Chains  []Chain
 	// Sets are the named sets and maps.
 	Sets []Set
+	// Counters are the named counters, sorted (Read only).
+	Counters []string
 }
 
 // Chain is a chain with its rules, each as nft lists it.
@@ -249,7 +251,47 @@ func (r *reader) read(ctx context.Context) (*Table, error) {
 			t.Sets = append(t.Sets, s.Set)
 		}
 	}
+	if t.Counters, err = r.counters(); err != nil {
+		return nil, err
+	}
 	return t, nil
+}
+
+// counters are the names of the table's named counters, sorted.
+func (r *reader) counters() ([]string, error) {
+	msgs, err := r.request(unix.NFT_MSG_GETOBJ, true,
+		netlink.Attribute{Type: unix.NFTA_OBJ_TABLE, Data: str(r.table)},
+		netlink.Attribute{Type: unix.NFTA_OBJ_TYPE, Data: binary.BigEndian.AppendUint32(nil, objectCounter)})
+	if err != nil {
+		return nil, fmt.Errorf("counters: %w", err)
+	}
+	var names []string
+	for _, m := range msgs {
+		ad, err := attrs(m)
+		if err != nil {
+			return nil, err
+		}
+		name, table, typ := "", "", uint32(0)
+		for ad.Next() {
+			switch ad.Type() {
+			case unix.NFTA_OBJ_NAME:
+				name = ad.String()
+			case unix.NFTA_OBJ_TABLE:
+				table = ad.String()
+			case unix.NFTA_OBJ_TYPE:
+				typ = ad.Uint32()
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return nil, fmt.Errorf("counters: %w", err)
+		}
+		// The dump is filtered by table and type; checked all the same.
+		if table == r.table && typ == objectCounter {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
 }
 
 // comment reads the comment of table, chain or rule userdata (type 0);

@@ -118,6 +118,9 @@ func writeTable(family string, tb *Table) (*Writer, error) {
 		return nil, err
 	}
 	errs := []error{w.AddTable(tb.Comment)}
+	for _, c := range tb.Counters {
+		errs = append(errs, w.AddCounter(c))
+	}
 	for _, c := range tb.Chains {
 		errs = append(errs, w.AddChain(Chain{Name: c.Name, Comment: c.Comment, Base: c.Base}))
 	}

@@ -3,6 +3,7 @@ package nftnl
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -179,6 +180,8 @@ func (d *decoder) decodeExpr(name string, data []byte) (expr.Any, error) {
 		e = &expr.Reject{}
 	case "dynset":
 		e = &expr.Dynset{}
+	case "objref":
+		e = &expr.Objref{}
 	default:
 		return nil, fmt.Errorf("expression %q", name)
 	}
@@ -309,6 +312,12 @@ func (d *decoder) apply(e expr.Any) error {
 			return fmt.Errorf("reject type %d code %d", e.Type, e.Code)
 		}
 		d.out = append(d.out, "reject")
+		return nil
+	case *expr.Objref:
+		if e.Type != objectCounter {
+			return fmt.Errorf("objref of object type %d", e.Type)
+		}
+		d.out = append(d.out, "counter name "+strconv.Quote(e.Name))
 		return nil
 	case *expr.Dynset:
 		if e.Operation != unix.NFT_DYNSET_OP_UPDATE || e.SrcRegData != 0 || e.Invert || len(e.Exprs) > 0 {

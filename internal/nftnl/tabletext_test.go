@@ -2,6 +2,7 @@ package nftnl
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +45,9 @@ func tableFromTransaction(text string) (family string, tb *Table, err error) {
 				tb.Comment, unquoteErr = strconv.Unquote(value)
 				return unquoteErr
 			})
+		case "counter":
+			tb.Counters = append(tb.Counters, name)
+			slices.Sort(tb.Counters)
 		case "chain":
 			chains[name] = len(tb.Chains)
 			tb.Chains = append(tb.Chains, Chain{Name: name})

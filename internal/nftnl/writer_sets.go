@@ -161,6 +161,30 @@ func (w *Writer) DeleteSet(name string) error {
 	})
 }
 
+// AddCounter adds a named counter, as "add counter" does: at zero when
+// new, kept as it is when there.
+func (w *Writer) AddCounter(name string) error {
+	return w.add(unix.NFT_MSG_NEWOBJ, unix.NLM_F_CREATE, "adding counter "+name, func(ae *netlink.AttributeEncoder) {
+		ae.String(unix.NFTA_OBJ_TABLE, w.table)
+		ae.String(unix.NFTA_OBJ_NAME, name)
+		ae.Uint32(unix.NFTA_OBJ_TYPE, objectCounter)
+		ae.Nested(unix.NFTA_OBJ_DATA, func(nae *netlink.AttributeEncoder) error {
+			nae.Uint64(unix.NFTA_COUNTER_BYTES, 0)
+			nae.Uint64(unix.NFTA_COUNTER_PACKETS, 0)
+			return nil
+		})
+	})
+}
+
+// DeleteCounter deletes a named counter.
+func (w *Writer) DeleteCounter(name string) error {
+	return w.add(unix.NFT_MSG_DELOBJ, 0, "deleting counter "+name, func(ae *netlink.AttributeEncoder) {
+		ae.String(unix.NFTA_OBJ_TABLE, w.table)
+		ae.String(unix.NFTA_OBJ_NAME, name)
+		ae.Uint32(unix.NFTA_OBJ_TYPE, objectCounter)
+	})
+}
+
 // parseSetType reads a set's type as nft lists it.
 func parseSetType(typ string, isMap bool, flags []string) (*setInfo, error) {
 	key, data, hasData := strings.Cut(typ, " : ")

@@ -153,7 +153,7 @@ func TestValidation(t *testing.T) {
 		{"KubeProxyIPVS gate accepted", "mode: ipvs\nfeatureGates:\n  KubeProxyIPVS: true\n  NFTablesNetlink: true\n", ""},
 		{"ipvs mode needs the KubeProxyIPVS gate", "mode: ipvs\nfeatureGates:\n  KubeProxyIPVS: false\n", "mode: Invalid value: \"ipvs\": the ipvs mode needs the KubeProxyIPVS feature gate"},
 		{"KubeProxyIPVS off is fine in other modes", "mode: nftables\nfeatureGates:\n  KubeProxyIPVS: false\n", ""},
-		{"localhost NodePorts gate refused in nftables mode", "mode: nftables\nfeatureGates:\n  KubeProxyNFTablesLocalhostNodePorts: true\n", "featureGates[KubeProxyNFTablesLocalhostNodePorts]: Invalid value: true: rapidproxy does not serve NodePorts on localhost in nftables mode yet"},
+		{"localhost NodePorts gate accepted in nftables mode", "mode: nftables\nnodePortAddresses: [localhost]\nfeatureGates:\n  KubeProxyNFTablesLocalhostNodePorts: true\n", ""},
 		{"localhost NodePorts gate harmless in iptables mode", "mode: iptables\nfeatureGates:\n  KubeProxyNFTablesLocalhostNodePorts: true\n", ""},
 		{"clusterCIDR bad", "clusterCIDR: 10.0.0.0/33\n", "clusterCIDR: Invalid value: \"10.0.0.0/33\""},
 		{"clusterCIDR dual-stack", "clusterCIDR: 10.0.0.0/8,fd00::/64\n", ""},

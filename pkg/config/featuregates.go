@@ -13,8 +13,10 @@ const (
 	// netlink (on by default); off, every transaction and read goes
 	// through the nft program.
 	GateNFTablesNetlink featuregate.Feature = "NFTablesNetlink"
-	// GateNFTablesLocalhostNodePorts serves NodePorts on loopback in
-	// nftables mode upstream; this build refuses it there (validateGates).
+	// GateNFTablesLocalhostNodePorts serves TCP NodePorts on loopback in
+	// nftables mode through a userspace proxy (pkg/localnodeport) when
+	// nodePortAddresses holds loopback, and rejects and counts the rest of
+	// the localhost NodePort traffic (alpha, off by default).
 	GateNFTablesLocalhostNodePorts featuregate.Feature = "KubeProxyNFTablesLocalhostNodePorts"
 )
 

@@ -25,7 +25,6 @@ func Validate(cfg *Config) field.ErrorList {
 		errs = append(errs, field.Invalid(field.NewPath("featureGates"), cfg.FeatureGates, err.Error()))
 	}
 	errs = append(errs, validateMode(cfg, gate)...)
-	errs = append(errs, validateGates(cfg, gate)...)
 	errs = append(errs, validateMasqueradeBit(cfg.IPTables.MasqueradeBit, field.NewPath("iptables", "masqueradeBit"))...)
 	if cfg.Mode == ModeNFTables {
 		errs = append(errs, validateMasqueradeBit(cfg.NFTables.MasqueradeBit, field.NewPath("nftables", "masqueradeBit"))...)
@@ -73,17 +72,6 @@ func validateMode(cfg *Config, gate featuregate.FeatureGate) field.ErrorList {
 		return field.ErrorList{field.Invalid(field.NewPath("mode"), string(cfg.Mode), "the ipvs mode needs the KubeProxyIPVS feature gate, which featureGates turns off; remove that setting or choose iptables or nftables")}
 	}
 	return field.ErrorList{field.NotSupported(field.NewPath("mode"), string(cfg.Mode), valid)}
-}
-
-// validateGates refuses the gates whose feature this build does not have
-// yet, in the modes they act in: accepting one and ignoring it would leave
-// the operator believing it on.
-func validateGates(cfg *Config, gate featuregate.FeatureGate) field.ErrorList {
-	if cfg.Mode == ModeNFTables && gate.Enabled(GateNFTablesLocalhostNodePorts) {
-		return field.ErrorList{field.Invalid(field.NewPath("featureGates").Key(string(GateNFTablesLocalhostNodePorts)), true,
-			"rapidproxy does not serve NodePorts on localhost in nftables mode yet (upstream's alpha userspace proxy); remove the gate, or use the iptables mode, which serves them (iptables.localhostNodePorts)")}
-	}
-	return nil
 }
 
 func validateMasqueradeBit(bit *int32, path *field.Path) field.ErrorList {

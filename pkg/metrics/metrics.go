@@ -3,7 +3,9 @@
 package metrics
 
 import (
+	"context"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -162,3 +164,65 @@ func Handler() http.Handler {
 
 // SinceInSeconds is the time since start, in seconds.
 func SinceInSeconds(start time.Time) float64 { return time.Since(start).Seconds() }
+
+// The nftables mode's localhost NodePorts (gate
+// KubeProxyNFTablesLocalhostNodePorts), as upstream's: userspace listeners
+// bound on the loopback address, those that could not be bound, and the
+// packets the table rejected, read from its named counters at each
+// scrape. Registered only with the gate on (RegisterLocalhostNodePorts),
+// as upstream registers them.
+var (
+	LocalhostNodePortListeners                     = gauge("nftables_localhost_nodeport_listeners", "Number of active localhost NodePort userspace proxy listeners.", "ip_family")
+	LocalhostNodePortListenerCreationFailuresTotal = counter("nftables_localhost_nodeport_listener_creation_failures_total", "Number of localhost NodePort userspace proxy listener creation failures.", "ip_family")
+	LocalhostNodePortRejected                      = &nftCounters{
+		desc: prometheus.NewDesc(prometheus.BuildFQName(subsystem, "", "nftables_localhost_nodeport_rejected_packets_total"),
+			"Number of packets rejected on localhost NodePorts. UDP and SCTP are always rejected; TCP is rejected when the localhost NodePort proxy is not running",
+			[]string{"ip_family", "protocol"}, nil),
+		read: map[string]func(context.Context) (map[string]uint64, error){},
+	}
+)
+
+// nftCounters serves packet counts of named nftables counters, read from
+// the kernel at each scrape: per IP family, each protocol's count.
+type nftCounters struct {
+	desc *prometheus.Desc
+	mu   sync.Mutex
+	read map[string]func(context.Context) (map[string]uint64, error)
+}
+
+// AddFamily has a family's counts served, as read returns them (by
+// protocol); an error is logged, its family left out of that scrape.
+func (c *nftCounters) AddFamily(family string, read func(context.Context) (map[string]uint64, error)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.read[family] = read
+}
+
+func (c *nftCounters) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *nftCounters) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for family, read := range c.read {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		counts, err := read(ctx)
+		cancel()
+		if err != nil {
+			klog.ErrorS(err, "Failed to list nftables counters", "ipFamily", family)
+			continue
+		}
+		for protocol, packets := range counts {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(packets), family, protocol)
+		}
+	}
+}
+
+var registerLocalhostNodePorts sync.Once
+
+// RegisterLocalhostNodePorts adds the localhost NodePort metrics to the
+// registry; with the gate off they are not served.
+func RegisterLocalhostNodePorts() {
+	registerLocalhostNodePorts.Do(func() {
+		Registry.MustRegister(LocalhostNodePortListeners, LocalhostNodePortListenerCreationFailuresTotal, LocalhostNodePortRejected)
+	})
+}

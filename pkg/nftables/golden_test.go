@@ -169,6 +169,32 @@ var goldenCases = []goldenCase{
 		return Params{MasqueradeBit: 14, LocalDetector: detector(t, "ClusterCIDR", v1.IPv6Protocol, "fd00:244::/56"),
 			ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:96::/112")}, NodeIP: netip.IPv6Loopback()}
 	}, objs: noNodeIPObjects("fd00:96::", "fd00:244::5", "2001:db8::20", "2001:db8:1::/64", "::1/128")},
+	// Gate KubeProxyNFTablesLocalhostNodePorts on: without loopback in
+	// nodePortAddresses every localhost NodePort is rejected and counted;
+	// with it, TCP is left to the userspace proxy.
+	{name: "localhost-nodeports-reject", params: v4(func(p *Params) { p.LocalhostNodePorts = LocalhostNodePortsReject }), objs: localhostNodePortObjects()},
+	{name: "localhost-nodeports-proxy", params: v4(func(p *Params) {
+		p.NodePortAddresses, p.LocalhostNodePorts = nil, LocalhostNodePortsProxy
+	}), objs: localhostNodePortObjects()},
+	{name: "localhost-nodeports-proxy-ipv6", family: v1.IPv6Protocol, params: func(t *testing.T) Params {
+		return Params{MasqueradeBit: 14, LocalhostNodePorts: LocalhostNodePortsProxy, NodePortAddresses: []netip.Addr{}}
+	}, objs: []any{
+		service("ns", "np", "fd00:96::20", []port{{"http", v1.ProtocolTCP, 80, 30020}, {"dns", v1.ProtocolUDP, 53, 30053}}, func(s *v1.Service) {
+			s.Spec.Type, s.Spec.IPFamilies = v1.ServiceTypeNodePort, []v1.IPFamily{v1.IPv6Protocol}
+		}),
+		endpointSlice("ns", "np", []port{{"http", v1.ProtocolTCP, 8080, 0}, {"dns", v1.ProtocolUDP, 5353, 0}}, ep("fd00:244::5")),
+	}},
+}
+
+// localhostNodePortObjects are NodePorts of each protocol, one of them
+// without endpoints, and a ClusterIP service.
+func localhostNodePortObjects() []any {
+	return append(nodePortObjects(),
+		service("ns", "assoc", "10.96.0.12", []port{{"s", v1.ProtocolSCTP, 9999, 30999}}, func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeNodePort }),
+		endpointSlice("ns", "assoc", []port{{"s", v1.ProtocolSCTP, 9999, 0}}, ep("10.244.1.5")),
+		service("ns", "empty", "10.96.0.21", []port{{"http", v1.ProtocolTCP, 80, 30021}}, func(s *v1.Service) { s.Spec.Type = v1.ServiceTypeNodePort }),
+		service("ns", "plain", "10.96.0.22", http80, nil),
+	)
 }
 
 // noNodeIPObjects are a NodePort service and a load balancer whose source

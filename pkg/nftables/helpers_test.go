@@ -104,6 +104,9 @@ func renderFake(t *knftables.FakeTable) string {
 		elements(els)
 		b.WriteString("\t}\n\n")
 	}
+	for _, name := range sortedKeys(t.Counters) {
+		fmt.Fprintf(&b, "\tcounter %s {\n\t\tpackets 0 bytes 0\n\t}\n\n", name)
+	}
 	for _, name := range sortedKeys(t.Sets) {
 		s := t.Sets[name]
 		timeout := ""
@@ -172,6 +175,9 @@ func replay(t *testing.T, tb *table, family knftables.Family) *knftables.Fake {
 	f := knftables.NewFake(family, TableName)
 	tx := f.NewTransaction()
 	tx.Add(&knftables.Table{Comment: &tb.comment})
+	for _, name := range sortedKeys(tb.counters) {
+		tx.Add(&knftables.Counter{Name: name})
+	}
 	for _, name := range sortedKeys(tb.sets) {
 		tx.Add(tb.sets[name].object())
 	}

@@ -26,6 +26,10 @@ type table struct {
 	comment string
 	chains  map[string]*Chain
 	sets    map[string]*tableSet
+	// counters are the named counters, as far as known: a read over
+	// netlink does not list them (a sync adds them again, which keeps
+	// their counts).
+	counters map[string]bool
 }
 
 // tableSet is a set or map and its elements, key to value ("" in a set),
@@ -39,7 +43,7 @@ type tableSet struct {
 }
 
 func newTable() *table {
-	return &table{chains: map[string]*Chain{}, sets: map[string]*tableSet{}}
+	return &table{chains: map[string]*Chain{}, sets: map[string]*tableSet{}, counters: map[string]bool{}}
 }
 
 // lister runs `nft list` on the family's kube-proxy table (kind "table",
@@ -122,6 +126,9 @@ func fromNetlink(nt *nftnl.Table) *table {
 		}
 		t.chains[nc.Name] = c
 	}
+	for _, name := range nt.Counters {
+		t.counters[name] = true
+	}
 	for _, ns := range nt.Sets {
 		s := &tableSet{Set: Set{Name: ns.Name, Map: ns.Map, Type: ns.Type, Timeout: ns.Timeout, Comment: ns.Comment}, elements: map[string]string{}}
 		for _, f := range ns.Flags {
@@ -179,6 +186,9 @@ func parseTable(r io.Reader) (*table, error) {
 			kind, name, _ := strings.Cut(strings.TrimSuffix(line, " {"), " ")
 			s = &tableSet{Set: Set{Name: name, Map: kind == "map"}, elements: map[string]string{}}
 			t.sets[name] = s
+		case c == nil && s == nil && strings.HasPrefix(line, "counter ") && strings.HasSuffix(line, " {"):
+			// Its packets and bytes, and "}", follow: nothing compared.
+			t.counters[strings.TrimSuffix(strings.TrimPrefix(line, "counter "), " {")] = true
 		case c == nil && s == nil && strings.HasPrefix(line, "comment \""):
 			t.comment, _ = strconv.Unquote(strings.TrimPrefix(line, "comment "))
 		case c == nil && s == nil:

@@ -270,6 +270,9 @@ func writerOf(t *testing.T, family knftables.Family, tb *table) *nftnl.Writer {
 		}
 	}
 	check(w.AddTable(tb.comment))
+	for _, name := range sortedKeys(tb.counters) {
+		check(w.AddCounter(name))
+	}
 	for _, name := range sortedKeys(tb.chains) {
 		c := tb.chains[name]
 		nc := nftnl.Chain{Name: name}

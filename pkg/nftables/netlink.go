@@ -98,6 +98,14 @@ func encodeOp(w *nftnl.Writer, v verb, obj knftables.Object) error {
 			}
 			return w.AddRule(o.Chain, rule)
 		}
+	case *knftables.Counter:
+		switch {
+		case o.Family != "" || o.Table != "" || o.Comment != nil || o.Packets != nil || o.Bytes != nil || o.Handle != nil:
+		case v == addOp:
+			return w.AddCounter(o.Name)
+		case v == deleteOp:
+			return w.DeleteCounter(o.Name)
+		}
 	case *knftables.Element:
 		name := o.Set + o.Map
 		switch {

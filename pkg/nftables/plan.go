@@ -43,6 +43,7 @@ const (
 	mapNoEndpointServices  = "no-endpoint-services"
 	mapNoEndpointNodePorts = "no-endpoint-nodeports"
 	mapFirewallIPs         = "firewall-ips"
+	mapLocalhostRejects    = "localhost-nodeport-reject-ports"
 )
 
 // Chain is a chain with its rules, each as `nft list` prints it (a
@@ -66,6 +67,8 @@ type Layout struct {
 	// "key : value", as nft lists it).
 	Sets     []Set
 	Elements []knftables.Element
+	// Counters are the named counters, which the chains' rules may use.
+	Counters []string
 }
 
 // Set is a set or map, as far as a sync compares them.
@@ -169,8 +172,17 @@ func (p *Params) Layout() Layout {
 	}
 	reject := chain(chainReject, "reject")
 	reject.Comment = knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")
+	nodePortCheck := chain(chainNodePortEndpointsCheck, nodePortChecks+" meta l4proto . th dport vmap @"+mapNoEndpointNodePorts)
+	rejected := p.rejectedLocalhostProtocols()
+	if len(rejected) > 0 {
+		localhost := ip + " daddr 127.0.0.0/8"
+		if p.IPv6 {
+			localhost = ip + " daddr ::1"
+		}
+		nodePortCheck.Rules = append(nodePortCheck.Rules, localhost+" meta l4proto . th dport vmap @"+mapLocalhostRejects)
+	}
 	l.Chains = append(l.Chains,
-		chain(chainNodePortEndpointsCheck, nodePortChecks+" meta l4proto . th dport vmap @"+mapNoEndpointNodePorts),
+		nodePortCheck,
 		chain(chainServiceEndpointsCheck, daddrPort+mapNoEndpointServices),
 		chain(chainFirewallCheck, daddrPort+mapFirewallIPs),
 		chain(chainServices, services...),
@@ -189,6 +201,14 @@ func (p *Params) Layout() Layout {
 		{Name: mapFirewallIPs, Map: true, Type: addr + " . inet_proto . inet_service : verdict", Comment: "destinations that are subject to LoadBalancerSourceRanges"},
 		{Name: mapServiceIPs, Map: true, Type: addr + " . inet_proto . inet_service : verdict", Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
 		{Name: mapServiceNodePorts, Map: true, Type: "inet_proto . inet_service : verdict", Comment: "NodePort traffic"},
+	}
+	if len(rejected) > 0 {
+		l.Sets = append(l.Sets, Set{Name: mapLocalhostRejects, Map: true, Type: "inet_proto . inet_service : verdict", Comment: "localhost NodePorts rejected by kube-proxy"})
+		for _, proto := range rejected {
+			counter := LocalhostRejectedCounter(proto)
+			l.Counters = append(l.Counters, counter)
+			l.Chains = append(l.Chains, chain(localhostRejectChain(proto), "counter name "+strconv.Quote(counter)+" reject"))
+		}
 	}
 	if !p.matchAllNodePorts() {
 		l.Sets = append(l.Sets, Set{Name: setNodePortIPs, Type: addr, Comment: "IPs that accept NodePort traffic"})
@@ -223,7 +243,7 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, sel state.Selection) Ser
 	}
 	most := 2 + 2*len(svc.ExternalIPs) + 3*len(svc.LoadBalancerIPs) + local
 	if svc.NodePort != 0 {
-		most += 2
+		most += 3
 	}
 	out.Elements = make([]knftables.Element, 0, most)
 	element := func(container string, isMap bool, key []string, value string, cmt string) {
@@ -291,6 +311,9 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, sel state.Selection) Ser
 		}
 		if !hasExternal {
 			element(mapNoEndpointNodePorts, true, np, externalVerdict, name)
+		}
+		if p.rejectsLocalhost(svc.Protocol) {
+			element(mapLocalhostRejects, true, np, "goto "+localhostRejectChain(svc.Protocol), "")
 		}
 	}
 	for _, ep := range sel.All {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rapidproxy/rapidproxy/internal/nfgen"
 	"github.com/rapidproxy/rapidproxy/internal/nftnl"
+	"github.com/rapidproxy/rapidproxy/pkg/localnodeport"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
@@ -59,6 +60,17 @@ type Config struct {
 	// over netlink (one small query), as nft itself does.
 	NFTOnly bool
 	Params  Params
+	// LocalhostProxy, when set (Params.LocalhostNodePorts is
+	// LocalhostNodePortsProxy), serves TCP NodePorts on the loopback
+	// address: told the NodePorts and their endpoints after each
+	// successful sync, as upstream's proxier tells its proxy.
+	LocalhostProxy LocalhostProxy
+}
+
+// LocalhostProxy is the userspace proxy of localhost NodePorts
+// (*localnodeport.Proxy).
+type LocalhostProxy interface {
+	Sync(specs []localnodeport.Spec)
 }
 
 // staleChainDelay is how long a flushed chain waits before it is deleted
@@ -215,6 +227,7 @@ func (s *Syncer) FullSync(v state.View) error {
 	if err := w.run(); err != nil {
 		return err
 	}
+	s.syncLocalhostProxy(v)
 	if len(w.restored) > 0 {
 		klog.InfoS("Restored the nftables table another program had changed", "ipFamily", s.cfg.Family, "restoredChains", len(w.restored), "chains", w.restored[:min(len(w.restored), 10)])
 		metrics.NFTablesRepairsTotal.WithLabelValues(string(s.cfg.Family)).Inc()
@@ -270,7 +283,19 @@ func (s *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]boo
 	for _, name := range slices.SortedFunc(maps.Keys(changed), state.ServicePortName.Compare) {
 		w.replace(name, s.objectsFor(v, name))
 	}
-	return w.run()
+	if err := w.run(); err != nil {
+		return err
+	}
+	s.syncLocalhostProxy(v)
+	return nil
+}
+
+// syncLocalhostProxy has the localhost NodePort proxy serve the state's
+// TCP NodePorts, once the rules are in place.
+func (s *Syncer) syncLocalhostProxy(v state.View) {
+	if s.cfg.LocalhostProxy != nil {
+		s.cfg.LocalhostProxy.Sync(localnodeport.Specs(v))
+	}
 }
 
 func (s *Syncer) objectsFor(v state.View, name state.ServicePortName) ServiceObjects {

@@ -223,9 +223,9 @@ func (s *Syncer) send(p txPlan) error {
 // chain already complete.
 func (w *write) transactions() []txPlan {
 	fam := string(Family(w.s.cfg.Family))
-	creates := objectOps(addOp, slices.Concat(w.table, w.addSets, w.addChains))
+	creates := objectOps(addOp, slices.Concat(w.table, w.addCounters, w.addSets, w.addChains))
 	changes := []ops{objectOps(addOp, w.addBase), objectOps(flushOp, w.flushes), objectOps(deleteOp, w.deleteChains),
-		objectOps(deleteOp, w.deleteSets), objectOps(addOp, w.readd), objectOps(deleteOp, w.elemDeletes), ruleOps(fam, w.rules), elementOps(fam, w.elemAdds)}
+		objectOps(deleteOp, w.deleteSets), objectOps(deleteOp, w.deleteCounters), objectOps(addOp, w.readd), objectOps(deleteOp, w.elemDeletes), ruleOps(fam, w.rules), elementOps(fam, w.elemAdds)}
 	newRules, newElems := ruleOps(fam, w.newRules), elementOps(fam, w.newElems)
 	whole := func(all ...ops) txPlan {
 		var p txPlan

@@ -49,7 +49,7 @@ type write struct {
 	// they use is being re-created.
 	force bool
 
-	table, addSets, addChains, flushes, deleteChains, deleteSets, readd, elemDeletes []knftables.Object
+	table, addCounters, addSets, addChains, flushes, deleteChains, deleteSets, deleteCounters, readd, elemDeletes []knftables.Object
 	// rules are the rules of the chains the table held, rewritten, and
 	// elemAdds the elements whose value changes.
 	rules    []ruleRef
@@ -91,6 +91,12 @@ func (w *write) replaceLayout(l Layout) {
 		table := l.Table
 		w.table = append(w.table, &table)
 		w.t.exists = true
+	}
+	for _, c := range l.Counters {
+		if !w.t.counters[c] {
+			w.addCounters = append(w.addCounters, &knftables.Counter{Name: c})
+			w.t.counters[c] = true
+		}
 	}
 	old := w.s.layout
 	w.objects(old.Sets, l.Sets, old.Chains, l.Chains, old.Elements, l.Elements)
@@ -288,6 +294,21 @@ func (w *write) removeUnwanted() {
 	for _, name := range slices.Sorted(maps.Keys(w.t.sets)) {
 		if !w.seenSets[name] {
 			w.dropSet(name)
+		}
+	}
+	// The localhost NodePort rejection chains and counters of another
+	// setting (the gate, or loopback in nodePortAddresses, changed), as
+	// upstream removes them. A counter goes once the rules using it are
+	// flushed, in the same transaction.
+	for _, name := range slices.Sorted(maps.Keys(w.t.chains)) {
+		if !w.seenChains[name] && strings.HasPrefix(name, prefixLocalhostRejectChain) {
+			w.dropChain(name)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(w.t.counters)) {
+		if !slices.Contains(w.s.layout.Counters, name) && strings.HasPrefix(name, prefixLocalhostRejectedCounter) {
+			w.deleteCounters = append(w.deleteCounters, &knftables.Counter{Name: name})
+			delete(w.t.counters, name)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
 	"sigs.k8s.io/knftables"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/internal/nfgen"
 	"github.com/rapidproxy/rapidproxy/internal/sysctl"
 	"github.com/rapidproxy/rapidproxy/pkg/config"
+	"github.com/rapidproxy/rapidproxy/pkg/localnodeport"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/nftables"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
@@ -47,17 +49,83 @@ func newNFTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy
 	}
 	// Served from the start, at zero, as the sync failures' counter.
 	metrics.NFTablesCleanupFailuresTotal.WithLabelValues(string(f.family))
-	return nftables.New(nftables.Config{
+	localhost, localProxy := nftLocalhostNodePorts(cfg, f.family, nft)
+	c := nftables.Config{
 		Family: f.family, NFT: nft,
 		NFTOnly: !config.Enabled(cfg, config.GateNFTablesNetlink),
 		Params: nftables.Params{
-			MasqueradeBit:     int(*cfg.NFTables.MasqueradeBit),
-			MasqueradeAll:     config.MasqueradeAll(cfg),
-			LocalDetector:     f.detector,
-			NodePortAddresses: withoutLoopback(f.nodePortAddrs),
-			NodeIP:            f.nodeIP,
+			MasqueradeBit:      int(*cfg.NFTables.MasqueradeBit),
+			MasqueradeAll:      config.MasqueradeAll(cfg),
+			LocalDetector:      f.detector,
+			NodePortAddresses:  withoutLoopback(f.nodePortAddrs),
+			NodeIP:             f.nodeIP,
+			LocalhostNodePorts: localhost,
 		},
+	}
+	if localProxy != nil {
+		c.LocalhostProxy = localProxy
+	}
+	return nftables.New(c)
+}
+
+// nftLocalhostNodePorts is what the family's table does with NodePort
+// traffic to the loopback address, as upstream decides it: nothing with
+// the gate KubeProxyNFTablesLocalhostNodePorts off; with it on, TCP is
+// served by a userspace proxy (returned) when nodePortAddresses holds a
+// loopback CIDR of the family, and everything else is rejected and
+// counted. The gate's metrics are registered with it on, and the
+// table's rejection counters served.
+func nftLocalhostNodePorts(cfg *kpconfig.KubeProxyConfiguration, family v1.IPFamily, nft knftables.Interface) (nftables.LocalhostNodePorts, *localnodeport.Proxy) {
+	if !config.Enabled(cfg, config.GateNFTablesLocalhostNodePorts) {
+		return nftables.LocalhostNodePortsOff, nil
+	}
+	metrics.RegisterLocalhostNodePorts()
+	metrics.LocalhostNodePortRejected.AddFamily(string(family), func(ctx context.Context) (map[string]uint64, error) {
+		return rejectedCounts(ctx, nft)
 	})
+	if !explicitLoopback(cfg.NodePortAddresses, family) {
+		return nftables.LocalhostNodePortsReject, nil
+	}
+	klog.InfoS("Serving TCP NodePorts on the loopback address through a userspace proxy", "ipFamily", family)
+	return nftables.LocalhostNodePortsProxy, localnodeport.New(context.Background(), family)
+}
+
+// explicitLoopback tells whether nodePortAddresses (expanded to CIDRs)
+// holds a CIDR of the family that is loopback itself (127.0.0.0/8,
+// ::1/128), not one that merely contains it (0.0.0.0/0), as upstream's
+// ContainsExplicitLoopback.
+func explicitLoopback(cidrs []string, family v1.IPFamily) bool {
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil || p.Addr().Is4() != (family == v1.IPv4Protocol) {
+			continue
+		}
+		if p.Masked().Addr().IsLoopback() {
+			return true
+		}
+	}
+	return false
+}
+
+// rejectedCounts are the packets the table's localhost NodePort reject
+// counters counted, by protocol; none when there is no table.
+func rejectedCounts(ctx context.Context, nft knftables.Interface) (map[string]uint64, error) {
+	counters, err := nft.ListCounters(ctx)
+	if err != nil {
+		if knftables.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, c := range counters {
+		for _, proto := range nftables.LocalhostNodePortProtocols {
+			if c != nil && c.Packets != nil && c.Name == nftables.LocalhostRejectedCounter(proto) {
+				out[string(proto)] = *c.Packets
+			}
+		}
+	}
+	return out, nil
 }
 
 // openNFTables opens the family's kube-proxy table, naming what is
@@ -71,8 +139,10 @@ func openNFTables(family v1.IPFamily) (knftables.Interface, error) {
 }
 
 // withoutLoopback drops loopback addresses from nodePortAddresses
-// silently, as upstream: the nftables mode has no localhost NodePorts. Nil
-// (every address) stays nil: that rule skips 127.0.0.0/8 itself.
+// silently, as upstream: the nftables mode cannot DNAT localhost NodePorts
+// (with the gate KubeProxyNFTablesLocalhostNodePorts on, a userspace proxy
+// serves them instead, see nftLocalhostNodePorts). Nil (every address) stays
+// nil: that rule skips 127.0.0.0/8 itself.
 func withoutLoopback(addrs []netip.Addr) []netip.Addr {
 	return slices.DeleteFunc(slices.Clone(addrs), netip.Addr.IsLoopback)
 }

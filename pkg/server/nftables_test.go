@@ -186,3 +186,50 @@ func TestServiceCIDRsLeftOutWhenTheAPIServerLacksThem(t *testing.T) {
 		t.Error("an API server listing servicecidrs is taken to lack them")
 	}
 }
+
+// The gate KubeProxyNFTablesLocalhostNodePorts off changes nothing; on,
+// localhost NodePorts are rejected, or served by the userspace proxy for
+// TCP when nodePortAddresses holds the family's loopback CIDR; and the
+// rejection counters are served by protocol.
+func TestNFTablesLocalhostNodePorts(t *testing.T) {
+	nft := knftables.NewFake(knftables.IPv4Family, nftables.TableName)
+	for _, tc := range []struct {
+		name  string
+		gate  bool
+		cidrs []string
+		want  [2]nftables.LocalhostNodePorts
+	}{
+		{"gate off", false, []string{"127.0.0.0/8", "::1/128"}, [2]nftables.LocalhostNodePorts{nftables.LocalhostNodePortsOff, nftables.LocalhostNodePortsOff}},
+		{"no loopback", true, []string{"10.0.0.0/8"}, [2]nftables.LocalhostNodePorts{nftables.LocalhostNodePortsReject, nftables.LocalhostNodePortsReject}},
+		{"every address is not explicit", true, []string{"0.0.0.0/0", "::/0"}, [2]nftables.LocalhostNodePorts{nftables.LocalhostNodePortsReject, nftables.LocalhostNodePortsReject}},
+		{"localhost keyword", true, config.ExpandNodePortAddresses([]string{"localhost"}, nil), [2]nftables.LocalhostNodePorts{nftables.LocalhostNodePortsProxy, nftables.LocalhostNodePortsProxy}},
+		{"IPv4 loopback only", true, []string{"127.0.0.1/32", "fd00::/64"}, [2]nftables.LocalhostNodePorts{nftables.LocalhostNodePortsProxy, nftables.LocalhostNodePortsReject}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := defaultedMode(t, config.ModeNFTables)
+			cfg.NodePortAddresses = tc.cidrs
+			if tc.gate {
+				cfg.FeatureGates = map[string]bool{string(config.GateNFTablesLocalhostNodePorts): true}
+			}
+			for i, family := range []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol} {
+				got, proxy := nftLocalhostNodePorts(cfg, family, nft)
+				if got != tc.want[i] || (proxy != nil) != (got == nftables.LocalhostNodePortsProxy) {
+					t.Errorf("%s: got %v (proxy %v), want %v", family, got, proxy != nil, tc.want[i])
+				}
+			}
+		})
+	}
+
+	tx := nft.NewTransaction()
+	tx.Add(&knftables.Table{})
+	tx.Add(&knftables.Counter{Name: nftables.LocalhostRejectedCounter(v1.ProtocolUDP)})
+	tx.Add(&knftables.Counter{Name: "another"})
+	if err := nft.Run(t.Context(), tx); err != nil {
+		t.Fatal(err)
+	}
+	nft.Table.Counters[nftables.LocalhostRejectedCounter(v1.ProtocolUDP)].Packets = knftables.PtrTo[uint64](7)
+	nft.Table.Counters["another"].Packets = knftables.PtrTo[uint64](9)
+	if counts, err := rejectedCounts(t.Context(), nft); err != nil || len(counts) != 1 || counts["UDP"] != 7 {
+		t.Errorf("got %v, %v: want UDP 7 only", counts, err)
+	}
+}
