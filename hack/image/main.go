@@ -1,4 +1,9 @@
-// Command image writes the kube-proxy image as an archive that `ctr images
+// Command image writes the kube-proxy image (one file over 600 lines on
+// purpose: the archive writer, the .deb unpacker and the alternatives are
+// one pipeline that only this command runs, and splitting it into a package
+// would export what nothing else uses).
+//
+// It writes the kube-proxy image as an archive that `ctr images
 // import`, `docker load`, `podman load` and `skopeo copy oci-archive:...`
 // read, with no container engine: an OCI image layout (oci-layout,
 // index.json, blobs) that also holds Docker's manifest.json, tarred.

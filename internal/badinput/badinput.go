@@ -1,6 +1,6 @@
 // Package badinput holds the malformed Services and EndpointSlices that the
-// bad-input tests feed through the change tracker and every mode's rules
-// (issue #16): each kind the API server would refuse or the node cannot
+// bad-input tests feed through the change tracker and every mode's rules,
+// so that one bad object never costs the others their rules: each kind the API server would refuse or the node cannot
 // program, and well-formed services whose rules must survive next to
 // them. The fuzz targets of pkg/state, pkg/iptables, pkg/nftables and
 // pkg/ipvs take the same objects as JSON (Encode, Decode); their seed
@@ -121,7 +121,7 @@ type Case struct {
 // Namespace is where the bad objects live; the good ones are in "good".
 const Namespace = "bad"
 
-// Cases is every kind of bad input of issue #16.
+// Cases is every kind of bad input the tests feed in.
 func Cases() []Case {
 	ready := endpoint("10.244.1.1", true)
 	return []Case{

@@ -48,8 +48,8 @@ type Config struct {
 	CheckInterval time.Duration
 }
 
-// DefaultCheckInterval lets a repair land within the 2 s that issue #16
-// aims at: a second to notice, then a full sync.
+// DefaultCheckInterval lets a repair of rules another program changed
+// land within about 2 s: a second to notice, then a full sync.
 const DefaultCheckInterval = time.Second
 
 // DefaultMaxDrain is upstream's former bound on graceful termination.

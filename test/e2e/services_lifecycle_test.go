@@ -209,7 +209,7 @@ func TestRestartAndTakeoverWithLiveTraffic(t *testing.T) {
 			// switches did not show. The likely cause was the wait above
 			// made from the client before the rules existed (see
 			// answersTheNode), now made from the node first; the
-			// tolerance stays until runs show it gone (issue #16). More
+			// tolerance stays until runs show it gone. More
 			// than one is a dropped flow.
 			if seen.OK == 0 || seen.Failed > 1 {
 				t.Errorf("%s: %d of %d requests failed:\n%s", step.name, seen.Failed, seen.OK+seen.Failed, seen.Errors)
