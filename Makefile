@@ -71,28 +71,33 @@ e2e-node-daemonset: deps build tools node-tools image
 # A kubeadm-made kube-proxy DaemonSet (upstream's image) on three real nodes moved to ours by
 # `kubectl apply --server-side --force-conflicts -k deploy/kubeadm`, rolled back with `rollout undo`,
 # then restarted as upstream for a baseline, in iptables and in nftables mode, with new, long-lived
-# and UDP connections counted per phase (test/node; not in `test`: about four minutes).
+# and UDP connections counted per phase; then deploy/mode-migration moving the nodes one by one
+# from iptables to nftables mode and back, ours and upstream's (test/node; `test` runs both).
 e2e-node-takeover: deps build tools node-tools image image-upstream
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
 		RAPIDPROXY_IMAGE=$(OUT)/images/rapidproxy-kube-proxy.tar RAPIDPROXY_UPSTREAM_IMAGE=$(OUT)/images/upstream-kube-proxy.tar \
-		$(GO) test -tags realnode -count=1 -timeout 45m -v -run TestDaemonSetTakeoverAndRollback ./test/node
+		$(GO) test -tags realnode -count=1 -timeout 60m -v -run 'TestDaemonSetTakeoverAndRollback|TestDaemonSetModeMigration' ./test/node
 
 # Upstream's e2e.test (v1.37.2) with a focus (FOCUS, default the Services conformance tests; PROCS
 # ginkgo processes in parallel) against NODES real nodes (default 3), each in its network namespace
 # on an underlay bridge (MODE=ipvs: default 2, each in a VM of test/vm's), whose kube-proxies are ours or
 # upstream's (KUBE_PROXY; upstream,ours runs both in turn on one cluster) in MODE, with
-# KUBE_PROXY_FLAGS beside their config file (say --v=4); the JUnit report
-# and results.tsv go to _output/e2e-upstream/MODE-KUBE_PROXY (test/node; `test` runs its
-# defaults: ours, iptables, three nodes, the Services [Conformance] specs).
+# KUBE_PROXY_FLAGS beside their config file (say --v=4); DEPLOY=daemonset runs them instead as
+# kubeadm's DaemonSet, pods of the images (make image, make image-upstream) started by the nodes'
+# kubelets (not in IPVS mode). The JUnit report and results.tsv go to
+# _output/e2e-upstream/MODE-KUBE_PROXY (test/node; `test` runs its defaults: ours, iptables, three
+# nodes, the Services [Conformance] specs, as processes).
 MODE ?= iptables
 KUBE_PROXY ?= ours
 PROCS ?= 1
 NODES ?=
 KUBE_PROXY_FLAGS ?=
-e2e-upstream: deps build tools node-tools
+DEPLOY ?= process
+e2e-upstream: deps build tools node-tools $(if $(filter daemonset,$(DEPLOY)),image image-upstream)
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
 		RAPIDPROXY_E2E_MODE=$(MODE) RAPIDPROXY_E2E_KUBE_PROXY=$(KUBE_PROXY) RAPIDPROXY_E2E_FOCUS='$(FOCUS)' RAPIDPROXY_E2E_PROCS=$(PROCS) RAPIDPROXY_E2E_NODES=$(NODES) \
-		RAPIDPROXY_E2E_KUBE_PROXY_FLAGS='$(KUBE_PROXY_FLAGS)' \
+		RAPIDPROXY_E2E_KUBE_PROXY_FLAGS='$(KUBE_PROXY_FLAGS)' RAPIDPROXY_E2E_DEPLOY=$(DEPLOY) \
+		RAPIDPROXY_IMAGE=$(OUT)/images/rapidproxy-kube-proxy.tar RAPIDPROXY_UPSTREAM_IMAGE=$(OUT)/images/upstream-kube-proxy.tar \
 		$(GO) test -tags realnode -count=1 -timeout 180m -v -run TestE2EUpstream ./test/node
 
 # Our kube-proxy against the API server versions an operator may run it with (test/apiversions):
@@ -107,9 +112,9 @@ e2e-apiversions: deps build tools
 # real nodes (-tags realnode: test/node's smoke test, our image as the DaemonSet's pod under a
 # kubelet, and upstream's Services [Conformance] e2e tests against our kube-proxy in iptables mode
 # on three nodes), then every fuzz target for a while.
-test: deps build tools node-tools image
+test: deps build tools node-tools image image-upstream
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
-		RAPIDPROXY_IMAGE=$(OUT)/images/rapidproxy-kube-proxy.tar \
+		RAPIDPROXY_IMAGE=$(OUT)/images/rapidproxy-kube-proxy.tar RAPIDPROXY_UPSTREAM_IMAGE=$(OUT)/images/upstream-kube-proxy.tar \
 		$(GO) test -tags realnode -count=1 -timeout 70m ./...
 	$(MAKE) fuzz
 

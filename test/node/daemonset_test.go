@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/rapidproxy/rapidproxy/deploy"
+	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
 	"github.com/rapidproxy/rapidproxy/test/framework"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -400,6 +401,49 @@ func TestKubeProxyDaemonSet(t *testing.T) {
 			return len(left) == 0, fmt.Sprintf("the iptables mode's chains are left: %v", left)
 		}); err != nil {
 			t.Errorf("after the switch to nftables mode: %v", err)
+		}
+	})
+
+	t.Run("drain", func(t *testing.T) {
+		// The node drained as the cluster autoscaler drains one it
+		// removes: cordoned, tainted ToBeDeletedByClusterAutoscaler, its
+		// pods evicted but the DaemonSet's. /healthz then answers 503, as
+		// upstream's does, for load balancers; the pod stays Ready, and a
+		// rolling update of the DaemonSet still completes on that node.
+		kubectl := func(args ...string) {
+			t.Helper()
+			out, err := exec.CommandContext(ctx, filepath.Join(tools, "kubectl"), append([]string{"--kubeconfig", c.AdminKubeconfig()}, args...)...).CombinedOutput()
+			t.Logf("kubectl %s:\n%s", strings.Join(args, " "), strings.TrimSpace(string(out)))
+			if err != nil {
+				t.Fatalf("kubectl %s: %v", strings.Join(args, " "), err)
+			}
+		}
+		kubectl("cordon", n.Name)
+		kubectl("taint", "node", n.Name, healthcheck.ToBeDeletedTaint+"=1700000000:NoSchedule")
+		defer func() {
+			kubectl("taint", "node", n.Name, healthcheck.ToBeDeletedTaint+"-")
+			kubectl("uncordon", n.Name)
+		}()
+		kubectl("drain", n.Name, "--ignore-daemonsets", "--force", "--pod-selector=app=client", "--timeout=2m")
+		for path, want := range map[string]string{"/healthz": "503", "/livez": "200"} {
+			if err := waitFor(ctx, time.Minute, func() (bool, string) {
+				out, err := n.Command("curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "2",
+					"http://"+n.IP+":10256"+path).CombinedOutput()
+				return err == nil && string(out) == want, fmt.Sprintf("%q %v", out, err)
+			}); err != nil {
+				t.Errorf("%s on the drained node: want %s: %v", path, want, err)
+			}
+		}
+		before := readyPod(ctx, t, c, n, selector)
+		kubectl("-n", "kube-system", "rollout", "restart", "daemonset/kube-proxy")
+		kubectl("-n", "kube-system", "rollout", "status", "daemonset/kube-proxy", "--timeout=3m")
+		after := readyPod(ctx, t, c, n, selector, string(before.UID))
+		t.Logf("on the drained node the rolling update replaced %s with %s, Ready", before.Name, after.Name)
+		if err := waitFor(ctx, time.Minute, func() (bool, string) {
+			out, err := n.Command("curl", "-sS", "--max-time", "2", url).CombinedOutput()
+			return err == nil && string(out) == "backend", fmt.Sprintf("from the node: %q %v", out, err)
+		}); err != nil {
+			t.Errorf("ClusterIP %s on the drained node: %v", url, err)
 		}
 	})
 

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -165,179 +164,65 @@ func resourceFor(t *testing.T, client dynamic.Interface, mapper meta.RESTMapper,
 	return client.Resource(mapping.Resource)
 }
 
-// phaseCounts is what the traffic saw during one phase, summed over the
-// nodes and targets.
-type phaseCounts struct {
-	newConns, failed  int
-	longestGap        time.Duration
-	held, broken      int
-	flows, moved      int
-	udpAsked, udpLost int
-	took              time.Duration
-	errors            []string
+// takeoverCluster is the cluster the DaemonSet rollout tests run on: real
+// nodes (RAPIDPROXY_TAKEOVER_NODES, default 3; kubelet, containerd, bridge
+// CNI, our image and upstream's imported into each node's containerd), a
+// podserver backend and a client pod on each node, a LoadBalancer Service
+// over the backends, and the traffic's targets: from each node's client
+// pod the ClusterIP, from each node's namespace the next node's NodePort
+// and the LoadBalancer IP (which the node's own rules catch on its output
+// path).
+type takeoverCluster struct {
+	ctx                  context.Context
+	c                    *framework.Cluster
+	nodes                []*Node
+	root, tools          string
+	client               dynamic.Interface
+	mapper               meta.RESTMapper
+	svc                  *v1.Service
+	clients              []*framework.Netns
+	targets              []target
+	upstreamRef, oursRef string
 }
 
-// udpFlow is one UDP flow: a fixed source port from a client pod to the
-// ClusterIP, asked every second which endpoint answers.
-type udpFlow struct {
-	from  string
-	netns *framework.Netns
-	sport int
-	pod   string
-}
-
-// target is where a client sends its connections, and from where.
-type target struct {
-	what     string
-	from     *framework.Netns
-	hostPort string
-}
-
-// traffic runs to each target a new TCP connection every 20 ms (after
-// each answer) and two long-lived connections, and the UDP flows.
-type traffic struct {
-	loads []*framework.Load
-	held  []*framework.Held
-	what  []string
-	stop  chan struct{}
-	wg    sync.WaitGroup
-	mu    sync.Mutex
-	udp   phaseCounts
-}
-
-func startTraffic(t *testing.T, targets []target, flows []*udpFlow, udpTarget string) *traffic {
+func startTakeoverCluster(t *testing.T) *takeoverCluster {
 	t.Helper()
-	tr := &traffic{stop: make(chan struct{})}
-	for _, tg := range targets {
-		load, err := tg.from.StartLoad("tcp", tg.hostPort, 30*time.Minute, 20*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held, err := tg.from.HoldConnections(tg.hostPort, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tr.loads, tr.held, tr.what = append(tr.loads, load), append(tr.held, held), append(tr.what, tg.what)
-	}
-	tr.udp.flows = len(flows)
-	for _, f := range flows {
-		tr.wg.Add(1)
-		go func() {
-			defer tr.wg.Done()
-			moved := false
-			for {
-				select {
-				case <-tr.stop:
-					return
-				case <-time.After(time.Second):
-				}
-				r, err := f.netns.RequestFrom(f.sport, "udp", udpTarget, time.Second)
-				tr.mu.Lock()
-				tr.udp.udpAsked++
-				switch {
-				case err != nil:
-					tr.udp.udpLost++
-					tr.udp.errors = append(tr.udp.errors, fmt.Sprintf("%s UDP from port %d: no answer at %s: %v",
-						f.from, f.sport, time.Now().Format("15:04:05.000"), err))
-				case r.Pod != f.pod:
-					if !moved {
-						tr.udp.moved++
-						moved = true
-					}
-					tr.udp.errors = append(tr.udp.errors, fmt.Sprintf("%s UDP from port %d: answered by %s, before by %s",
-						f.from, f.sport, r.Pod, f.pod))
-					f.pod = r.Pod
-				}
-				tr.mu.Unlock()
-			}
-		}()
-	}
-	return tr
-}
-
-func (tr *traffic) finish(t *testing.T) phaseCounts {
-	t.Helper()
-	close(tr.stop)
-	tr.wg.Wait()
-	c := tr.udp
-	for i := range tr.loads {
-		seen, err := tr.loads[i].Stop()
-		if err != nil {
-			t.Fatal(err)
-		}
-		kept, err := tr.held[i].Stop()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.newConns += seen.OK + seen.Failed
-		c.failed += seen.Failed
-		c.longestGap = max(c.longestGap, seen.LongestGap)
-		c.held += kept.Held
-		c.broken += kept.Broken
-		if seen.Failed > 0 || kept.Broken > 0 {
-			c.errors = append(c.errors, fmt.Sprintf("%s: %s; %s\n%s%s", tr.what[i], seen, kept, seen.Errors, kept.Errors))
-		}
-	}
-	return c
-}
-
-// TestDaemonSetTakeoverAndRollback moves a cluster's kube-proxy DaemonSet,
-// as kubeadm made it with upstream's image, to ours and back by its
-// rolling update, under traffic counted per phase, on real nodes
-// (RAPIDPROXY_TAKEOVER_NODES, default 3; kubelet, containerd, bridge CNI,
-// both images imported into each node's containerd):
-//
-//	takeover  `kubectl apply --server-side --force-conflicts -k deploy/kubeadm`, as docs/migrating.md says
-//	rollback  `kubectl -n kube-system rollout undo daemonset/kube-proxy`
-//	baseline  `kubectl -n kube-system rollout restart daemonset/kube-proxy`: upstream replacing upstream
-//
-// Each phase waits for `kubectl rollout status`, then for every node's new
-// pod's first sync (/healthz 200 and the sync timestamp metric set), then
-// 10 s more. Throughout, a client pod on each node opens a new TCP
-// connection every 20 ms (after each answer) to a ClusterIP, and the
-// node's namespace to the next node's NodePort and to a LoadBalancer IP;
-// each holds two long-lived connections to its target; and two UDP flows
-// from each client pod (a fixed source port each) ask the ClusterIP every
-// second which endpoint (a podserver pod on each node) answers. The takeover and the
-// rollback must fail no new connection, break no long-lived one and move
-// no UDP flow; the baseline's figures are logged, for comparison. Each
-// mode of RAPIDPROXY_TAKEOVER_MODES (default iptables,nftables) is a
-// subtest, on the same nodes, with a DaemonSet made anew.
-func TestDaemonSetTakeoverAndRollback(t *testing.T) {
-	tools := nodeTools(t)
+	tc := &takeoverCluster{tools: nodeTools(t)}
 	ours := imageArchive(t)
 	upstream := upstreamImageArchive(t)
-	upstreamRef := upstreamImageRef(t)
+	tc.upstreamRef = upstreamImageRef(t)
 	nodeCount, err := strconv.Atoi(envOr("RAPIDPROXY_TAKEOVER_NODES", "3"))
 	if err != nil || nodeCount < 2 || nodeCount > maxNodes {
 		t.Fatalf("RAPIDPROXY_TAKEOVER_NODES=%q: want 2 to %d", os.Getenv("RAPIDPROXY_TAKEOVER_NODES"), maxNodes)
 	}
-	modes := strings.Split(envOr("RAPIDPROXY_TAKEOVER_MODES", "iptables,nftables"), ",")
 	if _, err := os.Stat("/lib/modules"); os.IsNotExist(err) {
 		t.Cleanup(func() { _ = os.Remove("/lib/modules") })
 	}
-	root, err := framework.RepoRoot()
-	if err != nil {
+	if tc.root, err = framework.RepoRoot(); err != nil {
 		t.Fatal(err)
 	}
+	tc.oursRef = "ghcr.io/rapidproxy/kube-proxy:" + imageTag(t, tc.root)
 	// The start waits for any other test's cluster to end (one runs per
 	// machine); the deadline counts from then.
-	c, err := framework.StartWith(context.Background(), framework.Options{RealNodes: true, Scheduler: filepath.Join(tools, "kube-scheduler")})
+	c, err := framework.StartWith(context.Background(), framework.Options{RealNodes: true, Scheduler: filepath.Join(tc.tools, "kube-scheduler")})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Stop)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
-	defer cancel()
-	agnhost, err := BuildAgnhostImage(tools, c.Dir)
+	tc.c = c
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	t.Cleanup(cancel)
+	tc.ctx = ctx
+	agnhost, err := BuildAgnhostImage(tc.tools, c.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	nodes, err := startNodes(ctx, t, c, nodeCount, Options{Tools: tools, ExtraImages: []string{agnhost, ours, upstream}})
+	nodes, err := startNodes(ctx, t, c, nodeCount, Options{Tools: tc.tools, ExtraImages: []string{agnhost, ours, upstream}})
 	if err != nil {
 		t.Fatal(err)
 	}
+	tc.nodes = nodes
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, n := range nodes {
@@ -392,6 +277,7 @@ func TestDaemonSetTakeoverAndRollback(t *testing.T) {
 	if _, err := c.Client.CoreV1().Services("default").UpdateStatus(ctx, svc, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	tc.svc = svc
 	if err := waitFor(ctx, 2*time.Minute, func() (bool, string) {
 		pods, err := c.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=takeover"})
 		if err != nil {
@@ -409,7 +295,7 @@ func TestDaemonSetTakeoverAndRollback(t *testing.T) {
 	}
 	// A client pod on each node, its network namespace named on the host
 	// for the framework's clients to run in.
-	clients := make([]*framework.Netns, len(nodes))
+	tc.clients = make([]*framework.Netns, len(nodes))
 	for i, n := range nodes {
 		pod := &v1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: "client-" + n.Name, Namespace: "default"},
@@ -440,121 +326,172 @@ func TestDaemonSetTakeoverAndRollback(t *testing.T) {
 			t.Fatalf("ip netns attach %s %d: %v: %s", name, pid, err, out)
 		}
 		t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", name).Run() })
-		clients[i] = &framework.Netns{Name: name}
+		tc.clients[i] = &framework.Netns{Name: name}
 	}
-	// From each node's client pod, the ClusterIP; from each node's
-	// namespace, the next node's NodePort and the LoadBalancer IP (which
-	// the node's own rules catch on its output path).
 	nodePort := strconv.Itoa(int(svc.Spec.Ports[0].NodePort))
-	var targets []target
 	for i, n := range nodes {
 		next := nodes[(i+1)%len(nodes)]
-		targets = append(targets,
-			target{"client-" + n.Name + " -> ClusterIP", clients[i], net.JoinHostPort(svc.Spec.ClusterIP, "80")},
+		tc.targets = append(tc.targets,
+			target{"client-" + n.Name + " -> ClusterIP", tc.clients[i], net.JoinHostPort(svc.Spec.ClusterIP, "80")},
 			target{n.Name + " -> " + next.Name + "'s NodePort", n.netns, net.JoinHostPort(next.IP, nodePort)},
 			target{n.Name + " -> LoadBalancer IP", n.netns, net.JoinHostPort(takeoverLBIP, "80")})
 	}
-	client, mapper, err := c.DynamicClient()
-	if err != nil {
+	if tc.client, tc.mapper, err = c.DynamicClient(); err != nil {
 		t.Fatal(err)
 	}
-	kubectl := func(args ...string) error {
-		cmd := exec.CommandContext(ctx, filepath.Join(tools, "kubectl"), append([]string{"--kubeconfig", c.AdminKubeconfig()}, args...)...)
-		cmd.Dir = root
-		out, err := cmd.CombinedOutput()
-		t.Logf("kubectl %s:\n%s", strings.Join(args, " "), strings.TrimSpace(string(out)))
-		if err != nil {
-			return fmt.Errorf("kubectl %s: %w", strings.Join(args, " "), err)
-		}
-		return nil
-	}
-	oursRef := "ghcr.io/rapidproxy/kube-proxy:" + imageTag(t, root)
+	return tc
+}
 
-	for _, mode := range modes {
+// kubectl runs kubectl against the cluster from the repository's root, as
+// an operator runs the documented commands, and logs what it printed.
+func (tc *takeoverCluster) kubectl(t *testing.T, args ...string) error {
+	t.Helper()
+	cmd := exec.CommandContext(tc.ctx, filepath.Join(tc.tools, "kubectl"), append([]string{"--kubeconfig", tc.c.AdminKubeconfig()}, args...)...)
+	cmd.Dir = tc.root
+	out, err := cmd.CombinedOutput()
+	t.Logf("kubectl %s:\n%s", strings.Join(args, " "), strings.TrimSpace(string(out)))
+	if err != nil {
+		return fmt.Errorf("kubectl %s: %w", strings.Join(args, " "), err)
+	}
+	return nil
+}
+
+// serving waits until every target answers, and starts two UDP flows from
+// each client pod, each kept on the endpoint it first reached.
+func (tc *takeoverCluster) serving(t *testing.T, through string) []*udpFlow {
+	t.Helper()
+	for _, tg := range tc.targets {
+		if err := waitFor(tc.ctx, time.Minute, func() (bool, string) {
+			_, err := tg.from.Request("tcp", tg.hostPort, time.Second)
+			return err == nil, fmt.Sprint(err)
+		}); err != nil {
+			t.Fatalf("%s (%s) through %s: %v", tg.what, tg.hostPort, through, err)
+		}
+	}
+	var flows []*udpFlow
+	for i, n := range tc.nodes {
+		for j := range 2 {
+			f := &udpFlow{from: "client-" + n.Name, netns: tc.clients[i], sport: 40100 + 10*i + j}
+			r, err := f.netns.RequestFrom(f.sport, "udp", tc.udpTarget(), time.Second)
+			if err != nil {
+				t.Fatalf("%s UDP from port %d: %v", f.from, f.sport, err)
+			}
+			f.pod = r.Pod
+			flows = append(flows, f)
+		}
+	}
+	return flows
+}
+
+func (tc *takeoverCluster) udpTarget() string {
+	return net.JoinHostPort(tc.svc.Spec.ClusterIP, "80")
+}
+
+// phase is one counted step: the traffic runs from 3 s before act until
+// 10 s after it returns (longer than the syncs a new pod's start may
+// queue: minSyncPeriod, 1 s by default). With strict, any failed new
+// connection, broken long-lived one or moved UDP flow fails the test;
+// otherwise (a baseline) they are logged.
+func (tc *takeoverCluster) phase(t *testing.T, name string, strict bool, flows []*udpFlow, act func() error) phaseCounts {
+	t.Helper()
+	tr := startTraffic(t, tc.targets, flows, tc.udpTarget())
+	time.Sleep(3 * time.Second)
+	began := time.Now()
+	if err := act(); err != nil {
+		tr.finish(t)
+		t.Fatalf("%s: %v", name, err)
+	}
+	took := time.Since(began)
+	time.Sleep(10 * time.Second)
+	pc := tr.finish(t)
+	pc.took = took
+	t.Logf("%s: %d new connections, %d failed (longest gap %s); %d long-lived, %d broken; %d UDP flows, %d moved, %d of %d UDP requests unanswered; done in %s",
+		name, pc.newConns, pc.failed, pc.longestGap, pc.held, pc.broken, pc.flows, pc.moved, pc.udpLost, pc.udpAsked, took.Round(time.Second))
+	if len(pc.errors) > 0 {
+		report := t.Logf
+		if strict {
+			report = t.Errorf
+		}
+		report("%s:\n%s", name, strings.Join(pc.errors, "\n"))
+	}
+	if strict && (pc.failed > 0 || pc.broken > 0 || pc.moved > 0) {
+		t.Errorf("%s: %d failed new connections, %d broken long-lived ones, %d moved UDP flows; want none",
+			name, pc.failed, pc.broken, pc.moved)
+	}
+	return pc
+}
+
+// countsTable is the phases' counts as a markdown table, as
+// docs/migrating.md shows them.
+func countsTable(title string, phases []string, counts map[string]phaseCounts) string {
+	var table strings.Builder
+	fmt.Fprintf(&table, "\n| %s | new connections failed | long-lived broken | UDP flows moved | UDP requests unanswered | took |\n| --- | --- | --- | --- | --- | --- |\n", title)
+	for _, p := range phases {
+		pc := counts[p]
+		fmt.Fprintf(&table, "| %s | %d of %d (longest gap %s) | %d of %d | %d of %d | %d of %d | %s |\n", p,
+			pc.failed, pc.newConns, pc.longestGap, pc.broken, pc.held, pc.moved, pc.flows, pc.udpLost, pc.udpAsked, pc.took.Round(time.Second))
+	}
+	return table.String()
+}
+
+// TestDaemonSetTakeoverAndRollback moves a cluster's kube-proxy DaemonSet,
+// as kubeadm made it with upstream's image, to ours and back by its
+// rolling update, under traffic counted per phase, on takeoverCluster's
+// nodes:
+//
+//	takeover  `kubectl apply --server-side --force-conflicts -k deploy/kubeadm`, as docs/migrating.md says
+//	rollback  `kubectl -n kube-system rollout undo daemonset/kube-proxy`
+//	baseline  `kubectl -n kube-system rollout restart daemonset/kube-proxy`: upstream replacing upstream
+//
+// Each phase waits for `kubectl rollout status`, then for every node's new
+// pod's first sync (/healthz 200 and the sync timestamp metric set).
+// Throughout, a client pod on each node opens a new TCP connection every
+// 20 ms (after each answer) to each target and holds two long-lived
+// connections to it, and two UDP flows from each client pod (a fixed
+// source port each) ask the ClusterIP every second which endpoint (a
+// podserver pod on each node) answers. The takeover and the rollback must
+// fail no new connection, break no long-lived one and move no UDP flow;
+// the baseline's figures are logged, for comparison. Each mode of
+// RAPIDPROXY_TAKEOVER_MODES (default iptables,nftables) is a subtest, on
+// the same nodes, with a DaemonSet made anew.
+func TestDaemonSetTakeoverAndRollback(t *testing.T) {
+	tc := startTakeoverCluster(t)
+	for _, mode := range strings.Split(envOr("RAPIDPROXY_TAKEOVER_MODES", "iptables,nftables"), ",") {
 		t.Run(mode, func(t *testing.T) {
-			objs := kubeadmObjects(t, mode, upstreamRef)
-			create(ctx, t, client, mapper, objs)
-			defer remove(ctx, t, c, client, mapper, objs)
+			objs := kubeadmObjects(t, mode, tc.upstreamRef)
+			create(tc.ctx, t, tc.client, tc.mapper, objs)
+			defer remove(tc.ctx, t, tc.c, tc.client, tc.mapper, objs)
 			// Upstream's pods serve before any phase: every node's
 			// /healthz, and every target answers from every node.
-			waitRolledOut(ctx, t, c, nodes, upstreamRef, nil)
-			for _, tg := range targets {
-				if err := waitFor(ctx, time.Minute, func() (bool, string) {
-					_, err := tg.from.Request("tcp", tg.hostPort, time.Second)
-					return err == nil, fmt.Sprint(err)
-				}); err != nil {
-					t.Fatalf("%s (%s) through upstream's kube-proxy: %v", tg.what, tg.hostPort, err)
-				}
-			}
-			// Two UDP flows from each client pod, each kept on the
-			// endpoint it first reached.
-			udpTarget := net.JoinHostPort(svc.Spec.ClusterIP, "80")
-			var flows []*udpFlow
-			for i, n := range nodes {
-				for j := range 2 {
-					f := &udpFlow{from: "client-" + n.Name, netns: clients[i], sport: 40100 + 10*i + j}
-					r, err := f.netns.RequestFrom(f.sport, "udp", udpTarget, time.Second)
-					if err != nil {
-						t.Fatalf("%s UDP from port %d: %v", f.from, f.sport, err)
-					}
-					f.pod = r.Pod
-					flows = append(flows, f)
-				}
-			}
+			waitRolledOut(tc.ctx, t, tc.c, tc.nodes, tc.upstreamRef, nil)
+			flows := tc.serving(t, "upstream's kube-proxy")
 
 			phases := []struct {
 				name, image string
 				args        []string
 				ours        bool
 			}{
-				{"takeover", oursRef, []string{"apply", "--server-side", "--force-conflicts", "--field-manager=rapidproxy", "-k", "deploy/kubeadm"}, true},
-				{"rollback", upstreamRef, []string{"-n", "kube-system", "rollout", "undo", "daemonset/kube-proxy"}, true},
-				{"baseline", upstreamRef, []string{"-n", "kube-system", "rollout", "restart", "daemonset/kube-proxy"}, false},
+				{"takeover", tc.oursRef, []string{"apply", "--server-side", "--force-conflicts", "--field-manager=rapidproxy", "-k", "deploy/kubeadm"}, true},
+				{"rollback", tc.upstreamRef, []string{"-n", "kube-system", "rollout", "undo", "daemonset/kube-proxy"}, true},
+				{"baseline", tc.upstreamRef, []string{"-n", "kube-system", "rollout", "restart", "daemonset/kube-proxy"}, false},
 			}
 			counts := map[string]phaseCounts{}
+			var names []string
 			for _, p := range phases {
-				before := kubeProxyPodUIDs(ctx, t, c)
-				tr := startTraffic(t, targets, flows, udpTarget)
-				time.Sleep(3 * time.Second)
-				began := time.Now()
-				err := kubectl(p.args...)
-				if err == nil {
-					err = kubectl("-n", "kube-system", "rollout", "status", "daemonset/kube-proxy", "--timeout=5m")
-				}
-				if err != nil {
-					tr.finish(t)
-					t.Fatalf("%s: %v", p.name, err)
-				}
-				waitRolledOut(ctx, t, c, nodes, p.image, before)
-				took := time.Since(began)
-				// Longer than the syncs the new pods' start may queue
-				// (minSyncPeriod, 1 s by default).
-				time.Sleep(10 * time.Second)
-				pc := tr.finish(t)
-				pc.took = took
-				counts[p.name] = pc
-				t.Logf("%s (%s): %d new connections, %d failed (longest gap %s); %d long-lived, %d broken; %d UDP flows, %d moved, %d of %d UDP requests unanswered; rolled out in %s",
-					p.name, mode, pc.newConns, pc.failed, pc.longestGap, pc.held, pc.broken, pc.flows, pc.moved, pc.udpLost, pc.udpAsked, took.Round(time.Second))
-				if len(pc.errors) > 0 {
-					report := t.Logf
-					if p.ours {
-						report = t.Errorf
+				before := kubeProxyPodUIDs(tc.ctx, t, tc.c)
+				counts[p.name] = tc.phase(t, p.name+" ("+mode+")", p.ours, flows, func() error {
+					err := tc.kubectl(t, p.args...)
+					if err == nil {
+						err = tc.kubectl(t, "-n", "kube-system", "rollout", "status", "daemonset/kube-proxy", "--timeout=5m")
 					}
-					report("%s (%s):\n%s", p.name, mode, strings.Join(pc.errors, "\n"))
-				}
-				if p.ours && (pc.failed > 0 || pc.broken > 0 || pc.moved > 0) {
-					t.Errorf("%s (%s): %d failed new connections, %d broken long-lived ones, %d moved UDP flows; want none",
-						p.name, mode, pc.failed, pc.broken, pc.moved)
-				}
+					if err == nil {
+						waitRolledOut(tc.ctx, t, tc.c, tc.nodes, p.image, before)
+					}
+					return err
+				})
+				names = append(names, p.name)
 			}
-			var table strings.Builder
-			fmt.Fprintf(&table, "\n| phase (%s mode, %d nodes) | new connections failed | long-lived broken | UDP flows moved | UDP requests unanswered | rollout |\n| --- | --- | --- | --- | --- | --- |\n", mode, len(nodes))
-			for _, p := range phases {
-				pc := counts[p.name]
-				fmt.Fprintf(&table, "| %s | %d of %d (longest gap %s) | %d of %d | %d of %d | %d of %d | %s |\n", p.name,
-					pc.failed, pc.newConns, pc.longestGap, pc.broken, pc.held, pc.moved, pc.flows, pc.udpLost, pc.udpAsked, pc.took.Round(time.Second))
-			}
-			t.Log(table.String())
+			t.Log(countsTable(fmt.Sprintf("phase (%s mode, %d nodes)", mode, len(tc.nodes)), names, counts))
 		})
 	}
 }

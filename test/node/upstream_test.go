@@ -52,6 +52,9 @@ func TestE2EUpstream(t *testing.T) {
 	mode := envOr("RAPIDPROXY_E2E_MODE", "iptables")
 	whichList := envOr("RAPIDPROXY_E2E_KUBE_PROXY", "ours")
 	focus := envOr("RAPIDPROXY_E2E_FOCUS", defaultFocus)
+	if d := envOr("RAPIDPROXY_E2E_DEPLOY", "process"); d != "process" && d != "daemonset" {
+		t.Fatalf("RAPIDPROXY_E2E_DEPLOY=%q: want process or daemonset", d)
+	}
 	// IPVS needs a kernel with it: each node runs in a VM of test/vm's,
 	// under TCG, two by default.
 	inGuest := mode == "ipvs"
@@ -83,6 +86,15 @@ func TestE2EUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	images := append([]string{agnhost}, conntrackImages...)
+	if deployAsDaemonSet() {
+		if inGuest {
+			t.Fatal("RAPIDPROXY_E2E_DEPLOY=daemonset: not in IPVS mode, whose nodes are VMs; the kube-proxies there run as the DaemonSet's command line")
+		}
+		images = append(images, imageArchive(t), upstreamImageArchive(t))
+		if _, err := os.Stat("/lib/modules"); os.IsNotExist(err) {
+			t.Cleanup(func() { _ = os.Remove("/lib/modules") })
+		}
+	}
 	var nodes []*Node
 	var dns *ClusterDNS
 	if inGuest {
@@ -244,7 +256,39 @@ func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, nodes []*
 	// Flags beside the config file, as a DaemonSet's command line adds
 	// them (--v=4 to see each sync).
 	flags := strings.Fields(os.Getenv("RAPIDPROXY_E2E_KUBE_PROXY_FLAGS"))
+	if deployAsDaemonSet() {
+		if len(flags) > 0 {
+			t.Fatal("RAPIDPROXY_E2E_KUBE_PROXY_FLAGS: not with the DaemonSet, whose command line is kubeadm's")
+		}
+		image := "ghcr.io/rapidproxy/kube-proxy:" + imageTag(t, root)
+		if which == "upstream" {
+			image = upstreamImageRef(t)
+		}
+		objs := kubeadmObjects(t, mode, image)
+		client, mapper, err := c.DynamicClient()
+		if err != nil {
+			t.Fatal(err)
+		}
+		create(ctx, t, client, mapper, objs)
+		defer func() {
+			for _, n := range nodes {
+				_ = os.WriteFile(filepath.Join(reportDir, "kube-proxy-"+which+"-"+n.Name+".log"), []byte(n.podLogs("kube-system", 2000)), 0o644)
+			}
+			remove(ctx, t, c, client, mapper, objs)
+			// Its rules go with its own --cleanup, as when a cluster
+			// changes its kube-proxy.
+			for _, n := range nodes {
+				if out, err := n.Command(binary, "--cleanup").CombinedOutput(); err != nil {
+					t.Errorf("%s --cleanup on %s: %v\n%s", binary, n.Name, err, out)
+				}
+			}
+		}()
+		waitRolledOut(ctx, t, c, nodes, image, nil)
+	}
 	for _, n := range nodes {
+		if deployAsDaemonSet() {
+			break
+		}
 		var proxy interface {
 			stop()
 			cleanup() error
@@ -276,7 +320,8 @@ func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, nodes []*
 			}
 		}()
 	}
-	t.Logf("%d nodes Ready, %s kube-proxy (%s) healthy on each; running e2e.test", len(nodes), which, mode)
+	t.Logf("%d nodes Ready, %s kube-proxy (%s%s) healthy on each; running e2e.test", len(nodes), which, mode,
+		map[bool]string{true: ", kubeadm's DaemonSet"}[deployAsDaemonSet()])
 
 	var skipPatterns []string
 	for _, s := range skips {
@@ -367,6 +412,14 @@ func waitNodeReady(ctx context.Context, c *framework.Cluster, name string) error
 		}
 		return false, "no Ready condition"
 	})
+}
+
+// deployAsDaemonSet says whether the kube-proxies run as kubeadm's
+// DaemonSet (RAPIDPROXY_E2E_DEPLOY=daemonset: pods the nodes' kubelets
+// start from the images), rather than as its command line in each node's
+// namespace (the default, RAPIDPROXY_E2E_DEPLOY=process).
+func deployAsDaemonSet() bool {
+	return os.Getenv("RAPIDPROXY_E2E_DEPLOY") == "daemonset"
 }
 
 func envOr(name, def string) string {
