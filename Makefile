@@ -157,8 +157,10 @@ dashboard-chart: deps build tools
 # with MODE=ipvs in IPVS mode, each proxy in a VM (test/vm); MODE=iptables,nftables
 # runs both in one cluster. CAP bounds any one sync wait, IDLE the idle-CPU window.
 # More flags (e.g. -profile-dir DIR): BENCH_FLAGS; BENCH_FLAGS="-switch iptables,nftables"
-# times a mode switch instead, on the one BACKEND. Beside each table it writes an SVG
-# chart of ours / upstream per mode and backend to _output/bench. See docs/performance.md.
+# times a mode switch instead, on the one BACKEND. It also writes each table to
+# _output/bench/bench-NxE.md and, from the same results, an SVG chart of ours / upstream per
+# mode and backend beside it (`_output/bin/bench -chart-from FILE -chart-dir DIR` redraws the
+# charts from such a file). See docs/performance.md.
 N        ?= 1000
 E        ?= 5
 BACKENDS ?= nft

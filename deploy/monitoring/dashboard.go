@@ -8,7 +8,11 @@ import (
 type Panel struct {
 	Title, Description string
 	// Unit is Grafana's unit id (s, ops, bytes, percentunit, short).
-	Unit    string
+	Unit string
+	// Axis says what a unit without a name (short) counts, for the y-axis
+	// of the chart in docs/img; $__rate_interval stands for the window of
+	// an increase().
+	Axis    string
 	Targets []Target
 	// Main panels are those of the chart in docs/img (test/dashboardchart).
 	Main bool
@@ -60,7 +64,7 @@ func Rows() []Row {
 				{quantile("0.99", "kubeproxy_sync_proxy_rules_duration_seconds", "instance, ip_family"), "{{instance}} {{ip_family}}"}}},
 			{Title: "Network programming latency p99", Unit: "s", Main: true, Targets: []Target{
 				{quantile("0.99", "kubeproxy_network_programming_duration_seconds", "instance, ip_family"), "{{instance}} {{ip_family}}"}}},
-			{Title: "Pending changes", Unit: "short", Main: true,
+			{Title: "Pending changes", Unit: "short", Axis: "changes waiting", Main: true,
 				Description: "Changes received and not yet synced (the queue).",
 				Targets: []Target{
 					{"sum by (instance) (" + s("kubeproxy_sync_proxy_rules_endpoint_changes_pending") + ")", "endpoints {{instance}}"},
@@ -73,12 +77,12 @@ func Rows() []Row {
 				Targets: []Target{
 					{"time() - " + s("kubeproxy_sync_proxy_rules_last_timestamp_seconds"), "{{instance}} {{ip_family}}"},
 					{"clamp_min(" + s("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds") + " - " + s("kubeproxy_sync_proxy_rules_last_timestamp_seconds") + ", 0)", "queued after it {{instance}} {{ip_family}}"}}},
-			{Title: "Sync failures", Unit: "short", Main: true, Targets: []Target{
+			{Title: "Sync failures", Unit: "short", Axis: "failures per $__rate_interval", Main: true, Targets: []Target{
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_iptables_restore_failures_total") + "[$__rate_interval]))", "iptables-restore {{instance}} {{ip_family}}"},
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total") + "[$__rate_interval]))", "partial iptables-restore {{instance}} {{ip_family}}"},
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_nftables_sync_failures_total") + "[$__rate_interval]))", "nftables {{instance}} {{ip_family}}"},
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total") + "[$__rate_interval]))", "nftables cleanup {{instance}} {{ip_family}}"}}},
-			{Title: "Rules restored after another program changed them", Unit: "short", Main: true, Targets: []Target{
+			{Title: "Rules restored after another program changed them", Unit: "short", Axis: "repairs per $__rate_interval", Main: true, Targets: []Target{
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_iptables_flush_recoveries_total") + "[$__rate_interval]))", "iptables {{instance}} {{ip_family}}"},
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_nftables_repairs_total") + "[$__rate_interval]))", "nftables {{instance}} {{ip_family}}"},
 				{"sum by (instance, ip_family) (increase(" + s("kubeproxy_sync_proxy_rules_ipvs_repairs_total") + "[$__rate_interval]))", "IPVS {{instance}} {{ip_family}}"}}},
@@ -89,7 +93,7 @@ func Rows() []Row {
 				{"sum by (instance, code) (" + rate("kubeproxy_proxy_livez_total") + ")", "livez {{code}} {{instance}}"}}},
 		}},
 		{Title: "iptables mode", Panels: []Panel{
-			{Title: "iptables rules", Unit: "short", Main: true, Targets: []Target{
+			{Title: "iptables rules", Unit: "short", Axis: "rules", Main: true, Targets: []Target{
 				{"sum by (instance, table, ip_family) (" + s("kubeproxy_sync_proxy_rules_iptables_total") + ")", "{{table}} {{instance}} {{ip_family}}"},
 				{"sum by (instance, table, ip_family) (" + s("kubeproxy_sync_proxy_rules_iptables_last") + ")", "written last sync {{table}} {{instance}} {{ip_family}}"}}},
 			{Title: "Packets counted by the iptables rules", Unit: "pps", Targets: []Target{

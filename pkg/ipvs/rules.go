@@ -122,8 +122,9 @@ func (p *Params) Chains(nonEmpty func(set string) bool, outFilter []iptables.Rul
 	add(chainForward, `-m comment --comment "kubernetes forwarding rules" -m mark --mark`, mark+"/"+mark, "-j ACCEPT")
 	add(chainForward, `-m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`)
 	filterNodePort = append(filterNodePort, iptables.Rule(matchSet(setHealthCheckNodePort, "dst")+" -j ACCEPT"))
-	// Stop host services from answering on service addresses (upstream
-	// issue 72236): only the service ports are open there.
+	// Service addresses sit on kube-ipvs0, so any host process listening
+	// on all addresses would answer on them too, on any port: as upstream,
+	// only the service ports are open there, the rest is rejected.
 	for _, set := range []string{setLoadBalancer, setClusterIP, setExternalIP, setExternalIPLocal} {
 		add(chainIPVSFilter, "-m set --match-set", p.setName(set), "dst,dst -j RETURN")
 	}

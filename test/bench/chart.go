@@ -59,9 +59,13 @@ func chartBars(column string, all map[string]map[string]results) []chartBar {
 		case u.capped:
 			bound = "<= "
 		}
+		ratio := o.value / u.value
+		if o.ratio > 0 {
+			ratio = o.ratio
+		}
 		bars = append(bars, chartBar{
 			label:  chartLabel(r.title),
-			ratio:  o.value / u.value,
+			ratio:  ratio,
 			bound:  bound,
 			values: fmt.Sprintf("ours %s, upstream %s", o.format(r.decimals), u.format(r.decimals)),
 		})
@@ -124,12 +128,21 @@ func writeCharts(dir string, n, e int, columns []string, all map[string]map[stri
 	return files, nil
 }
 
-// writeChart draws the bars, top to bottom in their order, as an SVG.
+// chartMargin is the room left of the measures' labels.
+const chartMargin = 10 // points
+
+// labelSlack is how much wider than in Liberation Sans a label may turn
+// out in a viewer's font and still end left of the axis: the SVG names
+// Arial and Helvetica, which have its metrics, but a viewer with none of
+// them draws in a wider sans-serif (DejaVu Sans: about a tenth wider).
+const labelSlack = 1.2
+
+// writeChart draws the bars, top to bottom in their order, as an SVG. The
+// measures' labels (name, then both values) are left-aligned in a column
+// of their own left of the plot, so a label that a viewer draws wider than
+// laid out runs towards the axis, never off the picture's edge.
 func writeChart(path, title string, bars []chartBar) error {
 	p := plot.New()
-	p.Title.Text = title
-	p.Title.TextStyle.Font = font.From(chartFont, 13)
-	p.Title.Padding = vg.Points(8)
 
 	low, high := 1.0, 1.0
 	for _, b := range bars {
@@ -144,27 +157,48 @@ func writeChart(path, title string, bars []chartBar) error {
 	p.X.Label.TextStyle.Font = font.From(chartFont, 11)
 	p.X.Tick.Label.Font = font.From(chartFont, 10)
 
-	var ticks []plot.Tick
-	for i, b := range bars {
-		ticks = append(ticks, plot.Tick{Value: barY(i, len(bars)), Label: b.label + "\n" + b.values})
-	}
-	p.Y.Tick.Marker = plot.ConstantTicks(ticks)
-	p.Y.Tick.Label.Font = font.From(chartFont, 10)
+	p.Y.Tick.Marker = plot.ConstantTicks(nil)
 	p.Y.Tick.Length = 0
 	p.Y.Min, p.Y.Max = -0.6, float64(len(bars))-0.4
 	p.Y.Padding = 0
 
 	p.Add(ratioBars{bars: bars, labelFont: font.From(chartFont, 10)})
-	width := 12 * vg.Inch
-	height := vg.Length(len(bars))*0.42*vg.Inch + 1.4*vg.Inch
+
+	label := p.Y.Tick.Label
+	label.Font = font.From(chartFont, 10)
+	label.XAlign, label.YAlign = draw.XLeft, draw.YCenter
+	var widest vg.Length
+	for _, b := range bars {
+		widest = max(widest, label.Width(barLabel(b)))
+	}
+	column := vg.Points(chartMargin) + widest*labelSlack
+	width := column + 8*vg.Inch
+	height := vg.Length(len(bars))*0.42*vg.Inch + 1.2*vg.Inch
 	c := vgsvg.New(width, height)
-	p.Draw(draw.New(c))
+	dc := draw.New(c)
+	// The title, left-aligned over the labels' column: a wider font runs
+	// into empty room on the right.
+	heading := label
+	heading.Font = font.From(chartFont, 13)
+	heading.YAlign = draw.YTop
+	titleHeight := heading.Height(title) + vg.Points(16)
+	dc.FillText(heading, vg.Point{X: dc.Min.X + vg.Points(chartMargin), Y: dc.Max.Y - vg.Points(8)}, title)
+	area := draw.Crop(dc, column, 0, 0, -titleHeight)
+	p.Draw(area)
+	data := p.DataCanvas(area)
+	_, y := p.Transforms(&data)
+	for i, b := range bars {
+		dc.FillText(label, vg.Point{X: dc.Min.X + vg.Points(chartMargin), Y: y(barY(i, len(bars)))}, barLabel(b))
+	}
 	var svg bytes.Buffer
 	if _, err := c.WriteTo(&svg); err != nil {
 		return err
 	}
 	return os.WriteFile(path, withFontFallback(svg.Bytes()), 0o644)
 }
+
+// barLabel is a bar's label: the measure, then both values.
+func barLabel(b chartBar) string { return b.label + "\n" + b.values }
 
 // withFontFallback lets a viewer without Liberation Sans use Arial or
 // Helvetica, which have its metrics, so labels keep the widths they were

@@ -73,7 +73,7 @@ const (
 
 func main() {
 	var opts options
-	var modes, services, endpoints, backends, proxies, switchModes string
+	var modes, services, endpoints, backends, proxies, switchModes, chartFrom string
 	flag.StringVar(&modes, "mode", modeIPTables, "comma-separated proxy modes: iptables (in the cluster's node namespace, on each of -backends), nftables (in the node namespace) or ipvs (in a VM)")
 	flag.StringVar(&opts.agent, "agent", "", "mode ipvs: the static binary of test/vm/agent, which the VM runs")
 	flag.StringVar(&services, "n", "1000", "comma-separated numbers of services (N)")
@@ -94,10 +94,17 @@ func main() {
 	flag.IntVar(&opts.soakRate, "soak-rate", 50, "API writes per second during the soak")
 	flag.DurationVar(&opts.soakSample, "soak-sample", 10*time.Second, "how often the soak reads the proxy's RSS and goroutines")
 	flag.StringVar(&switchModes, "switch", "", "instead of the benchmark, time mode switches: comma-separated modes (iptables,nftables: from, to; more go on switching), each proxy run in the first until its first sync, then in each next over the rules the one before left (-mode unused; iptables on the one backend of -backends)")
-	flag.StringVar(&opts.chartDir, "chart-dir", "", "if set, write there beside each table an SVG chart per mode and backend of ours / upstream per measure, named bench-NxE-MODE[-BACKEND].svg, and print its path under the table")
+	flag.StringVar(&opts.chartDir, "chart-dir", "", "if set, write there each shape's table as bench-NxE.md and beside it an SVG chart per mode and backend of ours / upstream per measure, named bench-NxE-MODE[-BACKEND].svg, and print their paths under the table")
+	flag.StringVar(&chartFrom, "chart-from", "", "instead of the benchmark, draw the charts of the tables in this file (bench-NxE.md, or bench's printed output) into -chart-dir")
 	flag.Parse()
 	err := func() error {
 		var err error
+		if chartFrom != "" {
+			if opts.chartDir == "" {
+				return errors.New("-chart-from needs -chart-dir")
+			}
+			return chartsFrom(chartFrom, opts.chartDir, os.Stdout)
+		}
 		if opts.services, err = ints(services); err != nil {
 			return err
 		}
@@ -171,14 +178,19 @@ func run(ctx context.Context, opts options, out, log io.Writer) error {
 		for _, e := range opts.endpoints {
 			results, err := benchShape(ctx, opts, n, e, log)
 			if results != nil {
-				fmt.Fprintf(out, "\n### %d services x %d endpoints\n\n", n, e)
-				writeTable(out, opts.columns(), results)
+				fmt.Fprintln(out)
+				writeShape(out, n, e, opts.columns(), results)
 				if opts.chartDir != "" {
+					// The table and its charts, from the same results.
+					table, tableErr := writeTableFile(opts.chartDir, n, e, opts.columns(), results)
+					if tableErr == nil {
+						fmt.Fprintf(out, "\nTable: %s\n", table)
+					}
 					files, chartErr := writeCharts(opts.chartDir, n, e, opts.columns(), results)
 					for _, f := range files {
 						fmt.Fprintf(out, "\nChart: %s\n", f)
 					}
-					err = errors.Join(err, chartErr)
+					err = errors.Join(err, tableErr, chartErr)
 				}
 			}
 			if err != nil {

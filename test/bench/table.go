@@ -83,6 +83,10 @@ type cell struct {
 	value  float64
 	capped bool
 	note   string
+	// ratio, in ours' cell of a table read back, is the ours/upstream
+	// the table printed: computed from the unrounded values, it is what
+	// the chart shows, not the quotient of the rounded ones.
+	ratio float64
 }
 
 // results are one proxy's cells on one backend, by row key; a missing

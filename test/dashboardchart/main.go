@@ -32,8 +32,9 @@ import (
 // Prometheus scrapes every scrapeInterval; the panels' $__rate_interval is
 // four of them, as Grafana sets it.
 const (
-	scrapeInterval = 5 * time.Second
-	rateInterval   = "20s"
+	scrapeInterval    = 5 * time.Second
+	rateInterval      = "20s"
+	rateIntervalWords = "20 s"
 )
 
 type options struct {

@@ -113,9 +113,11 @@ func queryRange(ctx context.Context, prometheus, expr, legend string, start, end
 	return out, nil
 }
 
-// scale converts a panel's unit to one a chart's axis reads well in.
-func scale(unit string) (float64, string) {
-	switch unit {
+// scale converts a panel's unit to one a chart's axis reads well in, and
+// names it; a unit without a name (short) takes what the panel says it
+// counts, with the chart's rate interval for the dashboard's variable.
+func scale(p monitoring.Panel) (float64, string) {
+	switch p.Unit {
 	case "s":
 		return 1, "seconds"
 	case "ops":
@@ -125,7 +127,28 @@ func scale(unit string) (float64, string) {
 	case "percentunit":
 		return 100, "% of a CPU"
 	}
-	return 1, ""
+	return 1, strings.ReplaceAll(p.Axis, "$__rate_interval", rateIntervalWords)
+}
+
+// palette holds one colour per line of a panel, each told apart from the
+// others at a glance (Tableau's ten); a panel with more lines than
+// colours goes on with the same colours dashed.
+var palette = []color.Color{
+	color.RGBA{0x1f, 0x77, 0xb4, 0xff}, // blue
+	color.RGBA{0xff, 0x7f, 0x0e, 0xff}, // orange
+	color.RGBA{0x2c, 0xa0, 0x2c, 0xff}, // green
+	color.RGBA{0xd6, 0x27, 0x28, 0xff}, // red
+	color.RGBA{0x94, 0x67, 0xbd, 0xff}, // purple
+	color.RGBA{0x8c, 0x56, 0x4b, 0xff}, // brown
+	color.RGBA{0xe3, 0x77, 0xc2, 0xff}, // pink
+	color.RGBA{0x7f, 0x7f, 0x7f, 0xff}, // grey
+	color.RGBA{0xbc, 0xbd, 0x22, 0xff}, // olive
+	color.RGBA{0x17, 0xbe, 0xcf, 0xff}, // cyan
+}
+
+// lineStyle is the colour and dashes of a panel's jth line.
+func lineStyle(j int) (color.Color, []vg.Length) {
+	return palette[j%len(palette)], plotutil.Dashes(j / len(palette))
 }
 
 // secondTicks mark every 30 seconds of the run, labelled every minute.
@@ -158,7 +181,10 @@ func render(out, title string, length float64, panels []panel) error {
 	for i, pn := range panels {
 		p := plot.New()
 		p.Title.Text = pn.Title
-		factor, unit := scale(pn.Unit)
+		factor, unit := scale(pn.Panel)
+		if unit == "" {
+			return fmt.Errorf("panel %q: its y-axis has no label (unit %q and no Axis)", pn.Title, pn.Unit)
+		}
 		p.Y.Label.Text = unit
 		p.X.Label.Text = "seconds into the run"
 		p.X.Min, p.X.Max = 0, length
@@ -180,10 +206,7 @@ func render(out, title string, length float64, panels []panel) error {
 			if err != nil {
 				return err
 			}
-			// Past the palette's colours, the same colours dashed: a panel
-			// may have more lines than colours.
-			line.Color = plotutil.Color(j)
-			line.Dashes = plotutil.Dashes(j / len(plotutil.DefaultColors))
+			line.Color, line.Dashes = lineStyle(j)
 			line.Width = vg.Points(1.5)
 			p.Add(line)
 			p.Legend.Add(s.name, line)

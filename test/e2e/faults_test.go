@@ -389,8 +389,9 @@ var tamperings = map[string][]tampering{
 	},
 }
 
-// repairTarget is the target for the time from another program's
-// change to our rules restored; the test asserts a generous bound only.
+// repairTarget is the time within which our rules are meant to be back
+// after another program changed them (docs/reliability.md reports it);
+// the test asserts a generous bound only, as the machine may be loaded.
 const repairTarget = 2 * time.Second
 
 // Another program flushing our table, deleting one service chain, or

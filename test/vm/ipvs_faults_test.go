@@ -58,7 +58,7 @@ counted() {
 }
 # tampered WHAT CMD...: CMD, another program, changes our state under the
 # live load. kube-proxy must put back exactly what was there within 5 s
-# (the issue's target: 2 s; the time includes listing the state, about
+# (meant to be within 2 s; the time includes listing the state, about
 # 0.1 s under TCG), count the repair and log it, and serve as before.
 tampered() {
 	fault=$1
