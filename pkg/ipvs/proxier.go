@@ -17,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/rapidproxy/rapidproxy/internal/iptables"
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
@@ -25,7 +26,7 @@ import (
 // Config are the IPVS mode's inputs.
 type Config struct {
 	Family   v1.IPFamily
-	Kernel   Kernel
+	Kernel   ipvskernel.Interface
 	IPTables iptables.Kernel
 	Params   Params
 	// NodePortAddresses picks the addresses NodePorts answer on from the
@@ -111,7 +112,7 @@ type Syncer struct {
 }
 
 type drainKey struct {
-	server VirtualServerKey
+	server ipvskernel.VirtualServerKey
 	real   netip.AddrPort
 }
 
@@ -255,7 +256,7 @@ func (p *Syncer) FullSync(v state.View) error {
 func (p *Syncer) fullSync(v state.View) error {
 	k := p.cfg.Kernel
 	if err := k.EnsureDummyLink(); err != nil {
-		return fmt.Errorf("creating %s: %w", DummyLink, err)
+		return fmt.Errorf("creating %s: %w", ipvskernel.DummyLink, err)
 	}
 	if err := k.EnsureSets(p.cfg.Params.Sets()); err != nil {
 		return fmt.Errorf("creating the ipsets: %w", err)
