@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -43,14 +44,14 @@ type Config struct {
 // best.
 const ChainRefsPerRestoreNFT = 1000
 
-// The core finds a mode's optional capabilities by type assertion: these
-// make a renamed method a compile error instead of a capability silently
-// switched off.
+// The optional capabilities of the mode contract (pkg/proxy/mode.go) this
+// mode has.
 var (
-	_ proxy.Describer = (*Syncer)(nil)
-	_ proxy.Preparer  = (*Syncer)(nil)
-	_ proxy.Prober    = (*Syncer)(nil)
-	_ proxy.Tracer    = (*Syncer)(nil)
+	_ proxy.Describer      = (*Syncer)(nil)
+	_ proxy.Preparer       = (*Syncer)(nil)
+	_ proxy.Prober         = (*Syncer)(nil)
+	_ proxy.Tracer         = (*Syncer)(nil)
+	_ proxy.FailureCounter = (*Syncer)(nil)
 )
 
 // Syncer is the iptables mode for one IP family: the proxy core hands it
@@ -109,11 +110,7 @@ func (p *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]boo
 	if len(changed) > 0 && p.largeCluster() != p.cfg.Params.LargeCluster {
 		return proxy.ErrFullSyncNeeded
 	}
-	if err := p.partialSync(changed); err != nil {
-		metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
-		return err
-	}
-	return nil
+	return p.partialSync(changed)
 }
 
 // FullSync brings every rule in line, whatever the kernel holds.
@@ -124,7 +121,7 @@ func (p *Syncer) FullSync(v state.View) error {
 	// and a restore of the rules that count in them would fail.
 	if p.cfg.Params.NFAcct && p.cfg.EnsureNFAcct != nil {
 		if err := p.cfg.EnsureNFAcct(); err != nil {
-			return fmt.Errorf("nfacct objects: %w", err)
+			return fmt.Errorf("%w: %w", errNFAcct, err)
 		}
 	}
 	p.writtenMu.Lock()
@@ -137,7 +134,6 @@ func (p *Syncer) FullSync(v state.View) error {
 	p.written = err == nil
 	p.writtenMu.Unlock()
 	if err != nil {
-		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
 		return err
 	}
 	if p.repairs > 0 {
@@ -145,6 +141,23 @@ func (p *Syncer) FullSync(v state.View) error {
 		metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
 	}
 	return nil
+}
+
+// errNFAcct is a full sync stopped before its restore: the nfacct
+// objects could not be made.
+var errNFAcct = errors.New("nfacct objects")
+
+// CountFailure counts a failed sync as upstream's iptables mode does: a
+// failed restore, partial or full; a full sync the nfacct objects stopped
+// wrote nothing.
+func (p *Syncer) CountFailure(full bool, err error) {
+	family := string(p.cfg.Family)
+	switch {
+	case !full:
+		metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues(family).Inc()
+	case !errors.Is(err, errNFAcct):
+		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(family).Inc()
+	}
 }
 
 // noteRewritten records that a full sync rewrites a chain, and whether

@@ -10,7 +10,6 @@ import (
 
 	"github.com/rapidproxy/rapidproxy/internal/iptables"
 	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
-	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 )
 
 // plan is what one sync sends to the kernel, decided before anything is
@@ -228,8 +227,7 @@ func (p *Syncer) apply(pl *plan) error {
 		}
 	}
 	if err := p.chains.Sync(pl.chains, Jumps(), pl.full); err != nil {
-		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
-		fail(err, "writing the iptables chains")
+		fail(restoreError{err}, "writing the iptables chains")
 	}
 	for _, a := range pl.unbind {
 		if err := k.Unbind(a); err != nil {

@@ -33,6 +33,8 @@ import (
 // kernel (chains_kernel_test.go).
 type fakeIPTables struct {
 	restores int
+	// refuse, when set, is every restore's error.
+	refuse error
 	// flushed is set by a test while the drift check reads it, with
 	// generation moved, as a flush moves the table's.
 	flushed    atomic.Bool
@@ -49,8 +51,10 @@ func (k *fakeIPTables) flush() {
 
 func (k *fakeIPTables) Restore(in io.Reader) error {
 	k.restores++
-	_, err := io.Copy(io.Discard, in)
-	return err
+	if _, err := io.Copy(io.Discard, in); err != nil {
+		return err
+	}
+	return k.refuse
 }
 func (k *fakeIPTables) Save(read func(io.Reader) error) error {
 	k.saves.Add(1)

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/knftables"
@@ -79,15 +80,15 @@ type LocalhostProxy interface {
 // it goes.
 const staleChainDelay = time.Second
 
-// The core finds a mode's optional capabilities by type assertion: these
-// make a renamed method a compile error instead of a capability silently
-// switched off.
+// The optional capabilities of the mode contract (pkg/proxy/mode.go) this
+// mode has.
 var (
 	_ proxy.Describer       = (*Syncer)(nil)
 	_ proxy.ServiceCIDRUser = (*Syncer)(nil)
 	_ proxy.Prober          = (*Syncer)(nil)
 	_ proxy.Deferrer        = (*Syncer)(nil)
 	_ proxy.Tracer          = (*Syncer)(nil)
+	_ proxy.FailureCounter  = (*Syncer)(nil)
 )
 
 // Syncer is the nftables mode for one IP family: the proxy core hands it
@@ -177,8 +178,18 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.Generation == nil {
 		cfg.Generation, writeTx = nfgen.ForeignGeneration, nfgen.Write
 	}
-	metrics.NFTablesRepairsTotal.WithLabelValues(string(cfg.Family))
+	// Served from the start, at zero: a counter that first appears at 1
+	// hides that first failure from increase() in alerts.
+	for _, c := range []*prometheus.CounterVec{metrics.NFTablesRepairsTotal, metrics.NFTablesSyncFailuresTotal, metrics.NFTablesCleanupFailuresTotal} {
+		c.WithLabelValues(string(cfg.Family))
+	}
 	return &Syncer{cfg: cfg, now: time.Now, maxTxOps: maxTxOps, stale: map[string]staleChain{}, writeTx: writeTx}, nil
+}
+
+// CountFailure counts every failed sync, partial or full, as upstream's
+// nftables mode does.
+func (s *Syncer) CountFailure(bool, error) {
+	metrics.NFTablesSyncFailuresTotal.WithLabelValues(string(s.cfg.Family)).Inc()
 }
 
 // SetServiceCIDRs changes the ServiceCIDRs whose unallocated addresses are

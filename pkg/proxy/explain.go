@@ -13,26 +13,6 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
-// Explainer tells what a proxier does with the services it programs.
-type Explainer interface {
-	// ServicePorts summarizes every service port the proxier programs.
-	ServicePorts() []ServicePortSummary
-	// Explain describes each port of one service and, with verify, checks
-	// the kernel objects that implement it.
-	Explain(name types.NamespacedName, verify bool) Explanation
-}
-
-// Describer is a mode that can name the kernel objects of a service port
-// and check them.
-type Describer interface {
-	// Describe lists what the kernel should hold for the service port, as
-	// the mode would write it now, and returns a check that reads the
-	// kernel for just those objects and lists how it differs. The core
-	// calls Describe under its lock, so no sync runs meanwhile; the check
-	// runs without it, since reading the kernel can take a while.
-	Describe(v state.View, name state.ServicePortName) ([]KernelObject, func() ([]string, error))
-}
-
 // KernelObject is one thing in the kernel that implements a service port.
 type KernelObject struct {
 	// Kind is what it is: "chain", "rule", "virtual server", "address",

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
@@ -21,7 +20,6 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
-	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -122,16 +120,11 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 		if family == primary {
 			sh = serviceHealth
 		}
-		var syncFailures prometheus.Counter
-		if cfg.Mode == config.ModeNFTables {
-			syncFailures = metrics.NFTablesSyncFailuresTotal.WithLabelValues(string(family))
-		}
 		proxiers = append(proxiers, proxy.NewCore(proxy.Config{
 			Family: family, ModeName: string(cfg.Mode),
 			Node:          state.Node{Name: nodeName, Zone: zone},
 			MinSyncPeriod: minSync, SyncPeriod: sync,
 			Health: health, ServiceHealth: sh, Conntrack: conntrack.Cleaner{},
-			SyncFailures: syncFailures,
 		}, mode))
 		using := []any{"mode", cfg.Mode, "ipFamily", family}
 		if iptablesBased {
