@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 
 	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
@@ -99,12 +98,7 @@ func resynced(t *testing.T, resyncs <-chan struct{}, why string) {
 
 // ipvsRepairs is the IPv4 family's count of repairs.
 func ipvsRepairs(t *testing.T) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := metrics.IPVSRepairsTotal.WithLabelValues(string(v1.IPv4Protocol)).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
+	return ipv4Count(t, metrics.IPVSRepairsTotal)
 }
 
 // watchUnchanged runs the mode's watch for a while over a kernel no one

@@ -4,20 +4,26 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 )
 
-// restoreFailures is the IPv4 family's count of failed iptables-restores.
-func restoreFailures(t *testing.T) float64 {
+// ipv4Count is a counter's value for the IPv4 family.
+func ipv4Count(t *testing.T, counter *prometheus.CounterVec) float64 {
 	t.Helper()
 	var m dto.Metric
-	if err := metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(v1.IPv4Protocol)).Write(&m); err != nil {
+	if err := counter.WithLabelValues(string(v1.IPv4Protocol)).Write(&m); err != nil {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// restoreFailures is the IPv4 family's count of failed iptables-restores.
+func restoreFailures(t *testing.T) float64 {
+	return ipv4Count(t, metrics.IPTablesRestoreFailuresTotal)
 }
 
 // As upstream, the IPVS mode counts a sync whose iptables-restore failed,
