@@ -114,6 +114,29 @@ type Describer interface {
 	Describe(v state.View, name state.ServicePortName) ([]KernelObject, func() ([]string, error))
 }
 
+// KernelObject is one thing in the kernel that implements a service port.
+type KernelObject struct {
+	// Kind is what it is: "chain", "rule", "virtual server", "address",
+	// "set entry".
+	Kind string `json:"kind"`
+	// Name identifies it, e.g. "nat KUBE-SVC-...", "10.96.0.10:80/TCP".
+	Name string `json:"name"`
+	// Summary is a short description for a table, e.g. "3 rules".
+	Summary string `json:"summary,omitempty"`
+	// Content is what it holds: a chain's rules, a virtual server's real
+	// servers.
+	Content []string `json:"content,omitempty"`
+}
+
+// String is the object on one line: "kind name", then ": summary" if it
+// has one.
+func (o KernelObject) String() string {
+	if o.Summary == "" {
+		return o.Kind + " " + o.Name
+	}
+	return o.Kind + " " + o.Name + ": " + o.Summary
+}
+
 // Tracer is a mode that can follow a packet through what it writes.
 type Tracer interface {
 	// Trace walks the packet through the mode's objects: the fixed ones

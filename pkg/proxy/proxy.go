@@ -11,9 +11,6 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
-	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/rapidproxy/rapidproxy/pkg/trace"
 )
 
 // Proxier turns API changes into kernel rules for one node.
@@ -36,22 +33,6 @@ type Proxier interface {
 	// FirstSynced is closed once the first sync has put every rule in
 	// place: what another mode left may go then.
 	FirstSynced() <-chan struct{}
-}
-
-// Explainer is a proxier that tells what it does with the services it
-// programs (the explain endpoint's source; Core and DualStack are ones).
-type Explainer interface {
-	// ServicePorts summarizes every service port the proxier programs.
-	ServicePorts() []ServicePortSummary
-	// Explain describes each port of one service and, with verify, checks
-	// the kernel objects that implement it.
-	Explain(name types.NamespacedName, verify bool) Explanation
-}
-
-// PacketTracer is a proxier that traces packets through what it programs
-// (Core and DualStack are ones).
-type PacketTracer interface {
-	Trace(pkt trace.Packet, verify bool) (trace.Result, error)
 }
 
 // DualStack drives one proxier per IP family as one.

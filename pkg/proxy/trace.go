@@ -11,6 +11,12 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/trace"
 )
 
+// PacketTracer is a proxier that traces packets through what it programs
+// (Core and DualStack are ones).
+type PacketTracer interface {
+	Trace(pkt trace.Packet, verify bool) (trace.Result, error)
+}
+
 // ErrNoTracer is a mode that cannot trace.
 var ErrNoTracer = errors.New("this mode cannot trace packets")
 
