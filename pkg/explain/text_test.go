@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
@@ -48,7 +49,7 @@ func (k *fakeIPTables) ListRules(table, chain string) ([]string, error) {
 // zone-a, synced by the iptables mode, whose endpoints show every reason
 // a path leaves one out: on other nodes, hinted for another zone,
 // terminating while others are ready, not ready.
-func webService(t *testing.T, kernel iptables.Kernel) *proxy.Core {
+func webService(t *testing.T, kernel iptableskernel.Kernel) *proxy.Core {
 	t.Helper()
 	detector, err := localdetect.New(localdetect.Settings{Mode: "ClusterCIDR", CIDRs: []string{"10.244.0.0/16"}}, v1.IPv4Protocol)
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 // refuses: a failed partial sync is otherwise hidden by the full sync
 // that follows it.
 type failureKernel struct {
-	Kernel
+	iptableskernel.Kernel
 	restores int
 	failures []error
 }
@@ -75,19 +75,19 @@ func TestBadObjectsNeverBreakTheRestore(t *testing.T) {
 		canonical := func(rules []string) []string {
 			out := make([]string, len(rules))
 			for i, r := range uncommented(rules) {
-				out[i] = iptableskernel.CanonicalRule(Rule(r))
+				out[i] = iptableskernel.CanonicalRule(iptableskernel.Rule(r))
 			}
 			return out
 		}
 		goodChains := 0
 		for key, rules := range restoreChains(firstSync(t, family, nfacct, badinput.Good())) {
 			_, chain, _ := strings.Cut(key, " ")
-			if !iptableskernel.IsServiceChain(Chain(chain)) {
+			if !iptableskernel.IsServiceChain(iptableskernel.Chain(chain)) {
 				continue
 			}
 			goodChains++
 			var have []string
-			for _, r := range saved[Chain(chain)] {
+			for _, r := range saved[iptableskernel.Chain(chain)] {
 				have = append(have, string(r))
 			}
 			if !slices.Equal(canonical(have), canonical(rules)) {

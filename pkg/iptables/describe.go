@@ -19,7 +19,7 @@ func (p *Syncer) Describe(v state.View, name state.ServicePortName) ([]proxy.Ker
 	}
 	rules := p.cfg.Params.ServiceRules(svc, sel)
 	// The endpoint chains are named by a hash: say where each leads.
-	endpoints := map[Chain]string{}
+	endpoints := map[iptableskernel.Chain]string{}
 	for _, ep := range sel.All {
 		endpoints[chainsFor(name).endpointChain(ep)] = ep.String()
 	}
@@ -33,7 +33,7 @@ func (p *Syncer) Describe(v state.View, name state.ServicePortName) ([]proxy.Ker
 			summary += ", to " + ep
 		}
 		objects = append(objects, proxy.KernelObject{
-			Kind: "chain", Name: string(TableNAT) + " " + string(c.Name), Summary: summary, Content: ruleTexts(c.Rules),
+			Kind: "chain", Name: string(iptableskernel.TableNAT) + " " + string(c.Name), Summary: summary, Content: ruleTexts(c.Rules),
 		})
 	}
 	for _, r := range rules.Shared {
@@ -51,14 +51,14 @@ func (p *Syncer) Describe(v state.View, name state.ServicePortName) ([]proxy.Ker
 func (p *Syncer) verify(rules ServiceRules) ([]string, error) {
 	var differences []string
 	for _, c := range rules.Chains {
-		have, err := p.cfg.Kernel.ListRules(string(TableNAT), string(c.Name))
+		have, err := p.cfg.Kernel.ListRules(string(iptableskernel.TableNAT), string(c.Name))
 		if err != nil {
 			differences = append(differences, fmt.Sprintf("nat chain %s is missing or unreadable: %v", c.Name, err))
 			continue
 		}
 		differences = append(differences, chainDifferences(c, asRules(have))...)
 	}
-	shared := map[SharedRule][]Rule{}
+	shared := map[SharedRule][]iptableskernel.Rule{}
 	for _, r := range rules.Shared {
 		chain := SharedRule{Table: r.Table, Chain: r.Chain}
 		have, listed := shared[chain]
@@ -79,19 +79,19 @@ func (p *Syncer) verify(rules ServiceRules) ([]string, error) {
 
 // chainDifferences lists how the kernel's rules of a chain differ from
 // the wanted ones, compared in canonical form.
-func chainDifferences(want OwnChain, have []Rule) []string {
-	return proxy.RuleDifferences(string(TableNAT)+" "+string(want.Name), want.Rules, have, iptableskernel.CanonicalRule)
+func chainDifferences(want iptableskernel.OwnChain, have []iptableskernel.Rule) []string {
+	return proxy.RuleDifferences(string(iptableskernel.TableNAT)+" "+string(want.Name), want.Rules, have, iptableskernel.CanonicalRule)
 }
 
-func asRules(lines []string) []Rule {
-	out := make([]Rule, len(lines))
+func asRules(lines []string) []iptableskernel.Rule {
+	out := make([]iptableskernel.Rule, len(lines))
 	for i, l := range lines {
-		out[i] = Rule(l)
+		out[i] = iptableskernel.Rule(l)
 	}
 	return out
 }
 
-func ruleTexts(rules []Rule) []string {
+func ruleTexts(rules []iptableskernel.Rule) []string {
 	out := make([]string, len(rules))
 	for i, r := range rules {
 		out[i] = string(r)
@@ -100,7 +100,7 @@ func ruleTexts(rules []Rule) []string {
 }
 
 // withoutComment is a rule without its comment, short enough for a table.
-func withoutComment(r Rule) string {
+func withoutComment(r iptableskernel.Rule) string {
 	args := iptableskernel.Args(r)
 	var out []string
 	for i := 0; i < len(args); i++ {

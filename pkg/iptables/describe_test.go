@@ -3,21 +3,23 @@ package iptables
 import (
 	"slices"
 	"testing"
+
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 )
 
 func TestChainDifferences(t *testing.T) {
-	want := OwnChain{Name: "KUBE-SEP-X", Rules: []Rule{`-m comment --comment "ns/a" -s 10.0.0.1/32 -j KUBE-MARK-MASQ`, "-p tcp -j DNAT --to-destination 10.0.0.1:80"}}
+	want := iptableskernel.OwnChain{Name: "KUBE-SEP-X", Rules: []iptableskernel.Rule{`-m comment --comment "ns/a" -s 10.0.0.1/32 -j KUBE-MARK-MASQ`, "-p tcp -j DNAT --to-destination 10.0.0.1:80"}}
 	cases := []struct {
 		name string
-		have []Rule
+		have []iptableskernel.Rule
 		want []string
 	}{
 		// iptables prints "-s 10.0.0.1" without the /32, and matches first.
-		{"the same rules as iptables prints them", []Rule{`-s 10.0.0.1 -m comment --comment "ns/a" -j KUBE-MARK-MASQ`, "-p tcp -j DNAT --to-destination 10.0.0.1:80"}, nil},
-		{"a rule deleted", []Rule{"-p tcp -j DNAT --to-destination 10.0.0.1:80"},
+		{"the same rules as iptables prints them", []iptableskernel.Rule{`-s 10.0.0.1 -m comment --comment "ns/a" -j KUBE-MARK-MASQ`, "-p tcp -j DNAT --to-destination 10.0.0.1:80"}, nil},
+		{"a rule deleted", []iptableskernel.Rule{"-p tcp -j DNAT --to-destination 10.0.0.1:80"},
 			[]string{`nat KUBE-SEP-X lacks: -m comment --comment "ns/a" -s 10.0.0.1/32 -j KUBE-MARK-MASQ`}},
 		{"a rule added", append(slices.Clone(want.Rules), "-j DROP"), []string{"nat KUBE-SEP-X has an unwanted rule: -j DROP"}},
-		{"the same rules in another order", []Rule{want.Rules[1], want.Rules[0]}, []string{"nat KUBE-SEP-X has its rules in another order"}},
+		{"the same rules in another order", []iptableskernel.Rule{want.Rules[1], want.Rules[0]}, []string{"nat KUBE-SEP-X has its rules in another order"}},
 	}
 	for _, tc := range cases {
 		if got := chainDifferences(want, tc.have); !slices.Equal(got, tc.want) {

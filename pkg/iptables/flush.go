@@ -18,9 +18,9 @@ const flushCheckInterval = time.Second
 // flushProbe is one thing a flush would remove: a rule in a chain, or,
 // with no rule, the chain itself.
 type flushProbe struct {
-	table Table
-	chain Chain
-	rule  Rule
+	table iptableskernel.Table
+	chain iptableskernel.Chain
+	rule  iptableskernel.Rule
 	// every is how many check intervals apart the probe runs.
 	every int
 	// verify: when another program changed the table, whatever the
@@ -39,12 +39,12 @@ type flushProbe struct {
 // whole table.
 func (p *Syncer) flushProbes() []flushProbe {
 	slow := max(1, int(p.cfg.SyncPeriod/flushCheckInterval))
-	probes := []flushProbe{{table: TableMangle, chain: chainCanary, every: slow}}
+	probes := []flushProbe{{table: iptableskernel.TableMangle, chain: chainCanary, every: slow}}
 	for _, j := range p.cfg.Params.StaticRules().Jumps {
 		switch {
-		case j.Table == TableFilter && j.From == "FORWARD" && iptableskernel.JumpTarget(string(j.Rule)) == chainForward:
+		case j.Table == iptableskernel.TableFilter && j.From == "FORWARD" && iptableskernel.JumpTarget(string(j.Rule)) == chainForward:
 			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: 1})
-		case j.Table == TableNAT && j.From == "PREROUTING":
+		case j.Table == iptableskernel.TableNAT && j.From == "PREROUTING":
 			probes = append(probes, flushProbe{table: j.Table, chain: j.From, rule: j.Rule, every: slow},
 				flushProbe{table: j.Table, every: 1, verify: true})
 		}
@@ -65,9 +65,9 @@ func (p *Syncer) flushed(probe flushProbe) bool {
 	if probe.rule == "" {
 		return false
 	}
-	have := make([]Rule, len(rules))
+	have := make([]iptableskernel.Rule, len(rules))
 	for i, r := range rules {
-		have[i] = Rule(r)
+		have[i] = iptableskernel.Rule(r)
 	}
 	return !iptableskernel.ContainsRule(have, probe.rule)
 }
@@ -165,7 +165,7 @@ func (w *flushWatch) check(tick int) (_ flushProbe, flushed, changed bool) {
 
 // generations reads each probe's table generation.
 func (w *flushWatch) generations() []iptableskernel.TableGeneration {
-	tables := make([]Table, len(w.probes))
+	tables := make([]iptableskernel.Table, len(w.probes))
 	for i, probe := range w.probes {
 		tables[i] = probe.table
 	}

@@ -10,13 +10,15 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 )
 
 // probeKernel answers each table's generation and lists chains with the
 // jumps our rules put there, unless the table was flushed.
 type probeKernel struct {
 	recordingKernel
-	jumps       []Jump
+	jumps       []iptableskernel.Jump
 	generations map[string]uint64
 	flushed     map[string]bool
 	listed      map[string]int
@@ -116,7 +118,7 @@ func TestFlushProbesRunOnlyWhenTheirTableChanged(t *testing.T) {
 	kernel.flushed["filter"] = true
 	kernel.generations["filter"]++
 	probe, flushed, _ := p.watch.check(2*slow + 2)
-	if !flushed || probe.table != TableFilter || probe.chain != "FORWARD" {
+	if !flushed || probe.table != iptableskernel.TableFilter || probe.chain != "FORWARD" {
 		t.Errorf("a filter flush: got %v %s/%s, want the FORWARD probe to fire", flushed, probe.table, probe.chain)
 	}
 }
@@ -178,7 +180,7 @@ func TestFlushProbesSkipTheChangesOfOurOwnSyncs(t *testing.T) {
 	feedService(p, 7)
 	sync(false)
 	probe, flushed := checkUntil(tick + slow)
-	if !flushed || probe.table != TableNAT || probe.chain != "PREROUTING" {
+	if !flushed || probe.table != iptableskernel.TableNAT || probe.chain != "PREROUTING" {
 		t.Errorf("a nat flush followed by a sync of ours: got %v %s/%s, want the PREROUTING probe to fire", flushed, probe.table, probe.chain)
 	}
 	kernel.flushed["nat"] = false

@@ -12,11 +12,10 @@ import (
 	"testing"
 	"time"
 
-	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
-
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/rapidproxy/rapidproxy/internal/badinput"
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
 )
 
@@ -41,7 +40,7 @@ func fuzzParams(t testing.TB, family v1.IPFamily, nfacct bool) Params {
 
 // objectsProxier is a proxier on kernel that has been given the objects
 // and told its caches are complete.
-func objectsProxier(t testing.TB, family v1.IPFamily, kernel Kernel, nfacct bool, objs ...badinput.Objects) testProxier {
+func objectsProxier(t testing.TB, family v1.IPFamily, kernel iptableskernel.Kernel, nfacct bool, objs ...badinput.Objects) testProxier {
 	t.Helper()
 	p := newProxier(Config{Family: family, Kernel: kernel, Params: fuzzParams(t, family, nfacct), SyncPeriod: time.Minute}, nodeName)
 	for _, o := range objs {
@@ -75,7 +74,7 @@ func firstSync(t testing.TB, family v1.IPFamily, nfacct bool, objs ...badinput.O
 func uncommented(rules []string) []string {
 	out := make([]string, len(rules))
 	for i, r := range rules {
-		out[i] = withoutComment(Rule(r))
+		out[i] = withoutComment(iptableskernel.Rule(r))
 	}
 	return out
 }
@@ -121,7 +120,7 @@ func malformedLines(family v1.IPFamily, input string) []string {
 			if line[1] == 'I' {
 				_, rule, _ = strings.Cut(rule, " ")
 			}
-			for _, problem := range ruleProblems(family, Rule(rule)) {
+			for _, problem := range ruleProblems(family, iptableskernel.Rule(rule)) {
 				bad = append(bad, what+": "+problem)
 			}
 		default:
@@ -135,9 +134,9 @@ func malformedLines(family v1.IPFamily, input string) []string {
 // not a fixed point, an address of the other family, a port out of range,
 // a comment over the 255 bytes xt_comment keeps, a probability or
 // affinity timeout iptables refuses.
-func ruleProblems(family v1.IPFamily, r Rule) []string {
+func ruleProblems(family v1.IPFamily, r iptableskernel.Rule) []string {
 	var bad []string
-	if c := iptableskernel.CanonicalRule(r); iptableskernel.CanonicalRule(Rule(c)) != c {
+	if c := iptableskernel.CanonicalRule(r); iptableskernel.CanonicalRule(iptableskernel.Rule(c)) != c {
 		bad = append(bad, "canonical form changes again: "+c)
 	}
 	args := iptableskernel.Args(r)
@@ -216,7 +215,7 @@ func missingGoodRules(good, input string) []string {
 	var missing []string
 	for key, rules := range restoreChains(good) {
 		table, chain, _ := strings.Cut(key, " ")
-		if iptableskernel.IsServiceChain(Chain(chain)) {
+		if iptableskernel.IsServiceChain(iptableskernel.Chain(chain)) {
 			if !slices.Equal(uncommented(have[key]), uncommented(rules)) {
 				missing = append(missing, fmt.Sprintf("%s %s differs", table, chain))
 			}
@@ -241,7 +240,7 @@ func missingGoodRules(good, input string) []string {
 func FuzzIPTablesSave(f *testing.F) {
 	// The built-in chains' rules are kept as text, the others' as
 	// fingerprints, as a full sync keeps them.
-	keep := func(_ Table, c Chain) iptableskernel.RuleKeeping {
+	keep := func(_ iptableskernel.Table, c iptableskernel.Chain) iptableskernel.RuleKeeping {
 		if iptableskernel.BuiltinChains[c] {
 			return iptableskernel.KeepRuleText
 		}
@@ -256,22 +255,22 @@ func FuzzIPTablesSave(f *testing.F) {
 			return
 		}
 		var canonical strings.Builder
-		declared := map[Table][]Chain{}
-		var table Table
+		declared := map[iptableskernel.Table][]iptableskernel.Chain{}
+		var table iptableskernel.Table
 		for _, line := range strings.Split(save, "\n") {
 			if chain, rule, ok := strings.Cut(strings.TrimPrefix(line, "-A "), " "); ok && strings.HasPrefix(line, "-A ") {
-				c := iptableskernel.CanonicalRule(Rule(rule))
-				if again := iptableskernel.CanonicalRule(Rule(c)); again != c {
+				c := iptableskernel.CanonicalRule(iptableskernel.Rule(rule))
+				if again := iptableskernel.CanonicalRule(iptableskernel.Rule(c)); again != c {
 					t.Fatalf("canonical form of %q changes again:\n %s\n %s", rule, c, again)
 				}
 				line = "-A " + chain + " " + c
 			}
 			if name, ok := strings.CutPrefix(line, "*"); ok {
-				table = Table(name)
+				table = iptableskernel.Table(name)
 			} else if name, _, ok := strings.Cut(strings.TrimPrefix(line, ":"), " "); ok && strings.HasPrefix(line, ":") {
 				// Chains declared before any table are not read.
 				if _, read := tables[table]; read {
-					declared[table] = append(declared[table], Chain(name))
+					declared[table] = append(declared[table], iptableskernel.Chain(name))
 				}
 			}
 			canonical.WriteString(line + "\n")

@@ -121,7 +121,7 @@ func TestForeignChangesToOurChainsAreRepairedAndCounted(t *testing.T) {
 
 // listingKernel counts the chain listings per table.
 type listingKernel struct {
-	Kernel
+	iptableskernel.Kernel
 	listed map[string]int
 }
 

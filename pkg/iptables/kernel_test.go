@@ -41,7 +41,7 @@ func runInNetns(t *testing.T) (inner bool) {
 
 // countingKernel counts what a sync asks of the kernel.
 type countingKernel struct {
-	Kernel
+	iptableskernel.Kernel
 	restores      int
 	chainsWritten int
 	saves         int
@@ -89,7 +89,7 @@ func newProxier(cfg Config, nodeName string) testProxier {
 
 func (p testProxier) sync() error { return p.SyncOnce() }
 
-func newTestProxier(t testing.TB, kernel Kernel) testProxier {
+func newTestProxier(t testing.TB, kernel iptableskernel.Kernel) testProxier {
 	t.Helper()
 	detector, err := localdetect.New(localdetect.Settings{Mode: "ClusterCIDR", CIDRs: []string{"10.244.0.0/16"}}, v1.IPv4Protocol)
 	if err != nil {
@@ -164,7 +164,7 @@ func feedClusterIPs(p testProxier, n, endpoints int) {
 func ptr[T any](v T) *T { return &v }
 
 // savedText is iptables-save output of every table, whole, for checks.
-func savedText(t *testing.T, k Kernel) string {
+func savedText(t *testing.T, k iptableskernel.Kernel) string {
 	t.Helper()
 	var text strings.Builder
 	if err := k.Save(func(save io.Reader) error {
@@ -178,7 +178,7 @@ func savedText(t *testing.T, k Kernel) string {
 
 // syncedProxier is a proxier that has synced n services into this
 // namespace's kernel with the backend chosen for the run.
-func syncedProxier(t *testing.T, n int) (testProxier, Kernel, iptableskernel.Backend) {
+func syncedProxier(t *testing.T, n int) (testProxier, iptableskernel.Kernel, iptableskernel.Backend) {
 	t.Helper()
 	backend, _, err := iptableskernel.DetectBackend()
 	if err != nil {
@@ -396,7 +396,7 @@ func TestNFAcctCountersOnTheRealKernel(t *testing.T) {
 	} else {
 		metrics.ServeNFAcctCounters()
 	}
-	start := func(kernel Kernel) testProxier {
+	start := func(kernel iptableskernel.Kernel) testProxier {
 		p := newTestProxier(t, kernel)
 		p.Syncer.cfg.Params.NFAcct = nfacctErr == nil
 		feed(p, 3)

@@ -12,51 +12,34 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
-// The kernel objects the mode writes, named as its own: they are
-// internal/iptables's, which the IPVS mode writes its chains with too.
-type (
-	Chain    = iptableskernel.Chain
-	Table    = iptableskernel.Table
-	Rule     = iptableskernel.Rule
-	OwnChain = iptableskernel.OwnChain
-	Jump     = iptableskernel.Jump
-	Kernel   = iptableskernel.Kernel
-)
-
-const (
-	TableFilter = iptableskernel.TableFilter
-	TableNAT    = iptableskernel.TableNAT
-	TableMangle = iptableskernel.TableMangle
-)
-
 // Chains shared by all services, named as upstream so that a node can move
 // between upstream kube-proxy and this project in either direction.
 const (
-	chainServices         Chain = "KUBE-SERVICES"
-	chainExternalServices Chain = "KUBE-EXTERNAL-SERVICES"
-	chainNodePorts        Chain = "KUBE-NODEPORTS"
-	chainPostrouting      Chain = "KUBE-POSTROUTING"
-	chainMarkMasq         Chain = "KUBE-MARK-MASQ"
-	chainForward          Chain = "KUBE-FORWARD"
-	chainProxyFirewall    Chain = "KUBE-PROXY-FIREWALL"
-	chainCanary           Chain = "KUBE-PROXY-CANARY"
-	chainLocalnetGuard    Chain = "KUBE-FIREWALL"
+	chainServices         iptableskernel.Chain = "KUBE-SERVICES"
+	chainExternalServices iptableskernel.Chain = "KUBE-EXTERNAL-SERVICES"
+	chainNodePorts        iptableskernel.Chain = "KUBE-NODEPORTS"
+	chainPostrouting      iptableskernel.Chain = "KUBE-POSTROUTING"
+	chainMarkMasq         iptableskernel.Chain = "KUBE-MARK-MASQ"
+	chainForward          iptableskernel.Chain = "KUBE-FORWARD"
+	chainProxyFirewall    iptableskernel.Chain = "KUBE-PROXY-FIREWALL"
+	chainCanary           iptableskernel.Chain = "KUBE-PROXY-CANARY"
+	chainLocalnetGuard    iptableskernel.Chain = "KUBE-FIREWALL"
 )
 
 // hashedChain is prefix and the first 16 characters of base32(sum) (of
 // 10 bytes, exactly), where sum is sha256 of the chain's key: upstream's
 // per-service chain names, made in one allocation (a full sync names
 // every chain of every service port).
-func hashedChain(prefix string, sum *[sha256.Size]byte) Chain {
+func hashedChain(prefix string, sum *[sha256.Size]byte) iptableskernel.Chain {
 	var name [32]byte
 	n := copy(name[:], prefix)
 	base32.StdEncoding.Encode(name[n:n+16], sum[:10])
-	return Chain(name[:n+16])
+	return iptableskernel.Chain(name[:n+16])
 }
 
 // serviceChains are the names of one service port's chains.
 type serviceChains struct {
-	cluster, local, external, firewall Chain
+	cluster, local, external, firewall iptableskernel.Chain
 	// key is "ns/name:port" + lowercase protocol, the hash input.
 	key string
 }
@@ -80,7 +63,7 @@ func chainsFor(name state.ServicePortName) serviceChains {
 
 // endpointChain is the KUBE-SEP chain of one endpoint of a service port:
 // the hash of the key and the endpoint's "ip:port".
-func (c serviceChains) endpointChain(ep *state.Endpoint) Chain {
+func (c serviceChains) endpointChain(ep *state.Endpoint) iptableskernel.Chain {
 	var buf [192]byte
 	sum := sha256.Sum256(ep.AddrPort().AppendTo(append(buf[:0], c.key...)))
 	return hashedChain(iptableskernel.PrefixEndpoint, &sum)

@@ -10,7 +10,7 @@ import (
 
 // addShared writes a service's rule into a shared chain.
 func addShared(in *iptableskernel.RestoreInput, r SharedRule) {
-	if r.Table == TableNAT && r.Chain == chainServices {
+	if r.Table == iptableskernel.TableNAT && r.Chain == chainServices {
 		// Ahead of the NodePort jump that must stay last.
 		in.InsertFirst(r.Table, r.Chain, r.Rule)
 		return
@@ -31,7 +31,7 @@ type appliedService struct {
 }
 
 type appliedChain struct {
-	name Chain
+	name iptableskernel.Chain
 	// fingerprint is of the rules' text as generated: it is compared with
 	// the next generation only, never with what the kernel prints.
 	fingerprint uint64
@@ -48,10 +48,10 @@ func summarize(r ServiceRules) appliedService {
 }
 
 // ruleCounts counts the rules per table.
-func (a appliedService) ruleCounts() map[Table]int {
-	counts := map[Table]int{}
+func (a appliedService) ruleCounts() map[iptableskernel.Table]int {
+	counts := map[iptableskernel.Table]int{}
 	for _, c := range a.chains {
-		counts[TableNAT] += c.rules
+		counts[iptableskernel.TableNAT] += c.rules
 	}
 	for _, s := range a.shared {
 		counts[s.Table]++
@@ -63,20 +63,20 @@ func (a appliedService) ruleCounts() map[Table]int {
 // only its changed chains are rewritten, and only its changed shared rules
 // are deleted or inserted.
 func diffService(in *iptableskernel.RestoreInput, old, updated appliedService, rules ServiceRules) {
-	oldChains := make(map[Chain]uint64, len(old.chains))
+	oldChains := make(map[iptableskernel.Chain]uint64, len(old.chains))
 	for _, c := range old.chains {
 		oldChains[c.name] = c.fingerprint
 	}
-	kept := make(map[Chain]bool, len(updated.chains))
+	kept := make(map[iptableskernel.Chain]bool, len(updated.chains))
 	for i, c := range updated.chains {
 		kept[c.name] = true
 		if fp, ok := oldChains[c.name]; !ok || fp != c.fingerprint {
-			in.WriteChain(TableNAT, rules.Chains[i])
+			in.WriteChain(iptableskernel.TableNAT, rules.Chains[i])
 		}
 	}
 	for _, c := range old.chains {
 		if !kept[c.name] {
-			in.DeleteChain(TableNAT, c.name)
+			in.DeleteChain(iptableskernel.TableNAT, c.name)
 		}
 	}
 	oldShared := countRules(old.shared)
@@ -108,7 +108,7 @@ func diffService(in *iptableskernel.RestoreInput, old, updated appliedService, r
 // match before the general one). So a rule that want has ahead of a rule
 // kept goes to the top, those together in want's order, and the others
 // are appended.
-func diffSharedChain(in *iptableskernel.RestoreInput, t Table, current []uint64, want OwnChain, tail int) (remove []uint64) {
+func diffSharedChain(in *iptableskernel.RestoreInput, t iptableskernel.Table, current []uint64, want iptableskernel.OwnChain, tail int) (remove []uint64) {
 	if len(current) < tail || !sameRules(current[len(current)-tail:], want.Rules[len(want.Rules)-tail:]) {
 		in.WriteChain(t, want)
 		return nil
@@ -149,7 +149,7 @@ func diffSharedChain(in *iptableskernel.RestoreInput, t Table, current []uint64,
 }
 
 // sameRules tells whether the rules of these fingerprints are rules.
-func sameRules(fingerprints []uint64, rules []Rule) bool {
+func sameRules(fingerprints []uint64, rules []iptableskernel.Rule) bool {
 	if len(fingerprints) != len(rules) {
 		return false
 	}
@@ -174,7 +174,7 @@ func countRules(rules []SharedRule) map[SharedRule]int {
 // KUBE-MARK-MASQ), about one per rule, since those rules jump to the
 // service's other chains. iptables-nft-restore's cost grows with the square
 // of the distinct chain names in one input, jump targets included.
-func chainRefs(c OwnChain) int {
+func chainRefs(c iptableskernel.OwnChain) int {
 	if chainLevel(c.Name) == 0 {
 		return 1
 	}
@@ -185,7 +185,7 @@ func chainRefs(c OwnChain) int {
 // each level only jumps to chains of lower levels, so writing level by
 // level never leaves a jump to a chain that is not complete yet. Above
 // them all, sharedLevel holds the service rules of new shared chains.
-func chainLevel(c Chain) int {
+func chainLevel(c iptableskernel.Chain) int {
 	switch {
 	case strings.HasPrefix(string(c), iptableskernel.PrefixEndpoint):
 		return 0
@@ -234,7 +234,7 @@ type fullSyncWriter struct {
 	refs    [sharedLevel + 1]int
 
 	// Unsplit: the service chains to declare and their rules.
-	declared []Chain
+	declared []iptableskernel.Chain
 	held     *iptableskernel.RestoreInput
 }
 
@@ -249,18 +249,18 @@ func newFullSyncWriter(restore func(io.Reader) error, size int, fixed *iptablesk
 }
 
 // addService takes the chains of one service that need writing.
-func (w *fullSyncWriter) addService(chains []OwnChain) error {
+func (w *fullSyncWriter) addService(chains []iptableskernel.OwnChain) error {
 	if w.size <= 0 {
 		for _, c := range chains {
 			w.declared = append(w.declared, c.Name)
-			w.held.AppendChainRules(TableNAT, c)
+			w.held.AppendChainRules(iptableskernel.TableNAT, c)
 		}
 		return nil
 	}
 	full := -1
 	for _, c := range chains {
 		level := chainLevel(c.Name)
-		w.level(level).WriteChain(TableNAT, c)
+		w.level(level).WriteChain(iptableskernel.TableNAT, c)
 		w.refs[level] += chainRefs(c)
 		if w.refs[level] >= w.size {
 			full = max(full, level)
@@ -274,7 +274,7 @@ func (w *fullSyncWriter) addService(chains []OwnChain) error {
 // after every service chain, and the tail to the final input, where the
 // chain it jumps to (KUBE-NODEPORTS) is written; unsplit, all of it goes
 // to the final input.
-func (w *fullSyncWriter) addNewSharedChain(t Table, c OwnChain, tail int, final *iptableskernel.RestoreInput) error {
+func (w *fullSyncWriter) addNewSharedChain(t iptableskernel.Table, c iptableskernel.OwnChain, tail int, final *iptableskernel.RestoreInput) error {
 	head := c.Rules[:len(c.Rules)-tail]
 	if w.size <= 0 || len(head) == 0 {
 		final.WriteChain(t, c)
@@ -282,7 +282,7 @@ func (w *fullSyncWriter) addNewSharedChain(t Table, c OwnChain, tail int, final 
 	}
 	for i := 0; i < len(head); {
 		n := min(len(head)-i, w.size-w.refs[sharedLevel])
-		part := OwnChain{Name: c.Name, Rules: head[i : i+n]}
+		part := iptableskernel.OwnChain{Name: c.Name, Rules: head[i : i+n]}
 		if i == 0 {
 			w.level(sharedLevel).WriteChain(t, part)
 		} else {
@@ -295,7 +295,7 @@ func (w *fullSyncWriter) addNewSharedChain(t Table, c OwnChain, tail int, final 
 			}
 		}
 	}
-	final.AppendChainRules(t, OwnChain{Name: c.Name, Rules: c.Rules[len(head):]})
+	final.AppendChainRules(t, iptableskernel.OwnChain{Name: c.Name, Rules: c.Rules[len(head):]})
 	return nil
 }
 
@@ -330,9 +330,9 @@ func (w *fullSyncWriter) finish(final *iptableskernel.RestoreInput) error {
 		}
 		return w.restore(final.Reader())
 	}
-	slices.SortFunc(w.declared, func(a, b Chain) int { return strings.Compare(string(b), string(a)) })
+	slices.SortFunc(w.declared, func(a, b iptableskernel.Chain) int { return strings.Compare(string(b), string(a)) })
 	for _, c := range w.declared {
-		w.held.DeclareChain(TableNAT, c)
+		w.held.DeclareChain(iptableskernel.TableNAT, c)
 	}
 	w.declared = nil
 	in := iptableskernel.JoinInputs(w.fixed, w.held, final)

@@ -12,11 +12,10 @@ import (
 
 	"github.com/rapidproxy/rapidproxy/internal/iptables/iptablestest"
 
-	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
-
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
@@ -122,7 +121,7 @@ func TestUnsplitFullSyncDeclaresServiceChainsInDescendingOrder(t *testing.T) {
 // nfacct, which hold the general rule already, puts it at the top.
 func TestCountedLocalhostNodePortRuleGoesFirst(t *testing.T) {
 	params := Params{MasqueradeBit: 14, LocalhostNodePorts: true, NFAcct: true}
-	var want []Rule
+	var want []iptableskernel.Rule
 	var rules []ServiceRules
 	for i, name := range []string{"a", "b"} {
 		svc := &state.ServicePort{Name: state.ServicePortName{NamespacedName: types.NamespacedName{Namespace: "ns", Name: name}, Port: "p", Protocol: v1.ProtocolTCP},
@@ -131,7 +130,7 @@ func TestCountedLocalhostNodePortRuleGoesFirst(t *testing.T) {
 		r := params.ServiceRules(svc, state.Select(svc, eps, state.Node{Name: "node-1"}))
 		rules = append(rules, r)
 		for _, s := range r.Shared {
-			if s.Table == TableNAT && s.Chain == chainNodePorts {
+			if s.Table == iptableskernel.TableNAT && s.Chain == chainNodePorts {
 				want = append(want, s.Rule)
 			}
 		}
@@ -147,26 +146,26 @@ func TestCountedLocalhostNodePortRuleGoesFirst(t *testing.T) {
 	}
 
 	full := iptableskernel.NewRestoreInput()
-	diffSharedChain(full, TableNAT, fingerprintsOf(want[1], want[3]), OwnChain{Name: chainNodePorts, Rules: want}, 0)
+	diffSharedChain(full, iptableskernel.TableNAT, fingerprintsOf(want[1], want[3]), iptableskernel.OwnChain{Name: chainNodePorts, Rules: want}, 0)
 	if got, expect := full.String(), "*nat\n-I KUBE-NODEPORTS 1 "+string(want[2])+"\n-I KUBE-NODEPORTS 1 "+string(want[0])+"\nCOMMIT\n"; got != expect {
 		t.Errorf("a full sync over the general rules writes:\n%s\nwant:\n%s", got, expect)
 	}
 	// A new service after those in place is appended, in order.
 	full = iptableskernel.NewRestoreInput()
-	diffSharedChain(full, TableNAT, fingerprintsOf(want[:2]...), OwnChain{Name: chainNodePorts, Rules: want}, 0)
+	diffSharedChain(full, iptableskernel.TableNAT, fingerprintsOf(want[:2]...), iptableskernel.OwnChain{Name: chainNodePorts, Rules: want}, 0)
 	if got, expect := full.String(), "*nat\n-A KUBE-NODEPORTS "+string(want[2])+"\n-A KUBE-NODEPORTS "+string(want[3])+"\nCOMMIT\n"; got != expect {
 		t.Errorf("a full sync adding a service writes:\n%s\nwant:\n%s", got, expect)
 	}
 	// One before them goes to the top, in order.
 	full = iptableskernel.NewRestoreInput()
-	diffSharedChain(full, TableNAT, fingerprintsOf(want[2:]...), OwnChain{Name: chainNodePorts, Rules: want}, 0)
+	diffSharedChain(full, iptableskernel.TableNAT, fingerprintsOf(want[2:]...), iptableskernel.OwnChain{Name: chainNodePorts, Rules: want}, 0)
 	if got, expect := full.String(), "*nat\n-I KUBE-NODEPORTS 1 "+string(want[1])+"\n-I KUBE-NODEPORTS 1 "+string(want[0])+"\nCOMMIT\n"; got != expect {
 		t.Errorf("a full sync adding a service ahead of the others writes:\n%s\nwant:\n%s", got, expect)
 	}
 }
 
 // fingerprintsOf is what a full sync keeps of a shared chain's rules.
-func fingerprintsOf(rules ...Rule) []uint64 {
+func fingerprintsOf(rules ...iptableskernel.Rule) []uint64 {
 	out := make([]uint64, len(rules))
 	for i, r := range rules {
 		out[i] = iptableskernel.RuleFingerprint(r)
@@ -181,12 +180,12 @@ func TestFullSyncDeletesSharedRulesAsTheKernelListsThem(t *testing.T) {
 	p := newTestProxier(t, nil)
 	var save strings.Builder
 	save.WriteString("*nat\n")
-	for _, c := range p.cfg.Params.StaticRules().Shared[TableNAT] {
+	for _, c := range p.cfg.Params.StaticRules().Shared[iptableskernel.TableNAT] {
 		save.WriteString(":" + string(c.Name) + " - [0:0]\n")
 	}
 	gone := `-d 10.96.0.99/32 -p tcp -m comment --comment "ns/gone:p cluster IP" -m tcp --dport 80 -j KUBE-SVC-GONE`
 	save.WriteString("-A KUBE-SERVICES " + gone + "\n")
-	for _, c := range p.cfg.Params.StaticRules().Shared[TableNAT] {
+	for _, c := range p.cfg.Params.StaticRules().Shared[iptableskernel.TableNAT] {
 		for _, r := range c.Rules {
 			save.WriteString("-A " + string(c.Name) + " " + string(r) + "\n")
 		}

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -23,7 +24,7 @@ import (
 // Config are the iptables mode's inputs.
 type Config struct {
 	Family v1.IPFamily
-	Kernel Kernel
+	Kernel iptableskernel.Kernel
 	Params Params
 	// SyncPeriod paces the slower flush probes.
 	SyncPeriod time.Duration
@@ -43,14 +44,14 @@ type Config struct {
 // best.
 const ChainRefsPerRestoreNFT = 1000
 
-// The core finds a mode's optional capabilities by type assertion: these
-// make a renamed method a compile error instead of a capability silently
-// switched off.
+// The optional capabilities of the mode contract (pkg/proxy/mode.go) this
+// mode has.
 var (
-	_ proxy.Describer = (*Syncer)(nil)
-	_ proxy.Preparer  = (*Syncer)(nil)
-	_ proxy.Prober    = (*Syncer)(nil)
-	_ proxy.Tracer    = (*Syncer)(nil)
+	_ proxy.Describer      = (*Syncer)(nil)
+	_ proxy.Preparer       = (*Syncer)(nil)
+	_ proxy.Prober         = (*Syncer)(nil)
+	_ proxy.Tracer         = (*Syncer)(nil)
+	_ proxy.FailureCounter = (*Syncer)(nil)
 )
 
 // Syncer is the iptables mode for one IP family: the proxy core hands it
@@ -61,7 +62,7 @@ type Syncer struct {
 	state state.View
 	// applied is what each service port has in the kernel now.
 	applied    map[state.ServicePortName]appliedService
-	ruleCounts map[Table]int
+	ruleCounts map[iptableskernel.Table]int
 	watch      *flushWatch
 
 	// written is true once a full sync has written everything and no
@@ -80,7 +81,7 @@ type Syncer struct {
 	// rewritten names (the first few) the chains a full sync found
 	// differing in the kernel; repairs counts those it had written
 	// before, as they are: another program changed them.
-	rewritten []Chain
+	rewritten []iptableskernel.Chain
 	repairs   int
 }
 
@@ -89,7 +90,7 @@ func New(cfg Config) *Syncer {
 	p := &Syncer{
 		cfg:        cfg,
 		applied:    map[state.ServicePortName]appliedService{},
-		ruleCounts: map[Table]int{},
+		ruleCounts: map[iptableskernel.Table]int{},
 	}
 	p.watch = p.newFlushWatch()
 	// Served from the start, at zero: a counter that first appears at 1
@@ -109,11 +110,7 @@ func (p *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]boo
 	if len(changed) > 0 && p.largeCluster() != p.cfg.Params.LargeCluster {
 		return proxy.ErrFullSyncNeeded
 	}
-	if err := p.partialSync(changed); err != nil {
-		metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
-		return err
-	}
-	return nil
+	return p.partialSync(changed)
 }
 
 // FullSync brings every rule in line, whatever the kernel holds.
@@ -124,7 +121,7 @@ func (p *Syncer) FullSync(v state.View) error {
 	// and a restore of the rules that count in them would fail.
 	if p.cfg.Params.NFAcct && p.cfg.EnsureNFAcct != nil {
 		if err := p.cfg.EnsureNFAcct(); err != nil {
-			return fmt.Errorf("nfacct objects: %w", err)
+			return fmt.Errorf("%w: %w", errNFAcct, err)
 		}
 	}
 	p.writtenMu.Lock()
@@ -137,7 +134,6 @@ func (p *Syncer) FullSync(v state.View) error {
 	p.written = err == nil
 	p.writtenMu.Unlock()
 	if err != nil {
-		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
 		return err
 	}
 	if p.repairs > 0 {
@@ -147,9 +143,26 @@ func (p *Syncer) FullSync(v state.View) error {
 	return nil
 }
 
+// errNFAcct is a full sync stopped before its restore: the nfacct
+// objects could not be made.
+var errNFAcct = errors.New("nfacct objects")
+
+// CountFailure counts a failed sync as upstream's iptables mode does: a
+// failed restore, partial or full; a full sync the nfacct objects stopped
+// wrote nothing.
+func (p *Syncer) CountFailure(full bool, err error) {
+	family := string(p.cfg.Family)
+	switch {
+	case !full:
+		metrics.IPTablesPartialRestoreFailuresTotal.WithLabelValues(family).Inc()
+	case !errors.Is(err, errNFAcct):
+		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(family).Inc()
+	}
+}
+
 // noteRewritten records that a full sync rewrites a chain, and whether
 // that repairs another program's change.
-func (p *Syncer) noteRewritten(c Chain, repair bool) {
+func (p *Syncer) noteRewritten(c iptableskernel.Chain, repair bool) {
 	if len(p.rewritten) < 10 {
 		p.rewritten = append(p.rewritten, c)
 	}
@@ -226,7 +239,7 @@ func (p *Syncer) fullSync(verifying bool) error {
 	fixed := iptableskernel.NewRestoreInput()
 	for _, t := range iptableskernel.KubeTables {
 		if !kernel[t].Has(chainCanary) {
-			fixed.WriteChain(t, OwnChain{Name: chainCanary})
+			fixed.WriteChain(t, iptableskernel.OwnChain{Name: chainCanary})
 			p.noteRewritten(chainCanary, verifying)
 		}
 	}
@@ -249,13 +262,13 @@ func (p *Syncer) fullSync(verifying bool) error {
 		rules, _ := p.rulesFor(name)
 		desired[name] = summarize(rules)
 		shared = append(shared, rules.Shared)
-		var differ []OwnChain
+		var differ []iptableskernel.OwnChain
 		for i, c := range rules.Chains {
-			if !kernel[TableNAT].Holds(c) {
+			if !kernel[iptableskernel.TableNAT].Holds(c) {
 				differ = append(differ, c)
 				p.noteRewritten(c.Name, slices.Contains(p.applied[name].chains, desired[name].chains[i]))
 			}
-			kernel[TableNAT].Claim(c.Name)
+			kernel[iptableskernel.TableNAT].Claim(c.Name)
 		}
 		if err := writer.addService(differ); err != nil {
 			return err
@@ -264,7 +277,7 @@ func (p *Syncer) fullSync(verifying bool) error {
 
 	// Read before the shared chains are gathered, the sync's peak, since
 	// it drops the index of service chains.
-	stale, err := kernel[TableNAT].ServiceChainNames(p.cfg.Kernel, TableNAT)
+	stale, err := kernel[iptableskernel.TableNAT].ServiceChainNames(p.cfg.Kernel, iptableskernel.TableNAT)
 	if err != nil {
 		return err
 	}
@@ -290,7 +303,7 @@ func (p *Syncer) fullSync(verifying bool) error {
 		}
 	}
 	for _, c := range stale {
-		final.DeleteChain(TableNAT, c)
+		final.DeleteChain(iptableskernel.TableNAT, c)
 	}
 	for _, j := range static.Jumps {
 		if !iptableskernel.ContainsRule(kernel[j.Table].Rules(j.From), j.Rule) {
@@ -313,7 +326,7 @@ func (p *Syncer) fullSync(verifying bool) error {
 	p.applied = desired
 	p.countAllRules(static)
 	family := string(p.cfg.Family)
-	for _, t := range []Table{TableFilter, TableNAT} {
+	for _, t := range []iptableskernel.Table{iptableskernel.TableFilter, iptableskernel.TableNAT} {
 		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
 		metrics.IPTablesRulesLastSync.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
 	}
@@ -333,20 +346,20 @@ func (p *Syncer) serviceOrder() []*state.ServicePort {
 
 // sharedChainContents gathers the services' rules into the shared chains,
 // ahead of each chain's fixed tail (the NodePort jump must stay last).
-func sharedChainContents(static StaticRules, services [][]SharedRule) map[Table][]OwnChain {
-	gathered := map[Table]map[Chain][]Rule{}
+func sharedChainContents(static StaticRules, services [][]SharedRule) map[iptableskernel.Table][]iptableskernel.OwnChain {
+	gathered := map[iptableskernel.Table]map[iptableskernel.Chain][]iptableskernel.Rule{}
 	for _, rules := range services {
 		for _, r := range rules {
 			if gathered[r.Table] == nil {
-				gathered[r.Table] = map[Chain][]Rule{}
+				gathered[r.Table] = map[iptableskernel.Chain][]iptableskernel.Rule{}
 			}
 			gathered[r.Table][r.Chain] = append(gathered[r.Table][r.Chain], r.Rule)
 		}
 	}
-	out := map[Table][]OwnChain{}
+	out := map[iptableskernel.Table][]iptableskernel.OwnChain{}
 	for t, chains := range static.Shared {
 		for _, c := range chains {
-			out[t] = append(out[t], OwnChain{Name: c.Name, Rules: append(gathered[t][c.Name], c.Rules...)})
+			out[t] = append(out[t], iptableskernel.OwnChain{Name: c.Name, Rules: append(gathered[t][c.Name], c.Rules...)})
 		}
 	}
 	return out
@@ -365,7 +378,7 @@ func (p *Syncer) Prepare() {
 // readKernel reads the three tables kube-proxy writes to, keeping the
 // rules of the shared and built-in chains, or takes what Prepare read if
 // the tables have not changed since.
-func (p *Syncer) readKernel() (map[Table]iptableskernel.KernelTable, error) {
+func (p *Syncer) readKernel() (map[iptableskernel.Table]iptableskernel.KernelTable, error) {
 	before := p.watch.generations()
 	prepared := p.prepared
 	p.prepared = nil
@@ -382,8 +395,8 @@ func (p *Syncer) readKernel() (map[Table]iptableskernel.KernelTable, error) {
 }
 
 // saveKernel reads every table with what a full sync keeps of its chains.
-func (p *Syncer) saveKernel() (map[Table]iptableskernel.KernelTable, error) {
-	return iptableskernel.SaveTables(p.cfg.Kernel, func(t Table, c Chain) iptableskernel.RuleKeeping {
+func (p *Syncer) saveKernel() (map[iptableskernel.Table]iptableskernel.KernelTable, error) {
+	return iptableskernel.SaveTables(p.cfg.Kernel, func(t iptableskernel.Table, c iptableskernel.Chain) iptableskernel.RuleKeeping {
 		switch {
 		case iptableskernel.BuiltinChains[c]:
 			return iptableskernel.KeepRuleText
@@ -398,7 +411,7 @@ func (p *Syncer) saveKernel() (map[Table]iptableskernel.KernelTable, error) {
 // these fingerprints: a full sync keeps only fingerprints of those chains'
 // rules, so the chain is listed again for the text of the rules to
 // delete (none on a restart over rules in place).
-func (p *Syncer) removeKernelRules(in *iptableskernel.RestoreInput, t Table, c Chain, remove []uint64) error {
+func (p *Syncer) removeKernelRules(in *iptableskernel.RestoreInput, t iptableskernel.Table, c iptableskernel.Chain, remove []uint64) error {
 	if len(remove) == 0 {
 		return nil
 	}
@@ -411,9 +424,9 @@ func (p *Syncer) removeKernelRules(in *iptableskernel.RestoreInput, t Table, c C
 		left[fp]++
 	}
 	for _, r := range rules {
-		if fp := iptableskernel.RuleFingerprint(Rule(r)); left[fp] > 0 {
+		if fp := iptableskernel.RuleFingerprint(iptableskernel.Rule(r)); left[fp] > 0 {
 			left[fp]--
-			in.DeleteRule(t, c, Rule(r))
+			in.DeleteRule(t, c, iptableskernel.Rule(r))
 		}
 	}
 	return nil
@@ -434,13 +447,13 @@ func (p *Syncer) setApplied(name state.ServicePortName, applied appliedService) 
 }
 
 func (p *Syncer) countAllRules(static StaticRules) {
-	p.ruleCounts = map[Table]int{}
+	p.ruleCounts = map[iptableskernel.Table]int{}
 	for _, applied := range p.applied {
 		for t, n := range applied.ruleCounts() {
 			p.ruleCounts[t] += n
 		}
 	}
-	for _, group := range []map[Table][]OwnChain{static.Chains, static.Shared} {
+	for _, group := range []map[iptableskernel.Table][]iptableskernel.OwnChain{static.Chains, static.Shared} {
 		for t, chains := range group {
 			for _, c := range chains {
 				p.ruleCounts[t] += len(c.Rules)
@@ -452,7 +465,7 @@ func (p *Syncer) countAllRules(static StaticRules) {
 func (p *Syncer) reportRuleCounts(in *iptableskernel.RestoreInput) {
 	family := string(p.cfg.Family)
 	written := in.Counts()
-	for _, t := range []Table{TableFilter, TableNAT} {
+	for _, t := range []iptableskernel.Table{iptableskernel.TableFilter, iptableskernel.TableNAT} {
 		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
 		metrics.IPTablesRulesLastSync.WithLabelValues(string(t), family).Set(float64(written[t]))
 	}

@@ -8,11 +8,10 @@ import (
 	"strings"
 	"testing"
 
-	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
-
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
@@ -66,7 +65,7 @@ func TestGeneratedRulesSurviveARoundTripThroughTheKernel(t *testing.T) {
 	}
 }
 
-func joinRules(rules []Rule) string {
+func joinRules(rules []iptableskernel.Rule) string {
 	var b strings.Builder
 	for _, r := range rules {
 		b.WriteString("  " + string(r) + "\n")
@@ -74,13 +73,13 @@ func joinRules(rules []Rule) string {
 	return b.String()
 }
 
-func savedChains(t *testing.T, save string) map[Chain][]Rule {
+func savedChains(t *testing.T, save string) map[iptableskernel.Chain][]iptableskernel.Rule {
 	t.Helper()
-	out := map[Chain][]Rule{}
+	out := map[iptableskernel.Chain][]iptableskernel.Rule{}
 	sc := bufio.NewScanner(strings.NewReader(save))
 	for sc.Scan() {
 		if chain, rest, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "-A "), " "); ok && strings.HasPrefix(sc.Text(), "-A ") {
-			out[Chain(chain)] = append(out[Chain(chain)], Rule(rest))
+			out[iptableskernel.Chain(chain)] = append(out[iptableskernel.Chain(chain)], iptableskernel.Rule(rest))
 		}
 	}
 	return out
@@ -89,7 +88,7 @@ func savedChains(t *testing.T, save string) map[Chain][]Rule {
 // sampleRuleSet exercises every kind of rule the generator writes: static
 // chains, and services with each feature, their shared rules gathered
 // into the shared chains; with nfacct, the rules that count packets.
-func sampleRuleSet(t *testing.T, family v1.IPFamily, nfacct bool) map[Table][]OwnChain {
+func sampleRuleSet(t *testing.T, family v1.IPFamily, nfacct bool) map[iptableskernel.Table][]iptableskernel.OwnChain {
 	t.Helper()
 	v6 := family == v1.IPv6Protocol
 	addr := func(v4, v6addr string) netip.Addr {
@@ -109,7 +108,7 @@ func sampleRuleSet(t *testing.T, family v1.IPFamily, nfacct bool) map[Table][]Ow
 	params := Params{IPv6: v6, MasqueradeBit: 14, LocalhostNodePorts: true, LocalDetector: detector,
 		NodeIP: addr("10.255.0.2", "fd00:255::2"), NFAcct: nfacct}
 	static := params.StaticRules()
-	chains := map[Table][]OwnChain{}
+	chains := map[iptableskernel.Table][]iptableskernel.OwnChain{}
 	for table, cs := range static.Chains {
 		chains[table] = append(chains[table], cs...)
 	}
@@ -136,7 +135,7 @@ func sampleRuleSet(t *testing.T, family v1.IPFamily, nfacct bool) map[Table][]Ow
 			eps = nil // no endpoints: REJECT rules
 		}
 		rules := params.ServiceRules(svc, state.Select(svc, eps, state.Node{Name: "node-1"}))
-		chains[TableNAT] = append(chains[TableNAT], rules.Chains...)
+		chains[iptableskernel.TableNAT] = append(chains[iptableskernel.TableNAT], rules.Chains...)
 		generated = append(generated, rules.Shared)
 	}
 	for table, cs := range sharedChainContents(static, generated) {

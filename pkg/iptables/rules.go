@@ -8,6 +8,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
@@ -15,9 +16,9 @@ import (
 
 // SharedRule is a rule that one service adds to a chain all services share.
 type SharedRule struct {
-	Table Table
-	Chain Chain
-	Rule  Rule
+	Table iptableskernel.Table
+	Chain iptableskernel.Chain
+	Rule  iptableskernel.Rule
 }
 
 // ServiceRules is everything one service port puts into the kernel: its own
@@ -25,7 +26,7 @@ type SharedRule struct {
 // independent of each other, which is what lets a sync touch only the
 // services that changed.
 type ServiceRules struct {
-	Chains []OwnChain
+	Chains []iptableskernel.OwnChain
 	Shared []SharedRule
 }
 
@@ -84,11 +85,11 @@ func (p *Params) ServiceRules(svc *state.ServicePort, sel state.Selection) Servi
 	match := func(dst string, dport string) []string {
 		return []string{"-m", proto, "-p", proto, "-d", dst, "--dport", dport}
 	}
-	shared := func(t Table, c Chain, parts ...[]string) {
+	shared := func(t iptableskernel.Table, c iptableskernel.Chain, parts ...[]string) {
 		out.Shared = append(out.Shared, SharedRule{Table: t, Chain: c, Rule: rule(parts...)})
 	}
-	own := func(c Chain, rules ...Rule) {
-		out.Chains = append(out.Chains, OwnChain{Name: c, Rules: rules})
+	own := func(c iptableskernel.Chain, rules ...iptableskernel.Rule) {
+		out.Chains = append(out.Chains, iptableskernel.OwnChain{Name: c, Rules: rules})
 	}
 
 	hasEndpoints := sel.HasAny
@@ -121,29 +122,29 @@ func (p *Params) ServiceRules(svc *state.ServicePort, sel state.Selection) Servi
 
 	clusterIP := svc.ClusterIP.String()
 	if hasInternal {
-		shared(TableNAT, chainServices, comment(name+" cluster IP"), match(clusterIP, port), jump(internalChain))
+		shared(iptableskernel.TableNAT, chainServices, comment(name+" cluster IP"), match(clusterIP, port), jump(internalChain))
 	} else {
-		shared(TableFilter, chainServices, internalComment, match(clusterIP, port), target(internalFilter))
+		shared(iptableskernel.TableFilter, chainServices, internalComment, match(clusterIP, port), target(internalFilter))
 	}
 	for _, ip := range svc.ExternalIPs {
 		if hasEndpoints {
-			shared(TableNAT, chainServices, comment(name+" external IP"), match(ip.String(), port), jump(names.external))
+			shared(iptableskernel.TableNAT, chainServices, comment(name+" external IP"), match(ip.String(), port), jump(names.external))
 		}
 		if !hasExternal {
-			shared(TableFilter, chainExternalServices, externalComment, match(ip.String(), port), target(externalFilter))
+			shared(iptableskernel.TableFilter, chainExternalServices, externalComment, match(ip.String(), port), target(externalFilter))
 		}
 	}
 	for _, ip := range svc.LoadBalancerIPs {
 		if hasEndpoints {
-			shared(TableNAT, chainServices, comment(name+" loadbalancer IP"), match(ip.String(), port), jump(lbChain))
+			shared(iptableskernel.TableNAT, chainServices, comment(name+" loadbalancer IP"), match(ip.String(), port), jump(lbChain))
 		}
 		if usesFirewall {
-			shared(TableFilter, chainProxyFirewall, comment(name+" traffic not accepted by "+string(names.firewall)), match(ip.String(), port), target("DROP"))
+			shared(iptableskernel.TableFilter, chainProxyFirewall, comment(name+" traffic not accepted by "+string(names.firewall)), match(ip.String(), port), target("DROP"))
 		}
 	}
 	if !hasExternal {
 		for _, ip := range svc.LoadBalancerIPs {
-			shared(TableFilter, chainExternalServices, externalComment, match(ip.String(), port), target(externalFilter))
+			shared(iptableskernel.TableFilter, chainExternalServices, externalComment, match(ip.String(), port), target(externalFilter))
 		}
 	}
 	if svc.NodePort != 0 {
@@ -152,33 +153,33 @@ func (p *Params) ServiceRules(svc *state.ServicePort, sel state.Selection) Servi
 			if p.localhostNodePorts() && p.NFAcct {
 				// The same jump for localhost only, counting the packets:
 				// it must come first, or the general rule takes them all.
-				shared(TableNAT, chainNodePorts, comment(name), []string{"-m", proto, "-p", proto, "-d", "127.0.0.0/8", "--dport", nodePort},
+				shared(iptableskernel.TableNAT, chainNodePorts, comment(name), []string{"-m", proto, "-p", proto, "-d", "127.0.0.0/8", "--dport", nodePort},
 					nfacctMatch(metrics.NFAcctLocalhostNodePortsAccepted), jump(names.external))
 			}
-			shared(TableNAT, chainNodePorts, comment(name), []string{"-m", proto, "-p", proto, "--dport", nodePort}, jump(names.external))
+			shared(iptableskernel.TableNAT, chainNodePorts, comment(name), []string{"-m", proto, "-p", proto, "--dport", nodePort}, jump(names.external))
 		}
 		if !hasExternal {
-			shared(TableFilter, chainExternalServices, externalComment,
+			shared(iptableskernel.TableFilter, chainExternalServices, externalComment,
 				[]string{"-m", "addrtype", "--dst-type", "LOCAL", "-m", proto, "-p", proto, "--dport", nodePort}, target(externalFilter))
 		}
 	}
 	if svc.HealthCheckNodePort != 0 {
-		shared(TableFilter, chainNodePorts, comment(name+" health check node port"),
+		shared(iptableskernel.TableFilter, chainNodePorts, comment(name+" health check node port"),
 			[]string{"-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(svc.HealthCheckNodePort))}, target("ACCEPT"))
 	}
 
 	// The service's own chains. The internal chain's masquerade rule lives
 	// in the cluster or local policy chain, ahead of its endpoint jumps.
-	var masqueradeInternal []Rule
+	var masqueradeInternal []iptableskernel.Rule
 	if hasInternal && (p.MasqueradeAll || p.LocalDetector.Implemented()) {
 		var notLocal []string
 		if !p.MasqueradeAll {
 			notLocal = p.LocalDetector.IfNotLocal()
 		}
-		masqueradeInternal = []Rule{rule(comment(name+" cluster IP"), match(clusterIP, port), notLocal, jump(chainMarkMasq))}
+		masqueradeInternal = []iptableskernel.Rule{rule(comment(name+" cluster IP"), match(clusterIP, port), notLocal, jump(chainMarkMasq))}
 	}
 	if usesExternalChain {
-		var rules []Rule
+		var rules []iptableskernel.Rule
 		if !svc.ExternalPolicyLocal {
 			rules = append(rules, rule(comment("masquerade traffic for "+name+" external destinations"), jump(chainMarkMasq)))
 		} else {
@@ -196,7 +197,7 @@ func (p *Params) ServiceRules(svc *state.ServicePort, sel state.Selection) Servi
 	}
 	if usesFirewall {
 		lbComment := comment(name + " loadbalancer IP")
-		var rules []Rule
+		var rules []iptableskernel.Rule
 		allowFromNode := false
 		for _, cidr := range svc.LoadBalancerSourceRanges {
 			rules = append(rules, rule(lbComment, []string{"-s", cidr.String()}, jump(names.external)))
@@ -235,25 +236,25 @@ func (p *Params) ServiceRules(svc *state.ServicePort, sel state.Selection) Servi
 }
 
 // policyChain is the chain traffic on the path jumps to.
-func (n serviceChains) policyChain(p state.Path) Chain {
+func (n serviceChains) policyChain(p state.Path) iptableskernel.Chain {
 	if p.Local {
 		return n.local
 	}
 	return n.cluster
 }
 
-func masqueradeIfInternal(internal, chain Chain, masquerade []Rule) []Rule {
+func masqueradeIfInternal(internal, chain iptableskernel.Chain, masquerade []iptableskernel.Rule) []iptableskernel.Rule {
 	if internal == chain {
-		return append([]Rule(nil), masquerade...)
+		return append([]iptableskernel.Rule(nil), masquerade...)
 	}
 	return nil
 }
 
 // spreadRules send each connection to one endpoint: first the affinity
 // matches, then random picks with probability 1/(n-i) for endpoint i.
-func (p *Params) spreadRules(svc *state.ServicePort, names serviceChains, eps []*state.Endpoint) []Rule {
+func (p *Params) spreadRules(svc *state.ServicePort, names serviceChains, eps []*state.Endpoint) []iptableskernel.Rule {
 	name := svc.Name.String()
-	var rules []Rule
+	var rules []iptableskernel.Rule
 	if svc.AffinityTimeoutSeconds > 0 {
 		for _, ep := range eps {
 			chain := names.endpointChain(ep)
@@ -275,18 +276,18 @@ func (p *Params) spreadRules(svc *state.ServicePort, names serviceChains, eps []
 // StaticRules are the rules that depend only on the node's configuration.
 type StaticRules struct {
 	// Chains are chains whose content is entirely fixed.
-	Chains map[Table][]OwnChain
+	Chains map[iptableskernel.Table][]iptableskernel.OwnChain
 	// Shared are the chains that services add rules to, with the fixed
 	// rules that end them (the NodePort jump must end KUBE-SERVICES).
-	Shared map[Table][]OwnChain
+	Shared map[iptableskernel.Table][]iptableskernel.OwnChain
 	// Jumps lead from the built-in chains into ours.
-	Jumps []Jump
+	Jumps []iptableskernel.Jump
 }
 
 // SharedChains lists the chains services add rules to, per table.
-var SharedChains = map[Table][]Chain{
-	TableFilter: {chainServices, chainExternalServices, chainNodePorts, chainProxyFirewall},
-	TableNAT:    {chainServices, chainNodePorts},
+var SharedChains = map[iptableskernel.Table][]iptableskernel.Chain{
+	iptableskernel.TableFilter: {chainServices, chainExternalServices, chainNodePorts, chainProxyFirewall},
+	iptableskernel.TableNAT:    {chainServices, chainNodePorts},
 }
 
 // StaticRules decides the fixed part of the rule set.
@@ -295,15 +296,15 @@ func (p *Params) StaticRules() StaticRules {
 	// Always with --random-fully, as upstream (iptables has had it since
 	// 1.6.2).
 	masquerade := []string{"-j", "MASQUERADE", "--random-fully"}
-	nat := []OwnChain{
-		{Name: chainPostrouting, Rules: []Rule{
+	nat := []iptableskernel.OwnChain{
+		{Name: chainPostrouting, Rules: []iptableskernel.Rule{
 			rule([]string{"-m", "mark", "!", "--mark", mark + "/" + mark, "-j", "RETURN"}),
 			rule([]string{"-j", "MARK", "--xor-mark", mark}),
 			rule(comment("kubernetes service traffic requiring SNAT"), masquerade),
 		}},
-		{Name: chainMarkMasq, Rules: []Rule{rule([]string{"-j", "MARK", "--or-mark", mark})}},
+		{Name: chainMarkMasq, Rules: []iptableskernel.Rule{rule([]string{"-j", "MARK", "--or-mark", mark})}},
 	}
-	var forward []Rule
+	var forward []iptableskernel.Rule
 	if !p.TCPBeLiberal {
 		var count []string
 		if p.NFAcct {
@@ -314,14 +315,14 @@ func (p *Params) StaticRules() StaticRules {
 	forward = append(forward,
 		rule(comment("kubernetes forwarding rules"), []string{"-m", "mark", "--mark", mark + "/" + mark, "-j", "ACCEPT"}),
 		rule(comment("kubernetes forwarding conntrack rule"), []string{"-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-j", "ACCEPT"}))
-	filter := []OwnChain{{Name: chainForward, Rules: forward}}
+	filter := []iptableskernel.OwnChain{{Name: chainForward, Rules: forward}}
 	if p.localhostNodePorts() {
-		filter = append(filter, OwnChain{Name: chainLocalnetGuard, Rules: []Rule{rule(comment("block incoming localnet connections"),
+		filter = append(filter, iptableskernel.OwnChain{Name: chainLocalnetGuard, Rules: []iptableskernel.Rule{rule(comment("block incoming localnet connections"),
 			[]string{"-d", "127.0.0.0/8", "!", "-s", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP"})}})
 	}
 
 	nodePortsComment := comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain")
-	var servicesTail []Rule
+	var servicesTail []iptableskernel.Rule
 	if p.NodePortAddresses == nil {
 		dst := []string{"-m", "addrtype", "--dst-type", "LOCAL"}
 		if p.IPv6 {
@@ -338,11 +339,11 @@ func (p *Params) StaticRules() StaticRules {
 			servicesTail = append(servicesTail, rule(nodePortsComment, []string{"-d", ip.String()}, jump(chainNodePorts)))
 		}
 	}
-	shared := map[Table][]OwnChain{}
+	shared := map[iptableskernel.Table][]iptableskernel.OwnChain{}
 	for table, chains := range SharedChains {
 		for _, c := range chains {
-			oc := OwnChain{Name: c}
-			if table == TableNAT && c == chainServices {
+			oc := iptableskernel.OwnChain{Name: c}
+			if table == iptableskernel.TableNAT && c == chainServices {
 				oc.Rules = servicesTail
 			}
 			shared[table] = append(shared[table], oc)
@@ -350,31 +351,31 @@ func (p *Params) StaticRules() StaticRules {
 	}
 
 	newConn := []string{"-m", "conntrack", "--ctstate", "NEW"}
-	jumps := []Jump{
-		{Table: TableFilter, From: "INPUT", Rule: rule(newConn, comment("kubernetes externally-visible service portals"), jump(chainExternalServices))},
-		{Table: TableFilter, From: "FORWARD", Rule: rule(newConn, comment("kubernetes externally-visible service portals"), jump(chainExternalServices))},
-		{Table: TableFilter, From: "INPUT", Rule: rule(comment("kubernetes health check service ports"), jump(chainNodePorts))},
-		{Table: TableFilter, From: "FORWARD", Rule: rule(newConn, comment("kubernetes service portals"), jump(chainServices))},
-		{Table: TableFilter, From: "OUTPUT", Rule: rule(newConn, comment("kubernetes service portals"), jump(chainServices))},
-		{Table: TableFilter, From: "FORWARD", Rule: rule(comment("kubernetes forwarding rules"), jump(chainForward))},
-		{Table: TableFilter, From: "INPUT", Rule: rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
-		{Table: TableFilter, From: "OUTPUT", Rule: rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
-		{Table: TableFilter, From: "FORWARD", Rule: rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
-		{Table: TableNAT, From: "OUTPUT", Rule: rule(comment("kubernetes service portals"), jump(chainServices))},
-		{Table: TableNAT, From: "PREROUTING", Rule: rule(comment("kubernetes service portals"), jump(chainServices))},
-		{Table: TableNAT, From: "POSTROUTING", Rule: rule(comment("kubernetes postrouting rules"), jump(chainPostrouting))},
+	jumps := []iptableskernel.Jump{
+		{Table: iptableskernel.TableFilter, From: "INPUT", Rule: rule(newConn, comment("kubernetes externally-visible service portals"), jump(chainExternalServices))},
+		{Table: iptableskernel.TableFilter, From: "FORWARD", Rule: rule(newConn, comment("kubernetes externally-visible service portals"), jump(chainExternalServices))},
+		{Table: iptableskernel.TableFilter, From: "INPUT", Rule: rule(comment("kubernetes health check service ports"), jump(chainNodePorts))},
+		{Table: iptableskernel.TableFilter, From: "FORWARD", Rule: rule(newConn, comment("kubernetes service portals"), jump(chainServices))},
+		{Table: iptableskernel.TableFilter, From: "OUTPUT", Rule: rule(newConn, comment("kubernetes service portals"), jump(chainServices))},
+		{Table: iptableskernel.TableFilter, From: "FORWARD", Rule: rule(comment("kubernetes forwarding rules"), jump(chainForward))},
+		{Table: iptableskernel.TableFilter, From: "INPUT", Rule: rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
+		{Table: iptableskernel.TableFilter, From: "OUTPUT", Rule: rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
+		{Table: iptableskernel.TableFilter, From: "FORWARD", Rule: rule(newConn, comment("kubernetes load balancer firewall"), jump(chainProxyFirewall))},
+		{Table: iptableskernel.TableNAT, From: "OUTPUT", Rule: rule(comment("kubernetes service portals"), jump(chainServices))},
+		{Table: iptableskernel.TableNAT, From: "PREROUTING", Rule: rule(comment("kubernetes service portals"), jump(chainServices))},
+		{Table: iptableskernel.TableNAT, From: "POSTROUTING", Rule: rule(comment("kubernetes postrouting rules"), jump(chainPostrouting))},
 	}
 	if p.localhostNodePorts() {
 		jumps = append(jumps,
-			Jump{Table: TableFilter, From: "INPUT", Rule: rule(jump(chainLocalnetGuard))},
-			Jump{Table: TableFilter, From: "OUTPUT", Rule: rule(jump(chainLocalnetGuard))})
+			iptableskernel.Jump{Table: iptableskernel.TableFilter, From: "INPUT", Rule: rule(jump(chainLocalnetGuard))},
+			iptableskernel.Jump{Table: iptableskernel.TableFilter, From: "OUTPUT", Rule: rule(jump(chainLocalnetGuard))})
 	}
-	return StaticRules{Chains: map[Table][]OwnChain{TableNAT: nat, TableFilter: filter}, Shared: shared, Jumps: jumps}
+	return StaticRules{Chains: map[iptableskernel.Table][]iptableskernel.OwnChain{iptableskernel.TableNAT: nat, iptableskernel.TableFilter: filter}, Shared: shared, Jumps: jumps}
 }
 
 // rule joins argument groups into one rule, in one allocation (a full
 // sync makes every rule of every service port).
-func rule(parts ...[]string) Rule {
+func rule(parts ...[]string) iptableskernel.Rule {
 	size := 0
 	for _, part := range parts {
 		for _, a := range part {
@@ -391,14 +392,14 @@ func rule(parts ...[]string) Rule {
 			b.WriteString(a)
 		}
 	}
-	return Rule(b.String())
+	return iptableskernel.Rule(b.String())
 }
 
 func comment(text string) []string {
 	return []string{"-m", "comment", "--comment", strconv.Quote(text)}
 }
 
-func jump(c Chain) []string { return []string{"-j", string(c)} }
+func jump(c iptableskernel.Chain) []string { return []string{"-j", string(c)} }
 
 // nfacctMatch counts the packets the rule matches in an nfacct object.
 func nfacctMatch(object string) []string { return []string{"-m", "nfacct", "--nfacct-name", object} }

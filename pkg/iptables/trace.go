@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 	"github.com/rapidproxy/rapidproxy/pkg/trace"
 )
@@ -32,7 +33,7 @@ func (p *Params) Trace(svc *state.ServicePort, sel state.Selection, pkt trace.Pa
 	if svc != nil {
 		rules := p.ServiceRules(svc, sel)
 		for _, c := range rules.Chains {
-			rs.Add(TableNAT, c.Name, c.Rules...)
+			rs.Add(iptableskernel.TableNAT, c.Name, c.Rules...)
 		}
 		for _, r := range rules.Shared {
 			rs.Add(r.Table, r.Chain, r.Rule)

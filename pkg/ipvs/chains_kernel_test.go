@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/rapidproxy/rapidproxy/internal/iptables"
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 )
 
@@ -45,7 +46,7 @@ func TestChainsRoundTripThroughTheKernel(t *testing.T) {
 	p := testParams(t, false)
 	for _, s := range p.Sets() {
 		args := []string{"create", s.Name, string(s.Type)}
-		if s.Type == BitmapPort {
+		if s.Type == ipvskernel.BitmapPort {
 			args = append(args, "range", "0-65535")
 		}
 		if out, err := exec.Command("ipset", args...).CombinedOutput(); err != nil {

@@ -34,7 +34,7 @@ func IsKubeProxySet(name string) bool {
 // those in excludeCIDRs, which belong to other programs, the dummy link
 // and the ipsets; it says what it removed. The iptables rules that use the
 // ipsets must be gone first: the kernel keeps a set in use.
-func Cleanup(kernels []Kernel, excludeCIDRs []netip.Prefix) ([]string, error) {
+func Cleanup(kernels []ipvskernel.Interface, excludeCIDRs []netip.Prefix) ([]string, error) {
 	var removed []string
 	var errs []error
 	deleted := 0
@@ -51,7 +51,7 @@ func Cleanup(kernels []Kernel, excludeCIDRs []netip.Prefix) ([]string, error) {
 	if found, err := ipvskernel.DeleteDummyLink(); err != nil {
 		errs = append(errs, err)
 	} else if found {
-		removed = append(removed, "link "+DummyLink)
+		removed = append(removed, "link "+ipvskernel.DummyLink)
 	}
 	sets, err := CleanupSets()
 	removed = append(removed, sets...)

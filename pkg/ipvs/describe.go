@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/rapidproxy/rapidproxy/internal/iptables"
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -27,7 +28,7 @@ func (p *Syncer) Describe(v state.View, name state.ServicePortName) ([]proxy.Ker
 		})
 	}
 	for _, a := range want.Bound {
-		objects = append(objects, proxy.KernelObject{Kind: "address", Name: a.String(), Summary: "on " + DummyLink})
+		objects = append(objects, proxy.KernelObject{Kind: "address", Name: a.String(), Summary: "on " + ipvskernel.DummyLink})
 	}
 	for _, e := range want.Entries {
 		objects = append(objects, proxy.KernelObject{Kind: "set entry", Name: e.Set + " " + e.Entry})
@@ -40,9 +41,9 @@ func (p *Syncer) Describe(v state.View, name state.ServicePortName) ([]proxy.Ker
 
 // serverSummary is a virtual server's scheduler, persistence and real
 // servers, for a table.
-func serverSummary(vs VirtualServer, reals []string) string {
+func serverSummary(vs ipvskernel.VirtualServer, reals []string) string {
 	s := vs.Scheduler
-	if vs.Flags&FlagPersistent != 0 {
+	if vs.Flags&ipvskernel.FlagPersistent != 0 {
 		s += fmt.Sprintf(", persistent %d s", vs.Timeout)
 	}
 	if len(reals) == 0 {
@@ -62,7 +63,7 @@ func (p *Syncer) verify(want ServiceObjects) ([]string, error) {
 		return nil, fmt.Errorf("listing IPVS virtual servers: %w", err)
 	}
 	for _, s := range want.Servers {
-		i := slices.IndexFunc(servers, func(vs VirtualServer) bool { return vs.VirtualServerKey == s.VirtualServerKey })
+		i := slices.IndexFunc(servers, func(vs ipvskernel.VirtualServer) bool { return vs.VirtualServerKey == s.VirtualServerKey })
 		if i < 0 {
 			differences = append(differences, fmt.Sprintf("virtual server %s is missing", s.VirtualServerKey))
 			continue
@@ -78,11 +79,11 @@ func (p *Syncer) verify(want ServiceObjects) ([]string, error) {
 	}
 	bound, err := k.BoundAddresses()
 	if err != nil {
-		return differences, fmt.Errorf("listing the addresses of %s: %w", DummyLink, err)
+		return differences, fmt.Errorf("listing the addresses of %s: %w", ipvskernel.DummyLink, err)
 	}
 	for _, a := range want.Bound {
 		if !slices.Contains(bound, a) {
-			differences = append(differences, fmt.Sprintf("%s is not bound to %s", a, DummyLink))
+			differences = append(differences, fmt.Sprintf("%s is not bound to %s", a, ipvskernel.DummyLink))
 		}
 	}
 	var sets []string
@@ -115,10 +116,10 @@ func (p *Syncer) verify(want ServiceObjects) ([]string, error) {
 	return differences, nil
 }
 
-func realDifferences(s Server, reals []RealServer) []string {
+func realDifferences(s Server, reals []ipvskernel.RealServer) []string {
 	var out []string
 	for _, want := range s.Reals {
-		i := slices.IndexFunc(reals, func(rs RealServer) bool { return rs.AddrPort() == want })
+		i := slices.IndexFunc(reals, func(rs ipvskernel.RealServer) bool { return rs.AddrPort() == want })
 		switch {
 		case i < 0:
 			out = append(out, fmt.Sprintf("virtual server %s lacks real server %s", s.VirtualServerKey, want))
@@ -134,7 +135,7 @@ func realDifferences(s Server, reals []RealServer) []string {
 	return out
 }
 
-func serverSettings(vs VirtualServer) string {
+func serverSettings(vs ipvskernel.VirtualServer) string {
 	return fmt.Sprintf("scheduler %s, flags %#x, timeout %d", vs.Scheduler, vs.Flags, vs.Timeout)
 }
 

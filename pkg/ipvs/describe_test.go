@@ -10,7 +10,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 )
 
@@ -58,24 +58,24 @@ func TestVerifyFindsWhatChanged(t *testing.T) {
 	core, _ := n.proxier(t)
 	feedServices(core)
 	sync(t, core)
-	web := ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
+	web := ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
 	for _, change := range []func() error{
 		func() error { return n.kernel.DeleteRealServer(web, netip.MustParseAddrPort("10.244.1.5:8080")) },
 		func() error {
-			return n.kernel.AddRealServer(web, ipvs.RealServer{Addr: netip.MustParseAddr("10.244.9.9"), Port: 8080, Weight: 1})
+			return n.kernel.AddRealServer(web, ipvskernel.RealServer{Addr: netip.MustParseAddr("10.244.9.9"), Port: 8080, Weight: 1})
 		},
 		func() error {
-			return n.kernel.AddRealServer(web, ipvs.RealServer{Addr: netip.MustParseAddr("10.244.9.10"), Port: 8080, Weight: 0})
+			return n.kernel.AddRealServer(web, ipvskernel.RealServer{Addr: netip.MustParseAddr("10.244.9.10"), Port: 8080, Weight: 0})
 		},
 		func() error {
-			return n.kernel.UpdateRealServer(web, ipvs.RealServer{Addr: netip.MustParseAddr("10.244.0.5"), Port: 8080, Weight: 0})
+			return n.kernel.UpdateRealServer(web, ipvskernel.RealServer{Addr: netip.MustParseAddr("10.244.0.5"), Port: 8080, Weight: 0})
 		},
 		func() error {
-			return n.kernel.UpdateVirtualServer(ipvs.VirtualServer{VirtualServerKey: web, Scheduler: "wrr"})
+			return n.kernel.UpdateVirtualServer(ipvskernel.VirtualServer{VirtualServerKey: web, Scheduler: "wrr"})
 		},
 		func() error { return n.kernel.Unbind(netip.MustParseAddr("10.96.0.10")) },
 		func() error {
-			return n.kernel.ChangeSets([]ipvs.SetChange{{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.10,tcp:80", Delete: true}})
+			return n.kernel.ChangeSets([]ipvskernel.SetChange{{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.10,tcp:80", Delete: true}})
 		},
 	} {
 		if err := change(); err != nil {

@@ -13,6 +13,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
@@ -30,7 +31,7 @@ type diff struct {
 	kernel *kernelObjects
 	// listed are the real servers of the virtual servers that stay, as
 	// the kernel lists them (with their weights and connections).
-	listed map[VirtualServerKey][]RealServer
+	listed map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer
 	plan   plan
 	// adds and deletes are the set entries to add and delete; an entry
 	// one service port gives up and another takes up in the same sync
@@ -49,13 +50,13 @@ type diff struct {
 	// servers and bound are the next snapshot's, edited from the last's
 	// (a full sync starts them afresh); gen is its number, last the
 	// snapshot of the sync before.
-	servers *shardedEdit[VirtualServerKey, appliedServer]
+	servers *shardedEdit[ipvskernel.VirtualServerKey, appliedServer]
 	bound   *shardedEdit[netip.Addr, int]
 	gen     uint64
 	last    *appliedSnapshot
 }
 
-func (p *Syncer) newDiff(kernel *kernelObjects, listed map[VirtualServerKey][]RealServer) *diff {
+func (p *Syncer) newDiff(kernel *kernelObjects, listed map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer) *diff {
 	last := p.last
 	if last == nil {
 		last = emptySnapshot()
@@ -75,7 +76,7 @@ func (d *diff) step(o op) { d.plan.steps = append(d.plan.steps, o) }
 func (d *diff) replace(name state.ServicePortName, old, updated ServiceObjects) {
 	p := d.p
 	o := &p.objects
-	wanted := map[VirtualServerKey]bool{}
+	wanted := map[ipvskernel.VirtualServerKey]bool{}
 	for i := range updated.Servers {
 		s := &updated.Servers[i]
 		if have, taken := d.servers.get(s.VirtualServerKey); taken && have.owner != name {
@@ -144,7 +145,7 @@ func (d *diff) own(name state.ServicePortName, s *Server) {
 	d.servers.set(s.VirtualServerKey, appliedServer{owner: name, reals: s.Reals, gen: gen})
 }
 
-func findServer(servers []Server, key VirtualServerKey) *Server {
+func findServer(servers []Server, key ipvskernel.VirtualServerKey) *Server {
 	for i := range servers {
 		if servers[i].VirtualServerKey == key {
 			return &servers[i]
@@ -180,7 +181,7 @@ func (d *diff) server(s *Server, old *Server) {
 // ones come first, so that a virtual server never goes without.
 func (d *diff) reals(s *Server) {
 	current := d.listed[s.VirtualServerKey]
-	unwanted := make(map[netip.AddrPort]RealServer, len(current))
+	unwanted := make(map[netip.AddrPort]ipvskernel.RealServer, len(current))
 	for _, rs := range current {
 		unwanted[rs.AddrPort()] = rs
 	}
@@ -195,7 +196,7 @@ func (d *diff) reals(s *Server) {
 			d.step(op{kind: opRestoreReal, server: s, real: rs})
 		}
 	}
-	for _, rs := range slices.SortedFunc(maps.Values(unwanted), func(a, b RealServer) int { return a.AddrPort().Compare(b.AddrPort()) }) {
+	for _, rs := range slices.SortedFunc(maps.Values(unwanted), func(a, b ipvskernel.RealServer) int { return a.AddrPort().Compare(b.AddrPort()) }) {
 		d.removeReal(s, rs)
 	}
 }
@@ -203,7 +204,7 @@ func (d *diff) reals(s *Server) {
 // removeReal deletes a real server at once (UDP, SCTP: expire_nodest_conn
 // ends their flows, and a TCP one without connections), or drains a TCP
 // one: at weight 0 its connections finish while new ones go elsewhere.
-func (d *diff) removeReal(s *Server, rs RealServer) {
+func (d *diff) removeReal(s *Server, rs ipvskernel.RealServer) {
 	if _, draining := d.p.draining[drainKey{s.VirtualServerKey, rs.AddrPort()}]; draining {
 		return
 	}
@@ -307,21 +308,21 @@ func (d *diff) finish(full bool) *plan {
 	// Deletions before additions, so that a full set has room for what
 	// admit let in; an entry never is in both. After a full sync the
 	// kernel's entries no service port wants go too.
-	pl.sets = make([]SetChange, 0, len(d.adds)+len(d.deletes))
+	pl.sets = make([]ipvskernel.SetChange, 0, len(d.adds)+len(d.deletes))
 	for _, e := range d.deletes {
 		if d.deleting[e] {
-			pl.sets = append(pl.sets, SetChange{Set: e.Set, Entry: e.Entry, Delete: true})
+			pl.sets = append(pl.sets, ipvskernel.SetChange{Set: e.Set, Entry: e.Entry, Delete: true})
 		}
 	}
 	if d.kernel != nil {
 		for _, set := range slices.Sorted(maps.Keys(d.kernel.entries)) {
 			for _, e := range slices.Sorted(maps.Keys(d.kernel.entries[set])) {
-				pl.sets = append(pl.sets, SetChange{Set: set, Entry: e, Delete: true})
+				pl.sets = append(pl.sets, ipvskernel.SetChange{Set: set, Entry: e, Delete: true})
 			}
 		}
 	}
 	for _, e := range d.adds {
-		pl.sets = append(pl.sets, SetChange{Set: e.Set, Entry: e.Entry})
+		pl.sets = append(pl.sets, ipvskernel.SetChange{Set: e.Set, Entry: e.Entry})
 	}
 	// Entries left out are not the sync's failure: the service ports that
 	// fit are written, and a failed sync would hold back what follows a
@@ -343,7 +344,7 @@ func (d *diff) finish(full bool) *plan {
 				d.unbind[a] = true
 			}
 		}
-		for _, key := range slices.SortedFunc(maps.Keys(d.kernel.servers), VirtualServerKey.Compare) {
+		for _, key := range slices.SortedFunc(maps.Keys(d.kernel.servers), ipvskernel.VirtualServerKey.Compare) {
 			if !p.excluded(key.Addr) {
 				pl.deleteServers = append(pl.deleteServers, key)
 			}

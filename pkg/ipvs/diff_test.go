@@ -9,6 +9,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
@@ -21,7 +22,7 @@ func portName(n string) state.ServicePortName {
 // its KUBE-CLUSTER-IP entry.
 func objects(addr string, proto v1.Protocol, reals ...string) ServiceObjects {
 	a := netip.MustParseAddr(addr)
-	s := Server{VirtualServer: VirtualServer{VirtualServerKey: VirtualServerKey{Addr: a, Port: 80, Protocol: proto}, Scheduler: "rr"}}
+	s := Server{VirtualServer: ipvskernel.VirtualServer{VirtualServerKey: ipvskernel.VirtualServerKey{Addr: a, Port: 80, Protocol: proto}, Scheduler: "rr"}}
 	for _, r := range reals {
 		s.Reals = append(s.Reals, netip.MustParseAddrPort(r))
 	}
@@ -29,8 +30,8 @@ func objects(addr string, proto v1.Protocol, reals ...string) ServiceObjects {
 		Entries: []SetEntry{{Set: "KUBE-CLUSTER-IP", Entry: addr + "," + strings.ToLower(string(proto)) + ":80"}}}
 }
 
-func key(addr string, proto v1.Protocol) VirtualServerKey {
-	return VirtualServerKey{Addr: netip.MustParseAddr(addr), Port: 80, Protocol: proto}
+func key(addr string, proto v1.Protocol) ipvskernel.VirtualServerKey {
+	return ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr(addr), Port: 80, Protocol: proto}
 }
 
 // planLines renders a plan with the chains' line shortened: their content
@@ -59,7 +60,7 @@ func TestPartialSyncPlan(t *testing.T) {
 		applied map[state.ServicePortName]ServiceObjects
 		// listed are the real servers the kernel lists for the virtual
 		// servers that stay.
-		listed   map[VirtualServerKey][]RealServer
+		listed   map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer
 		draining []drainKey
 		want     map[state.ServicePortName]ServiceObjects
 		plan     []string
@@ -76,7 +77,7 @@ func TestPartialSyncPlan(t *testing.T) {
 	}, {
 		name:    "a rolling update: the new real server before the old one drains (TCP, with connections) or goes (none)",
 		applied: map[state.ServicePortName]ServiceObjects{web: objects("10.96.0.10", tcp, "10.244.1.5:8080", "10.244.1.6:8080", "10.244.1.7:8080")},
-		listed: map[VirtualServerKey][]RealServer{key("10.96.0.10", tcp): {
+		listed: map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer{key("10.96.0.10", tcp): {
 			{Addr: netip.MustParseAddr("10.244.1.5"), Port: 8080, Weight: 1, ActiveConns: 2},
 			{Addr: netip.MustParseAddr("10.244.1.6"), Port: 8080, Weight: 1},
 			{Addr: netip.MustParseAddr("10.244.1.7"), Port: 8080, Weight: 1},
@@ -91,7 +92,7 @@ func TestPartialSyncPlan(t *testing.T) {
 	}, {
 		name:    "UDP real servers go at once; one left at weight 0 is restored when wanted again",
 		applied: map[state.ServicePortName]ServiceObjects{dns: objects("10.96.0.53", udp, "10.244.1.5:53")},
-		listed: map[VirtualServerKey][]RealServer{key("10.96.0.53", udp): {
+		listed: map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer{key("10.96.0.53", udp): {
 			{Addr: netip.MustParseAddr("10.244.1.5"), Port: 53, Weight: 1, ActiveConns: 3},
 			{Addr: netip.MustParseAddr("10.244.1.6"), Port: 53, Weight: 0},
 		}},
@@ -104,7 +105,7 @@ func TestPartialSyncPlan(t *testing.T) {
 	}, {
 		name:    "a real server already draining is left to the drain check; one at weight 0 from an earlier run is followed",
 		applied: map[state.ServicePortName]ServiceObjects{web: objects("10.96.0.10", tcp, "10.244.1.5:8080")},
-		listed: map[VirtualServerKey][]RealServer{key("10.96.0.10", tcp): {
+		listed: map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer{key("10.96.0.10", tcp): {
 			{Addr: netip.MustParseAddr("10.244.1.5"), Port: 8080, Weight: 0, ActiveConns: 1},
 			{Addr: netip.MustParseAddr("10.244.1.6"), Port: 8080, Weight: 0, InactiveConns: 1},
 		}},
@@ -132,7 +133,7 @@ func TestPartialSyncPlan(t *testing.T) {
 			dns: {Bound: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Entries: objects("10.96.0.10", tcp).Entries},
 			web: objects("10.96.0.11", tcp, "10.244.1.5:8080"),
 		},
-		listed: map[VirtualServerKey][]RealServer{key("10.96.0.11", tcp): {{Addr: netip.MustParseAddr("10.244.1.5"), Port: 8080, Weight: 1}}},
+		listed: map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer{key("10.96.0.11", tcp): {{Addr: netip.MustParseAddr("10.244.1.5"), Port: 8080, Weight: 1}}},
 		want: map[state.ServicePortName]ServiceObjects{
 			dns: {},
 			web: {Servers: objects("10.96.0.11", tcp, "10.244.1.5:8080").Servers, Bound: []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("10.96.0.11")},
@@ -178,13 +179,13 @@ func TestFullSyncPlan(t *testing.T) {
 	p := testSyncer(t)
 	web := objects("10.96.0.10", tcp, "10.244.1.5:8080", "10.244.1.6:8080")
 	kernel := &kernelObjects{
-		servers: map[VirtualServerKey]VirtualServer{
+		servers: map[ipvskernel.VirtualServerKey]ipvskernel.VirtualServer{
 			key("10.96.0.10", tcp):  web.Servers[0].VirtualServer,
 			key("10.96.0.99", tcp):  {VirtualServerKey: key("10.96.0.99", tcp), Scheduler: "rr"},
 			key("10.96.0.100", tcp): {VirtualServerKey: key("10.96.0.100", tcp), Scheduler: "rr"},
 			key("10.200.0.1", tcp):  {VirtualServerKey: key("10.200.0.1", tcp), Scheduler: "rr"},
 		},
-		reals: map[VirtualServerKey][]RealServer{key("10.96.0.10", tcp): {
+		reals: map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer{key("10.96.0.10", tcp): {
 			{Addr: netip.MustParseAddr("10.244.1.5"), Port: 8080, Weight: 1},
 		}},
 		bound: map[netip.Addr]bool{netip.MustParseAddr("10.96.0.10"): true, netip.MustParseAddr("10.96.0.99"): true, netip.MustParseAddr("192.0.2.1"): true},

@@ -4,6 +4,8 @@ import (
 	"net/netip"
 
 	"k8s.io/klog/v2"
+
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 )
 
 // finishDrains deletes the draining real servers that are done: their
@@ -12,7 +14,7 @@ import (
 func (p *Syncer) finishDrains() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	byServer := map[VirtualServerKey][]drainKey{}
+	byServer := map[ipvskernel.VirtualServerKey][]drainKey{}
 	for d := range p.draining {
 		byServer[d.server] = append(byServer[d.server], d)
 	}
@@ -22,7 +24,7 @@ func (p *Syncer) finishDrains() {
 			klog.ErrorS(err, "Listing real servers to finish their draining", "virtualServer", key)
 			continue
 		}
-		have := map[netip.AddrPort]RealServer{}
+		have := map[netip.AddrPort]ipvskernel.RealServer{}
 		for _, rs := range list {
 			have[rs.AddrPort()] = rs
 		}

@@ -13,6 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
+
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 )
 
 // Watch deletes draining real servers once their connections have ended
@@ -149,7 +151,7 @@ func (p *Syncer) checkDrift(listings bool) (string, time.Duration) {
 // the number of entries in each set, the jump into KUBE-SERVICES. Another
 // program's change that keeps a set's size (an entry deleted and another
 // added) is not seen; the next full sync (a restart, a failure) undoes it.
-func quickDrift(s *appliedSnapshot, bound []netip.Addr, listedAddresses bool, sizes map[string]int, sets []SetSpec, jumpFound bool) string {
+func quickDrift(s *appliedSnapshot, bound []netip.Addr, listedAddresses bool, sizes map[string]int, sets []ipvskernel.SetSpec, jumpFound bool) string {
 	if listedAddresses {
 		ours := 0
 		for _, a := range bound {
@@ -158,7 +160,7 @@ func quickDrift(s *appliedSnapshot, bound []netip.Addr, listedAddresses bool, si
 			}
 		}
 		if ours != s.bound.len() {
-			return fmt.Sprintf("%d of %d addresses on %s", ours, s.bound.len(), DummyLink)
+			return fmt.Sprintf("%d of %d addresses on %s", ours, s.bound.len(), ipvskernel.DummyLink)
 		}
 	}
 	for _, set := range sets {
@@ -190,8 +192,8 @@ func (p *Syncer) serversDrift(start *appliedSnapshot) (string, error) {
 	seed := maphash.MakeSeed()
 	seen := map[uint64]bool{}
 	var missingReal string
-	var missingIn VirtualServerKey
-	err := p.cfg.Kernel.EachVirtualServer(func(key VirtualServerKey, have []RealServer) error {
+	var missingIn ipvskernel.VirtualServerKey
+	err := p.cfg.Kernel.EachVirtualServer(func(key ipvskernel.VirtualServerKey, have []ipvskernel.RealServer) error {
 		now := p.snapshot.Load()
 		if now == nil || now.fullSyncs != start.fullSyncs {
 			return errFullSync
@@ -205,7 +207,7 @@ func (p *Syncer) serversDrift(start *appliedSnapshot) (string, error) {
 			return nil
 		}
 		for _, rs := range applied.reals {
-			if !slices.ContainsFunc(have, func(h RealServer) bool { return h.AddrPort() == rs }) {
+			if !slices.ContainsFunc(have, func(h ipvskernel.RealServer) bool { return h.AddrPort() == rs }) {
 				missingReal, missingIn = fmt.Sprintf("real server %s of %s", rs, key), key
 				break
 			}

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
 
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 )
@@ -24,18 +24,18 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 		undo func(n *node) error
 	}{
 		{"virtual server deleted", func(n *node) error {
-			return n.kernel.DeleteVirtualServer(ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP})
+			return n.kernel.DeleteVirtualServer(ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP})
 		}},
 		{"real server deleted", func(n *node) error {
-			return n.kernel.DeleteRealServer(ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP},
+			return n.kernel.DeleteRealServer(ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP},
 				netip.MustParseAddrPort("10.244.1.5:8080"))
 		}},
 		{"address unbound", func(n *node) error { return n.kernel.Unbind(netip.MustParseAddr("10.96.0.10")) }},
 		{"set entry deleted", func(n *node) error {
-			return n.kernel.ChangeSets([]ipvs.SetChange{{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.10,tcp:80", Delete: true}})
+			return n.kernel.ChangeSets([]ipvskernel.SetChange{{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.10,tcp:80", Delete: true}})
 		}},
 		{"set entry added", func(n *node) error {
-			return n.kernel.ChangeSets([]ipvs.SetChange{{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.99,tcp:80"}})
+			return n.kernel.ChangeSets([]ipvskernel.SetChange{{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.99,tcp:80"}})
 		}},
 		{"iptables flushed", func(n *node) error { n.iptables.flush(); return nil }},
 	} {
@@ -98,12 +98,7 @@ func resynced(t *testing.T, resyncs <-chan struct{}, why string) {
 
 // ipvsRepairs is the IPv4 family's count of repairs.
 func ipvsRepairs(t *testing.T) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := metrics.IPVSRepairsTotal.WithLabelValues(string(v1.IPv4Protocol)).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
+	return ipv4Count(t, metrics.IPVSRepairsTotal)
 }
 
 // watchUnchanged runs the mode's watch for a while over a kernel no one
@@ -247,7 +242,7 @@ func TestDriftCheckNeitherHoldsUpNorMisreadsASync(t *testing.T) {
 // another program removed from the others: a real server, a whole
 // virtual server.
 func TestDriftListingOverlappedByPartialSyncsStillCounts(t *testing.T) {
-	lb := ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.13"), Port: 80, Protocol: v1.ProtocolTCP}
+	lb := ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.13"), Port: 80, Protocol: v1.ProtocolTCP}
 	t.Run("real server deleted", func(t *testing.T) {
 		resyncWhileBusy(t, func(n *node) error { return n.kernel.DeleteRealServer(lb, netip.MustParseAddrPort("10.244.1.8:8080")) })
 	})

@@ -11,15 +11,16 @@ import (
 
 	"k8s.io/klog/v2"
 
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
 // kernelObjects is what a full sync found in the kernel.
 type kernelObjects struct {
-	servers map[VirtualServerKey]VirtualServer
+	servers map[ipvskernel.VirtualServerKey]ipvskernel.VirtualServer
 	// reals are as the kernel lists them: a map per virtual server held
 	// some 5 MB more at a restart's peak at 10,000 services x 5 endpoints.
-	reals   map[VirtualServerKey][]RealServer
+	reals   map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer
 	bound   map[netip.Addr]bool
 	entries map[string]map[string]bool
 }
@@ -104,15 +105,15 @@ func (p *Syncer) setNames() []string {
 func (p *Syncer) readKernel() (*kernelObjects, error) {
 	k := p.cfg.Kernel
 	current := &kernelObjects{
-		servers: map[VirtualServerKey]VirtualServer{},
+		servers: map[ipvskernel.VirtualServerKey]ipvskernel.VirtualServer{},
 		bound:   map[netip.Addr]bool{}, entries: map[string]map[string]bool{},
 	}
 	servers, err := k.VirtualServers()
 	if err != nil {
 		return nil, fmt.Errorf("listing IPVS virtual servers: %w", err)
 	}
-	current.reals = make(map[VirtualServerKey][]RealServer, len(servers))
-	err = k.EachVirtualServer(func(key VirtualServerKey, reals []RealServer) error {
+	current.reals = make(map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer, len(servers))
+	err = k.EachVirtualServer(func(key ipvskernel.VirtualServerKey, reals []ipvskernel.RealServer) error {
 		current.reals[key] = slices.Clone(reals)
 		return nil
 	})
@@ -127,7 +128,7 @@ func (p *Syncer) readKernel() (*kernelObjects, error) {
 	}
 	bound, err := k.BoundAddresses()
 	if err != nil {
-		return nil, fmt.Errorf("listing the addresses of %s: %w", DummyLink, err)
+		return nil, fmt.Errorf("listing the addresses of %s: %w", ipvskernel.DummyLink, err)
 	}
 	for _, a := range bound {
 		current.bound[a] = true
@@ -148,8 +149,8 @@ func (p *Syncer) readKernel() (*kernelObjects, error) {
 // readReals lists the real servers of the virtual servers a partial sync
 // keeps (wanted now and applied before), with their weights and
 // connections, before it decides anything.
-func (p *Syncer) readReals(wanted map[state.ServicePortName]ServiceObjects) (map[VirtualServerKey][]RealServer, error) {
-	listed := map[VirtualServerKey][]RealServer{}
+func (p *Syncer) readReals(wanted map[state.ServicePortName]ServiceObjects) (map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer, error) {
+	listed := map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer{}
 	for name, objects := range wanted {
 		applied := p.applied[name].Servers
 		for _, s := range objects.Servers {

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/rapidproxy/rapidproxy/internal/iptables"
-	"github.com/rapidproxy/rapidproxy/pkg/metrics"
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 )
 
 // plan is what one sync sends to the kernel, decided before anything is
@@ -20,7 +20,7 @@ type plan struct {
 	steps []op
 	// sets are the entry changes, deletions first, so that a full set
 	// has room for the additions.
-	sets []SetChange
+	sets []ipvskernel.SetChange
 	// chains are every chain of the mode; with full, ChainSet compares
 	// them with the kernel, else with what it last wrote.
 	chains map[iptables.Table][]iptables.OwnChain
@@ -29,7 +29,7 @@ type plan struct {
 	// its virtual server is there (a bound address without one would take
 	// the service's traffic to the node's own sockets).
 	unbind        []netip.Addr
-	deleteServers []VirtualServerKey
+	deleteServers []ipvskernel.VirtualServerKey
 }
 
 type opKind uint8
@@ -139,17 +139,17 @@ func (p *Syncer) apply(pl *plan) error {
 	}
 	bind := func(a netip.Addr) {
 		if err := k.Bind(a); err != nil {
-			fail(err, "binding %s to %s", a, DummyLink)
+			fail(err, "binding %s to %s", a, ipvskernel.DummyLink)
 		}
 	}
-	var notAdded map[VirtualServerKey]bool
+	var notAdded map[ipvskernel.VirtualServerKey]bool
 	// refused says, of each address a virtual server was refused on,
 	// whether every one since was too; kept only on a failure, as it is
 	// rare.
 	var refused map[netip.Addr]bool
 	var putOff []netip.Addr
 	for _, o := range pl.steps {
-		var key VirtualServerKey
+		var key ipvskernel.VirtualServerKey
 		if o.server != nil {
 			key = o.server.VirtualServerKey
 		}
@@ -161,7 +161,7 @@ func (p *Syncer) apply(pl *plan) error {
 			if err := k.AddVirtualServer(o.server.VirtualServer); err != nil {
 				fail(err, "adding virtual server %s", key)
 				if notAdded == nil {
-					notAdded, refused = map[VirtualServerKey]bool{}, map[netip.Addr]bool{}
+					notAdded, refused = map[ipvskernel.VirtualServerKey]bool{}, map[netip.Addr]bool{}
 				}
 				notAdded[key] = true
 				if _, seen := refused[key.Addr]; !seen {
@@ -174,7 +174,7 @@ func (p *Syncer) apply(pl *plan) error {
 			}
 			for _, rs := range o.server.Reals {
 				delete(p.draining, drainKey{key, rs})
-				if err := k.AddRealServer(key, RealServer{Addr: rs.Addr(), Port: rs.Port(), Weight: 1}); err != nil {
+				if err := k.AddRealServer(key, ipvskernel.RealServer{Addr: rs.Addr(), Port: rs.Port(), Weight: 1}); err != nil {
 					fail(err, "adding real server %s to %s", rs, key)
 				}
 			}
@@ -184,7 +184,7 @@ func (p *Syncer) apply(pl *plan) error {
 			}
 		case opAddReal, opRestoreReal:
 			delete(p.draining, drainKey{key, o.real})
-			real := RealServer{Addr: o.real.Addr(), Port: o.real.Port(), Weight: 1}
+			real := ipvskernel.RealServer{Addr: o.real.Addr(), Port: o.real.Port(), Weight: 1}
 			var err error
 			if o.kind == opRestoreReal {
 				err = k.UpdateRealServer(key, real)
@@ -196,7 +196,7 @@ func (p *Syncer) apply(pl *plan) error {
 			}
 		case opDrainReal, opWatchDrain:
 			if o.kind == opDrainReal {
-				if err := k.UpdateRealServer(key, RealServer{Addr: o.real.Addr(), Port: o.real.Port(), Weight: 0}); err != nil {
+				if err := k.UpdateRealServer(key, ipvskernel.RealServer{Addr: o.real.Addr(), Port: o.real.Port(), Weight: 0}); err != nil {
 					fail(err, "draining real server %s of %s", o.real, key)
 					continue
 				}
@@ -227,12 +227,11 @@ func (p *Syncer) apply(pl *plan) error {
 		}
 	}
 	if err := p.chains.Sync(pl.chains, Jumps(), pl.full); err != nil {
-		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
-		fail(err, "writing the iptables chains")
+		fail(restoreError{err}, "writing the iptables chains")
 	}
 	for _, a := range pl.unbind {
 		if err := k.Unbind(a); err != nil {
-			fail(err, "unbinding %s from %s", a, DummyLink)
+			fail(err, "unbinding %s from %s", a, ipvskernel.DummyLink)
 		}
 	}
 	for _, key := range pl.deleteServers {

@@ -9,6 +9,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 
 	"github.com/rapidproxy/rapidproxy/internal/iptables"
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -44,7 +45,7 @@ type Addresses struct {
 // Server is a virtual server with the real servers it should have, each
 // at weight 1.
 type Server struct {
-	VirtualServer
+	ipvskernel.VirtualServer
 	Reals []netip.AddrPort
 }
 
@@ -91,26 +92,26 @@ var protocolNumbers = map[v1.Protocol]string{v1.ProtocolTCP: "6", v1.ProtocolUDP
 // setTypes are the sets' types, in the order upstream creates them.
 var setTypes = []struct {
 	name    string
-	typ     SetType
+	typ     ipvskernel.SetType
 	comment string
 }{
-	{setLoopBack, HashIPPortIP, "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"},
-	{setClusterIP, HashIPPort, "Kubernetes service cluster ip + port for masquerade purpose"},
-	{setExternalIP, HashIPPort, "Kubernetes service external ip + port for masquerade and filter purpose"},
-	{setExternalIPLocal, HashIPPort, "Kubernetes service external ip + port with externalTrafficPolicy=local"},
-	{setLoadBalancer, HashIPPort, "Kubernetes service lb portal"},
-	{setLoadBalancerFW, HashIPPort, "Kubernetes service load balancer ip + port for load balancer with sourceRange"},
-	{setLoadBalancerLocal, HashIPPort, "Kubernetes service load balancer ip + port with externalTrafficPolicy=local"},
-	{setLoadBalancerSourceIP, HashIPPortIP, "Kubernetes service load balancer ip + port + source IP for packet filter purpose"},
-	{setLoadBalancerSourceNet, HashIPPortNet, "Kubernetes service load balancer ip + port + source cidr for packet filter purpose"},
-	{setNodePortTCP, BitmapPort, "Kubernetes nodeport TCP port for masquerade purpose"},
-	{setNodePortLocalTCP, BitmapPort, "Kubernetes nodeport TCP port with externalTrafficPolicy=local"},
-	{setNodePortUDP, BitmapPort, "Kubernetes nodeport UDP port for masquerade purpose"},
-	{setNodePortLocalUDP, BitmapPort, "Kubernetes nodeport UDP port with externalTrafficPolicy=local"},
-	{setNodePortSCTP, HashIPPort, "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'"},
-	{setNodePortLocalSCTP, HashIPPort, "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type 'hash ip:port'"},
-	{setHealthCheckNodePort, BitmapPort, "Kubernetes health check node port"},
-	{setIPVSAddresses, HashIP, "Addresses on the ipvs interface"},
+	{setLoopBack, ipvskernel.HashIPPortIP, "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"},
+	{setClusterIP, ipvskernel.HashIPPort, "Kubernetes service cluster ip + port for masquerade purpose"},
+	{setExternalIP, ipvskernel.HashIPPort, "Kubernetes service external ip + port for masquerade and filter purpose"},
+	{setExternalIPLocal, ipvskernel.HashIPPort, "Kubernetes service external ip + port with externalTrafficPolicy=local"},
+	{setLoadBalancer, ipvskernel.HashIPPort, "Kubernetes service lb portal"},
+	{setLoadBalancerFW, ipvskernel.HashIPPort, "Kubernetes service load balancer ip + port for load balancer with sourceRange"},
+	{setLoadBalancerLocal, ipvskernel.HashIPPort, "Kubernetes service load balancer ip + port with externalTrafficPolicy=local"},
+	{setLoadBalancerSourceIP, ipvskernel.HashIPPortIP, "Kubernetes service load balancer ip + port + source IP for packet filter purpose"},
+	{setLoadBalancerSourceNet, ipvskernel.HashIPPortNet, "Kubernetes service load balancer ip + port + source cidr for packet filter purpose"},
+	{setNodePortTCP, ipvskernel.BitmapPort, "Kubernetes nodeport TCP port for masquerade purpose"},
+	{setNodePortLocalTCP, ipvskernel.BitmapPort, "Kubernetes nodeport TCP port with externalTrafficPolicy=local"},
+	{setNodePortUDP, ipvskernel.BitmapPort, "Kubernetes nodeport UDP port for masquerade purpose"},
+	{setNodePortLocalUDP, ipvskernel.BitmapPort, "Kubernetes nodeport UDP port with externalTrafficPolicy=local"},
+	{setNodePortSCTP, ipvskernel.HashIPPort, "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'"},
+	{setNodePortLocalSCTP, ipvskernel.HashIPPort, "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type 'hash ip:port'"},
+	{setHealthCheckNodePort, ipvskernel.BitmapPort, "Kubernetes health check node port"},
+	{setIPVSAddresses, ipvskernel.HashIP, "Addresses on the ipvs interface"},
 }
 
 // maxSetName is the longest name the kernel gives a set.
@@ -126,11 +127,11 @@ func (p *Params) setName(base string) string {
 }
 
 // Sets are the ipsets the mode creates.
-func (p *Params) Sets() []SetSpec {
-	out := make([]SetSpec, len(setTypes))
+func (p *Params) Sets() []ipvskernel.SetSpec {
+	out := make([]ipvskernel.SetSpec, len(setTypes))
 	for i, s := range setTypes {
-		out[i] = SetSpec{Name: p.setName(s.name), Type: s.typ, IPv6: p.IPv6}
-		if s.typ != BitmapPort {
+		out[i] = ipvskernel.SetSpec{Name: p.setName(s.name), Type: s.typ, IPv6: p.IPv6}
+		if s.typ != ipvskernel.BitmapPort {
 			out[i].MaxElem = p.MaxSetEntries
 		}
 	}
@@ -173,16 +174,16 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, endpoints []*state.Endpo
 	paths := state.PathsOf(svc, sel)
 	internal, external := reals(paths.Internal), reals(paths.External)
 	server := func(ip netip.Addr, port int32, to []netip.AddrPort) {
-		vs := VirtualServer{
-			VirtualServerKey: VirtualServerKey{Addr: ip, Port: uint16(port), Protocol: svc.Protocol},
+		vs := ipvskernel.VirtualServer{
+			VirtualServerKey: ipvskernel.VirtualServerKey{Addr: ip, Port: uint16(port), Protocol: svc.Protocol},
 			Scheduler:        p.Scheduler,
 		}
 		if svc.AffinityTimeoutSeconds > 0 {
-			vs.Flags |= FlagPersistent
+			vs.Flags |= ipvskernel.FlagPersistent
 			vs.Timeout = uint32(svc.AffinityTimeoutSeconds)
 		}
 		if p.Scheduler == "mh" {
-			vs.Flags |= FlagSourceHash
+			vs.Flags |= ipvskernel.FlagSourceHash
 		}
 		out.Servers = append(out.Servers, Server{VirtualServer: vs, Reals: to})
 	}

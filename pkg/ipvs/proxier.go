@@ -5,6 +5,7 @@
 package ipvs
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/rapidproxy/rapidproxy/internal/iptables"
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
@@ -25,7 +27,7 @@ import (
 // Config are the IPVS mode's inputs.
 type Config struct {
 	Family   v1.IPFamily
-	Kernel   Kernel
+	Kernel   ipvskernel.Interface
 	IPTables iptables.Kernel
 	Params   Params
 	// NodePortAddresses picks the addresses NodePorts answer on from the
@@ -55,14 +57,14 @@ const DefaultCheckInterval = time.Second
 // DefaultMaxDrain is upstream's former bound on graceful termination.
 const DefaultMaxDrain = 15 * time.Minute
 
-// The core finds a mode's optional capabilities by type assertion: these
-// make a renamed method a compile error instead of a capability silently
-// switched off.
+// The optional capabilities of the mode contract (pkg/proxy/mode.go) this
+// mode has.
 var (
-	_ proxy.Describer = (*Syncer)(nil)
-	_ proxy.Preparer  = (*Syncer)(nil)
-	_ proxy.Watcher   = (*Syncer)(nil)
-	_ proxy.Tracer    = (*Syncer)(nil)
+	_ proxy.Describer      = (*Syncer)(nil)
+	_ proxy.Preparer       = (*Syncer)(nil)
+	_ proxy.Watcher        = (*Syncer)(nil)
+	_ proxy.Tracer         = (*Syncer)(nil)
+	_ proxy.FailureCounter = (*Syncer)(nil)
 )
 
 // Syncer is the IPVS mode for one IP family: the proxy core hands it the
@@ -111,7 +113,7 @@ type Syncer struct {
 }
 
 type drainKey struct {
-	server VirtualServerKey
+	server ipvskernel.VirtualServerKey
 	real   netip.AddrPort
 }
 
@@ -255,7 +257,7 @@ func (p *Syncer) FullSync(v state.View) error {
 func (p *Syncer) fullSync(v state.View) error {
 	k := p.cfg.Kernel
 	if err := k.EnsureDummyLink(); err != nil {
-		return fmt.Errorf("creating %s: %w", DummyLink, err)
+		return fmt.Errorf("creating %s: %w", ipvskernel.DummyLink, err)
 	}
 	if err := k.EnsureSets(p.cfg.Params.Sets()); err != nil {
 		return fmt.Errorf("creating the ipsets: %w", err)
@@ -307,6 +309,20 @@ func (p *Syncer) run(d *diff, full bool) error {
 		p.snapshot.Store(&settled)
 	}
 	return err
+}
+
+// restoreError is a sync's failed iptables-restore, the one failure of
+// the IPVS mode that upstream's metric counts.
+type restoreError struct{ error }
+
+func (e restoreError) Unwrap() error { return e.error }
+
+// CountFailure counts a failed sync whose iptables-restore failed, as
+// upstream's IPVS mode does.
+func (p *Syncer) CountFailure(_ bool, err error) {
+	if errors.As(err, new(restoreError)) {
+		metrics.IPTablesRestoreFailuresTotal.WithLabelValues(string(p.cfg.Family)).Inc()
+	}
 }
 
 // LeftOut tells which set entries the last sync left out because their

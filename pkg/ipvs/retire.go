@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 )
 
 // Retire is one round of taking the IPVS mode's objects off a node that
@@ -17,17 +19,17 @@ import (
 // new mode's rules take every new connection before routing, so what
 // stays serves only the old ones. The link itself and the ipsets go with
 // Cleanup once none drains.
-func Retire(k Kernel, excludeCIDRs []netip.Prefix, force bool) (Retired, error) {
+func Retire(k ipvskernel.Interface, excludeCIDRs []netip.Prefix, force bool) (Retired, error) {
 	var errs []error
 	var r Retired
 	kept := map[netip.Addr]bool{}
-	var remove []VirtualServerKey
-	err := k.EachVirtualServer(func(key VirtualServerKey, reals []RealServer) error {
+	var remove []ipvskernel.VirtualServerKey
+	err := k.EachVirtualServer(func(key ipvskernel.VirtualServerKey, reals []ipvskernel.RealServer) error {
 		if slices.ContainsFunc(excludeCIDRs, func(p netip.Prefix) bool { return p.Contains(key.Addr) }) {
 			kept[key.Addr] = true // another program's
 			return nil
 		}
-		if slices.ContainsFunc(reals, func(rs RealServer) bool { return rs.ActiveConns+rs.InactiveConns > 0 }) {
+		if slices.ContainsFunc(reals, func(rs ipvskernel.RealServer) bool { return rs.ActiveConns+rs.InactiveConns > 0 }) {
 			if !force {
 				kept[key.Addr] = true
 				r.Draining++
@@ -56,7 +58,7 @@ func Retire(k Kernel, excludeCIDRs []netip.Prefix, force bool) (Retired, error) 
 	for _, a := range bound {
 		if !kept[a] {
 			if err := k.Unbind(a); err != nil {
-				errs = append(errs, fmt.Errorf("unbinding %s from %s: %w", a, DummyLink, err))
+				errs = append(errs, fmt.Errorf("unbinding %s from %s: %w", a, ipvskernel.DummyLink, err))
 			}
 		}
 	}
@@ -68,5 +70,5 @@ func Retire(k Kernel, excludeCIDRs []netip.Prefix, force bool) (Retired, error) 
 // connections (force).
 type Retired struct {
 	Removed, Draining int
-	Cut               []VirtualServerKey
+	Cut               []ipvskernel.VirtualServerKey
 }

@@ -7,6 +7,7 @@ import (
 
 	v1 "k8s.io/api/core/v1"
 
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/ipvs"
 )
 
@@ -17,12 +18,12 @@ import (
 // excludeCIDRs are another program's and stay.
 func TestRetireKeepsWhatStillHasConnections(t *testing.T) {
 	n, _, _ := fedNode(t)
-	web := ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
+	web := ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
 	webEndpoint := netip.MustParseAddrPort("10.244.1.5:8080")
 	if err := n.kernel.SetConnections(web, webEndpoint, 1, 0); err != nil {
 		t.Fatal(err)
 	}
-	lb := ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.255.3.1"), Port: 80, Protocol: v1.ProtocolTCP}
+	lb := ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.255.3.1"), Port: 80, Protocol: v1.ProtocolTCP}
 	if err := n.kernel.SetConnections(lb, netip.MustParseAddrPort("10.244.1.8:8080"), 0, 2); err != nil {
 		t.Fatal(err)
 	}

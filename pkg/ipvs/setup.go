@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/internal/kernel"
 	"github.com/rapidproxy/rapidproxy/internal/sysctl"
 )
@@ -32,7 +33,7 @@ const ModulesDir = "/sys/module"
 // scheduler proves it already. The module is looked at first: it costs
 // no request, where the list of virtual servers took 0.5 s of a restart
 // at 10,000 services under emulation.
-func CheckScheduler(k Kernel, modules, scheduler string, ipv6 bool) error {
+func CheckScheduler(k ipvskernel.Interface, modules, scheduler string, ipv6 bool) error {
 	if validScheduler.MatchString(scheduler) {
 		if _, err := os.Stat(filepath.Join(modules, "ip_vs_"+scheduler)); err == nil {
 			return nil
@@ -51,8 +52,8 @@ func CheckScheduler(k Kernel, modules, scheduler string, ipv6 bool) error {
 	if ipv6 {
 		addr = netip.MustParseAddr("2001:db8::") // RFC 3849's
 	}
-	probe := VirtualServer{
-		VirtualServerKey: VirtualServerKey{Addr: addr, Port: 20000, Protocol: v1.ProtocolTCP},
+	probe := ipvskernel.VirtualServer{
+		VirtualServerKey: ipvskernel.VirtualServerKey{Addr: addr, Port: 20000, Protocol: v1.ProtocolTCP},
 		Scheduler:        scheduler,
 	}
 	if err := k.AddVirtualServer(probe); err != nil {

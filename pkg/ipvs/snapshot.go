@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/netip"
 
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
@@ -25,7 +26,7 @@ type appliedSnapshot struct {
 	// servers it wants; bound counts the service ports wanting each
 	// address on kube-ipvs0; setSizes are each set's entries. The diff
 	// keeps its counts in them: they are the syncer's only copy.
-	servers  *shardedMap[VirtualServerKey, appliedServer]
+	servers  *shardedMap[ipvskernel.VirtualServerKey, appliedServer]
 	bound    *shardedMap[netip.Addr, int]
 	setSizes map[string]int
 }
@@ -40,7 +41,7 @@ type appliedServer struct {
 }
 
 func emptySnapshot() *appliedSnapshot {
-	return &appliedSnapshot{servers: newShardedMap[VirtualServerKey, appliedServer](), bound: newShardedMap[netip.Addr, int]()}
+	return &appliedSnapshot{servers: newShardedMap[ipvskernel.VirtualServerKey, appliedServer](), bound: newShardedMap[netip.Addr, int]()}
 }
 
 // stableSince is the last sync whose kernel changes were all made when s

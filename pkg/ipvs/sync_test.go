@@ -33,6 +33,8 @@ import (
 // kernel (chains_kernel_test.go).
 type fakeIPTables struct {
 	restores int
+	// refuse, when set, is every restore's error.
+	refuse error
 	// flushed is set by a test while the drift check reads it, with
 	// generation moved, as a flush moves the table's.
 	flushed    atomic.Bool
@@ -49,8 +51,10 @@ func (k *fakeIPTables) flush() {
 
 func (k *fakeIPTables) Restore(in io.Reader) error {
 	k.restores++
-	_, err := io.Copy(io.Discard, in)
-	return err
+	if _, err := io.Copy(io.Discard, in); err != nil {
+		return err
+	}
+	return k.refuse
 }
 func (k *fakeIPTables) Save(read func(io.Reader) error) error {
 	k.saves.Add(1)
@@ -89,7 +93,7 @@ type watchedKernel struct {
 	n *node
 }
 
-func (k watchedKernel) ChangeSets(changes []ipvs.SetChange) error {
+func (k watchedKernel) ChangeSets(changes []ipvskernel.SetChange) error {
 	err := k.Fake.ChangeSets(changes)
 	if err != nil {
 		k.n.restoreErrors = append(k.n.restoreErrors, err)
@@ -97,8 +101,8 @@ func (k watchedKernel) ChangeSets(changes []ipvs.SetChange) error {
 	return err
 }
 
-func (k watchedKernel) EachVirtualServer(each func(ipvs.VirtualServerKey, []ipvs.RealServer) error) error {
-	err := k.Fake.EachVirtualServer(func(key ipvs.VirtualServerKey, reals []ipvs.RealServer) error {
+func (k watchedKernel) EachVirtualServer(each func(ipvskernel.VirtualServerKey, []ipvskernel.RealServer) error) error {
+	err := k.Fake.EachVirtualServer(func(key ipvskernel.VirtualServerKey, reals []ipvskernel.RealServer) error {
 		err := each(key, reals)
 		if f := k.n.duringListing.Swap(nil); f != nil {
 			(*f)()
@@ -336,7 +340,7 @@ func TestRestartTakesWhatItReadWhileTheInformersListed(t *testing.T) {
 
 	third, mode := n.proxier(t)
 	mode.Prepare()
-	if err := n.kernel.ChangeSets([]ipvs.SetChange{{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.10,tcp:80", Delete: true}}); err != nil {
+	if err := n.kernel.ChangeSets([]ipvskernel.SetChange{{Set: "KUBE-CLUSTER-IP", Entry: "10.96.0.10,tcp:80", Delete: true}}); err != nil {
 		t.Fatal(err)
 	}
 	n.iptables.generation.Add(1)
@@ -366,7 +370,7 @@ func TestRemovedRealServersDrain(t *testing.T) {
 	endpoints(core, "dns", v1.ProtocolUDP, "10.244.1.5", "10.244.1.6")
 	synced(core)
 	sync(t, core)
-	web := ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
+	web := ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
 	gone := netip.MustParseAddrPort("10.244.1.6:8080")
 	if err := n.kernel.SetConnections(web, gone, 1, 0); err != nil {
 		t.Fatal(err)
@@ -406,15 +410,15 @@ func TestRemovedRealServersDrain(t *testing.T) {
 // belong to other programs and stay; others no service wants go.
 func TestFirstSyncRepairsWeightsAndKeepsExcludedServers(t *testing.T) {
 	n := newNode()
-	web := ipvs.VirtualServer{VirtualServerKey: ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}, Scheduler: "rr"}
-	other := ipvs.VirtualServer{VirtualServerKey: ipvs.VirtualServerKey{Addr: netip.MustParseAddr("192.0.2.1"), Port: 80, Protocol: v1.ProtocolTCP}, Scheduler: "rr"}
-	stale := ipvs.VirtualServer{VirtualServerKey: ipvs.VirtualServerKey{Addr: netip.MustParseAddr("10.96.9.9"), Port: 80, Protocol: v1.ProtocolTCP}, Scheduler: "rr"}
-	for _, vs := range []ipvs.VirtualServer{web, other, stale} {
+	web := ipvskernel.VirtualServer{VirtualServerKey: ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}, Scheduler: "rr"}
+	other := ipvskernel.VirtualServer{VirtualServerKey: ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("192.0.2.1"), Port: 80, Protocol: v1.ProtocolTCP}, Scheduler: "rr"}
+	stale := ipvskernel.VirtualServer{VirtualServerKey: ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.96.9.9"), Port: 80, Protocol: v1.ProtocolTCP}, Scheduler: "rr"}
+	for _, vs := range []ipvskernel.VirtualServer{web, other, stale} {
 		if err := n.kernel.AddVirtualServer(vs); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := n.kernel.AddRealServer(web.VirtualServerKey, ipvs.RealServer{Addr: netip.MustParseAddr("10.244.1.5"), Port: 8080, Weight: 0}); err != nil {
+	if err := n.kernel.AddRealServer(web.VirtualServerKey, ipvskernel.RealServer{Addr: netip.MustParseAddr("10.244.1.5"), Port: 8080, Weight: 0}); err != nil {
 		t.Fatal(err)
 	}
 	core, _ := n.proxier(t, netip.MustParsePrefix("192.0.2.0/24"))

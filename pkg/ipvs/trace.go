@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/rapidproxy/rapidproxy/internal/iptables"
+	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 	"github.com/rapidproxy/rapidproxy/pkg/trace"
 )
@@ -85,7 +86,7 @@ func (p *Params) trace(svc *state.ServicePort, want ServiceObjects, pkt trace.Pa
 		// node's own).
 		vs := "ipvs " + server.VirtualServerKey.String()
 		what := server.Scheduler
-		if server.Flags&FlagPersistent != 0 {
+		if server.Flags&ipvskernel.FlagPersistent != 0 {
 			what += ", persistent " + strconv.Itoa(int(server.Timeout)) + " s"
 		}
 		if len(server.Reals) == 0 {
@@ -124,7 +125,7 @@ func (p *Params) trace(svc *state.ServicePort, want ServiceObjects, pkt trace.Pa
 // matchSet tells whether the packet matches one of a set's entries, the
 // flags saying which of its fields each part of an entry is.
 func (p *Params) matchSet(set, flags string, entries []string, pkt trace.Packet) bool {
-	typ := SetType("")
+	typ := ipvskernel.SetType("")
 	for _, s := range setTypes {
 		if p.setName(s.name) == set {
 			typ = s.typ
@@ -141,15 +142,15 @@ func (p *Params) matchSet(set, flags string, entries []string, pkt trace.Packet)
 	ipPort := addr(0) + "," + strings.ToLower(string(pkt.Protocol)) + ":" + port
 	var key string
 	switch typ {
-	case HashIP:
+	case ipvskernel.HashIP:
 		key = addr(0)
-	case BitmapPort:
+	case ipvskernel.BitmapPort:
 		key = port
-	case HashIPPort:
+	case ipvskernel.HashIPPort:
 		key = ipPort
-	case HashIPPortIP:
+	case ipvskernel.HashIPPortIP:
 		key = ipPort + "," + addr(2)
-	case HashIPPortNet:
+	case ipvskernel.HashIPPortNet:
 		src, _ := netip.ParseAddr(addr(2))
 		for _, e := range entries {
 			if rest, ok := strings.CutPrefix(e, ipPort+","); ok {

@@ -379,7 +379,7 @@ func TestKernelUnencodedTransactionGoesToNFT(t *testing.T) {
 	if k.overNetlink != overNetlink || len(k.txs) != n+2 || !strings.Contains(k.txs[n], "add rule ip kube-proxy other counter") {
 		t.Errorf("over netlink: %d; transactions:\n%s", k.overNetlink-overNetlink, strings.Join(k.txs[n:], "\n"))
 	}
-	if !h.syncer.encodeFailed {
+	if !h.syncer.logged.netlinkEncode {
 		t.Error("the fallback was not logged")
 	}
 	rules, err := k.ListRules(t.Context(), "other")

@@ -32,7 +32,7 @@ func (s *Syncer) netlinkTx(p txPlan) (*nftnl.Writer, error) {
 // setType is the type and flags of a set the table holds, as the
 // writer's elements are typed by.
 func (s *Syncer) setType(name string) (string, []string, bool) {
-	ts, ok := s.kernel.sets[name]
+	ts, ok := s.table.kernel.sets[name]
 	if !ok {
 		return "", nil, false
 	}

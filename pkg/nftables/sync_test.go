@@ -323,8 +323,13 @@ func TestWatchListsOnlyAfterOtherChanges(t *testing.T) {
 	h := sampleHarness(t)
 	check := func(wantGone bool, wantLists int) {
 		t.Helper()
-		if got := h.syncer.check(t.Context()); (got != "") != wantGone {
+		lists := h.nft.lists
+		got, changed := h.syncer.check(t.Context())
+		if (got != "") != wantGone {
 			t.Errorf("check found %q, want something missing: %v", got, wantGone)
+		}
+		if listed := h.nft.lists > lists; changed != listed {
+			t.Errorf("check says another program changed the ruleset: %v, but it listed the table: %v", changed, listed)
 		}
 		if h.nft.lists != wantLists {
 			t.Errorf("%d listings, want %d", h.nft.lists, wantLists)

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/knftables"
@@ -79,15 +80,15 @@ type LocalhostProxy interface {
 // it goes.
 const staleChainDelay = time.Second
 
-// The core finds a mode's optional capabilities by type assertion: these
-// make a renamed method a compile error instead of a capability silently
-// switched off.
+// The optional capabilities of the mode contract (pkg/proxy/mode.go) this
+// mode has.
 var (
 	_ proxy.Describer       = (*Syncer)(nil)
 	_ proxy.ServiceCIDRUser = (*Syncer)(nil)
 	_ proxy.Prober          = (*Syncer)(nil)
 	_ proxy.Deferrer        = (*Syncer)(nil)
 	_ proxy.Tracer          = (*Syncer)(nil)
+	_ proxy.FailureCounter  = (*Syncer)(nil)
 )
 
 // Syncer is the nftables mode for one IP family: the proxy core hands it
@@ -98,22 +99,16 @@ type Syncer struct {
 	now func() time.Time
 	// maxTxOps bounds a large sync's transactions.
 	maxTxOps int
-	// genFailed is set by the watch once it logged that it cannot read
-	// the generation.
-	genFailed bool
-	// readFailed is set once a full sync logged that it could not read
-	// the table over netlink; encodeFailed once a sync logged that it
-	// could not encode a transaction for netlink.
-	readFailed, encodeFailed bool
+	// logged keeps the fallbacks' log lines from repeating; the watch
+	// writes one of its flags, the syncs the others.
+	logged logOnce
 	// writeTx runs one of our transactions: through nfgen.Write when the
 	// generation is nfgen's.
 	writeTx func(func() error) error
 
 	mu sync.Mutex
-	// kernel is what the table holds: read by a full sync, kept up to date
-	// by each transaction; nil until a full sync succeeds, and after a
-	// failure (the next sync must read the table again).
-	kernel *table
+	// table is what the syncer knows of the table (tablestate.go).
+	table tableState
 	// layout and applied are what the fixed part and each service port
 	// asked for in the last sync; elements counts who wants which element.
 	layout  Layout
@@ -122,17 +117,6 @@ type Syncer struct {
 	// stale are the chains flushed and no longer wanted, to be deleted
 	// by a later transaction.
 	stale map[string]staleChain
-	// verified is the ruleset generation at which the table last held
-	// what we wrote, as far as we know: read before a full sync's listing,
-	// moved on by each transaction of ours that alone moved it, and by
-	// the watch when it found the table in place. The watch lists the
-	// table only when the generation is another.
-	verified uint64
-	// foreign is set by the watch when another program changed the
-	// ruleset since it last looked; verifying, when it asked for the
-	// full sync that compares the whole table with what we want, which
-	// then logs and counts the chains it restored as they were applied.
-	foreign, verifying bool
 }
 
 // staleChain is when a chain was flushed, and whether deleting it failed.
@@ -177,8 +161,18 @@ func New(cfg Config) (*Syncer, error) {
 	if cfg.Generation == nil {
 		cfg.Generation, writeTx = nfgen.ForeignGeneration, nfgen.Write
 	}
-	metrics.NFTablesRepairsTotal.WithLabelValues(string(cfg.Family))
+	// Served from the start, at zero: a counter that first appears at 1
+	// hides that first failure from increase() in alerts.
+	for _, c := range []*prometheus.CounterVec{metrics.NFTablesRepairsTotal, metrics.NFTablesSyncFailuresTotal, metrics.NFTablesCleanupFailuresTotal} {
+		c.WithLabelValues(string(cfg.Family))
+	}
 	return &Syncer{cfg: cfg, now: time.Now, maxTxOps: maxTxOps, stale: map[string]staleChain{}, writeTx: writeTx}, nil
+}
+
+// CountFailure counts every failed sync, partial or full, as upstream's
+// nftables mode does.
+func (s *Syncer) CountFailure(bool, error) {
+	metrics.NFTablesSyncFailuresTotal.WithLabelValues(string(s.cfg.Family)).Inc()
 }
 
 // SetServiceCIDRs changes the ServiceCIDRs whose unallocated addresses are
@@ -197,21 +191,18 @@ func (s *Syncer) FullSync(v state.View) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var applied map[string][]string
-	if s.verifying {
+	if s.table.takeRepair() {
 		applied = s.appliedChains()
 	}
-	s.verifying = false
 	// What the listing shows is the table at this generation or later.
 	gen, genErr := s.cfg.Generation()
 	t, err := s.readKernel(context.TODO())
 	if err != nil {
-		s.kernel = nil
+		s.table.lost()
 		return fmt.Errorf("reading the %s table: %w", TableName, err)
 	}
-	s.kernel, s.layout, s.applied, s.wanted = t, Layout{}, map[state.ServicePortName]ServiceObjects{}, map[elemID]wantedElem{}
-	if genErr == nil {
-		s.verified = gen
-	}
+	s.table.read(t, gen, genErr)
+	s.layout, s.applied, s.wanted = Layout{}, map[state.ServicePortName]ServiceObjects{}, map[elemID]wantedElem{}
 	for name := range s.stale {
 		if _, ok := t.chains[name]; !ok {
 			delete(s.stale, name)
@@ -247,9 +238,9 @@ func (s *Syncer) readKernel(ctx context.Context) (*table, error) {
 			return newTable(), nil
 		case err == nil:
 			return fromNetlink(nt), nil
-		case !s.readFailed:
+		case !s.logged.netlinkRead:
 			klog.V(2).InfoS("Cannot read the nftables table over netlink; listing it with nft instead", "ipFamily", s.cfg.Family, "err", err)
-			s.readFailed = true
+			s.logged.netlinkRead = true
 		}
 	}
 	return readTable(ctx, s.cfg.List, "table", "")
@@ -274,7 +265,7 @@ func (s *Syncer) appliedChains() map[string][]string {
 func (s *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]bool) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.kernel == nil {
+	if s.table.phase() == phaseUnknown {
 		return proxy.ErrFullSyncNeeded
 	}
 	w := s.newWrite(false)
@@ -318,10 +309,7 @@ func (s *Syncer) ProbeInterval() time.Duration { return time.Second }
 // the full sync the core paces for it, which compares the whole table
 // with what we want and writes only the difference.
 func (s *Syncer) Probe(ctx context.Context) (gone string, changed bool) {
-	gone = s.check(ctx)
-	s.mu.Lock()
-	changed, s.foreign = s.foreign, false
-	s.mu.Unlock()
+	gone, changed = s.check(ctx)
 	if gone != "" {
 		klog.InfoS("The nftables table was changed by another program; resyncing", "ipFamily", s.cfg.Family, "found", gone)
 	}
@@ -331,40 +319,35 @@ func (s *Syncer) Probe(ctx context.Context) (gone string, changed bool) {
 // RepairNext has the next full sync log and count the chains it restores.
 func (s *Syncer) RepairNext() {
 	s.mu.Lock()
-	s.verifying = true
+	s.table.askRepair()
 	s.mu.Unlock()
 }
 
 // check is one look of the watch: what is missing of what the last sync
-// wrote, "" when all is there, nothing was written yet, or the generation
-// is still the one we know the table in place at.
-func (s *Syncer) check(ctx context.Context) string {
+// wrote ("" when all is there, nothing was written yet, or the generation
+// is still the one we know the table in place at), and whether another
+// program changed the ruleset since the last look.
+func (s *Syncer) check(ctx context.Context) (gone string, changed bool) {
 	// Read with the generation, which a sync holding mu cannot move.
 	s.mu.Lock()
 	gen, err := s.cfg.Generation()
-	known, written := s.verified, s.kernel != nil && s.kernel.exists
+	known, written := s.table.watched()
 	s.mu.Unlock()
 	if !written || (err == nil && gen == known) {
-		return ""
+		return "", false
 	}
-	s.mu.Lock()
-	s.foreign = true
-	s.mu.Unlock()
-	if err != nil && !s.genFailed {
+	if err != nil && !s.logged.generation {
 		// Without the generation, list every time.
 		klog.ErrorS(err, "Reading the nftables ruleset generation; checking the table by listing it instead", "ipFamily", s.cfg.Family)
-		s.genFailed = true
+		s.logged.generation = true
 	}
-	gone := s.tableGone(ctx)
+	gone = s.tableGone(ctx)
 	if gone == "" && err == nil {
 		s.mu.Lock()
-		// Unless a sync moved it on meanwhile.
-		if s.verified == known {
-			s.verified = gen
-		}
+		s.table.confirmed(known, gen)
 		s.mu.Unlock()
 	}
-	return gone
+	return gone, true
 }
 
 // tableGone tells what is missing of what the last sync wrote, listing
@@ -389,14 +372,12 @@ func (s *Syncer) tableGone(ctx context.Context) string {
 // generation from one the table was known in place at, the table is
 // known in place at the new one.
 func (s *Syncer) run(send func() error) error {
-	before, err := s.cfg.Generation()
+	before, errBefore := s.cfg.Generation()
 	if err := s.writeTx(send); err != nil {
 		return err
 	}
 	after, errAfter := s.cfg.Generation()
-	if err == nil && errAfter == nil && before == s.verified && uint32(after) == uint32(before)+1 {
-		s.verified = after
-	}
+	s.table.wrote(before, errBefore, after, errAfter)
 	return nil
 }
 

@@ -200,9 +200,9 @@ func (s *Syncer) send(p txPlan) error {
 		if err == nil {
 			return s.cfg.Send(w)
 		}
-		if !s.encodeFailed {
+		if !s.logged.netlinkEncode {
 			klog.V(2).InfoS("Cannot write the nftables transaction over netlink; writing it with nft instead", "ipFamily", s.cfg.Family, "err", err)
-			s.encodeFailed = true
+			s.logged.netlinkEncode = true
 		}
 	}
 	if st, ok := s.cfg.NFT.(streamRunner); ok {
@@ -300,7 +300,7 @@ func (s *Syncer) deleteStaleChains() {
 		}
 		for _, name := range names {
 			delete(s.stale, name)
-			delete(s.kernel.chains, name)
+			delete(s.table.kernel.chains, name)
 		}
 	}
 }

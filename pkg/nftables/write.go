@@ -82,7 +82,7 @@ type ruleRef struct {
 }
 
 func (s *Syncer) newWrite(full bool) *write {
-	return &write{s: s, t: s.kernel, full: full, touched: map[elemID]bool{}, seenChains: map[string]bool{}, seenSets: map[string]bool{}}
+	return &write{s: s, t: s.table.kernel, full: full, touched: map[elemID]bool{}, seenChains: map[string]bool{}, seenSets: map[string]bool{}}
 }
 
 // replaceLayout brings the fixed part in line with l.
@@ -325,7 +325,7 @@ func (w *write) run() error {
 			// nft -f applies all or nothing, but earlier transactions of
 			// a split sync went through: what we think the table holds
 			// is wrong now, and the next sync reads it again.
-			w.s.kernel = nil
+			w.s.table.lost()
 			return fmt.Errorf("nftables transaction of %d operations: %w", plan.len(), err)
 		}
 	}

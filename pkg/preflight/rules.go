@@ -11,7 +11,7 @@ import (
 
 // ownJumps are the rules by which kube-proxy (either mode using iptables,
 // ours or upstream's) leads from the built-in chains into its own.
-var ownJumps = func() []iptables.Jump {
+var ownJumps = func() []iptableskernel.Jump {
 	p := iptables.Params{LocalhostNodePorts: true}
 	return append(p.StaticRules().Jumps, ipvs.Jumps()...)
 }()

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,61 +21,6 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/runner"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
-
-// Mode is what one proxy mode (iptables, IPVS, ...) supplies to the core:
-// making the kernel hold what the state asks for. The core owns everything
-// else: change tracking, the state, the sync schedule, health, conntrack
-// and the generic metrics.
-type Mode interface {
-	// FullSync makes the kernel hold what the whole state asks for,
-	// whatever it holds now (ours, upstream's, or nothing).
-	FullSync(v state.View) error
-	// PartialSync does the same for the service ports that changed, after
-	// a successful sync. ErrFullSyncNeeded asks for a full sync instead;
-	// any other error is a failure, followed by a full sync.
-	PartialSync(v state.View, changed map[state.ServicePortName]bool) error
-}
-
-// Watcher is a mode that watches the kernel for other programs undoing its
-// work at a pace of its own (the IPVS mode's drift check, whose listings
-// cost in proportion to the services); it calls resync to have everything
-// written again. A mode whose look is cheap is a Prober instead, paced by
-// the core.
-type Watcher interface {
-	Watch(ctx context.Context, resync func())
-}
-
-// Preparer is a mode with work to do before its first sync while the
-// informers are still listing: the iptables mode reads the kernel's rules
-// then, so that the read's garbage is gone before the sync's peak, and the
-// IPVS mode reads everything its first full sync compares, so that a
-// restart's sync does not wait for the reads. The
-// core calls Prepare once, before it waits for the informers, and never
-// during a sync.
-type Preparer interface {
-	Prepare()
-}
-
-// Deferrer is a mode that leaves work to a later sync (the nftables mode
-// deletes the chains it flushed a second later): after each successful
-// sync the core asks when that work is due and syncs then, even if
-// nothing changes.
-type Deferrer interface {
-	// NextSync is when the deferred work is due; zero when none is.
-	NextSync() time.Time
-}
-
-// ServiceCIDRUser is a mode that acts on the cluster's service CIDRs (the
-// ServiceCIDR objects' ranges): the nftables mode drops traffic to their
-// addresses that no service has. The core calls it between syncs, never
-// during one.
-type ServiceCIDRUser interface {
-	SetServiceCIDRs(cidrs []netip.Prefix)
-}
-
-// ErrFullSyncNeeded is returned by a partial sync whose changes touch
-// every service's rules.
-var ErrFullSyncNeeded = errors.New("the changes need a full sync")
 
 // Conntrack forgets flows that would keep going to a wrong place after a
 // UDP service's endpoints change.
@@ -99,10 +43,6 @@ type Config struct {
 	// ServiceHealth and Conntrack are optional.
 	ServiceHealth *healthcheck.ServiceHealth
 	Conntrack     Conntrack
-	// SyncFailures, when set, counts the mode's failed syncs, partial and
-	// full (the nftables mode's metric; the iptables-based modes count
-	// their restores' failures themselves).
-	SyncFailures prometheus.Counter
 }
 
 // Core is a proxier for one IP family: it folds API changes into the
@@ -347,7 +287,7 @@ func (c *Core) SyncOnce() error {
 			full = true
 		case err != nil:
 			klog.ErrorS(err, "Partial sync failed; doing a full sync", "mode", c.cfg.ModeName, "ipFamily", family)
-			c.countFailure()
+			c.countFailure(false, err)
 			full = true
 		}
 	}
@@ -356,7 +296,7 @@ func (c *Core) SyncOnce() error {
 		if err := c.mode.FullSync(view); err != nil {
 			// The runner retries, backing off from a second to a minute.
 			klog.ErrorS(err, "Full sync failed; retrying", "mode", c.cfg.ModeName, "ipFamily", family)
-			c.countFailure()
+			c.countFailure(true, err)
 			c.needFullSync = true
 			return fmt.Errorf("%s %s sync: %w", c.cfg.ModeName, family, err)
 		}
@@ -414,9 +354,10 @@ func (c *Core) scheduleDeferred() {
 	}
 }
 
-func (c *Core) countFailure() {
-	if c.cfg.SyncFailures != nil {
-		c.cfg.SyncFailures.Inc()
+// countFailure has a FailureCounter mode count a failed sync.
+func (c *Core) countFailure(full bool, err error) {
+	if f, ok := c.mode.(FailureCounter); ok {
+		f.CountFailure(full, err)
 	}
 }
 

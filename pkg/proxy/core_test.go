@@ -213,12 +213,25 @@ func TestCorePassesTheFamilysServiceCIDRs(t *testing.T) {
 	}
 }
 
-// With SyncFailures set, every failed partial or full sync is counted.
+// countingMode counts the failed syncs the core reports in a metric of
+// its own, as a FailureCounter, and records which kind each was.
+type countingMode struct {
+	fakeMode
+	failures prometheus.Counter
+	kinds    []string
+}
+
+func (m *countingMode) CountFailure(full bool, err error) {
+	m.failures.Inc()
+	m.kinds = append(m.kinds, fmt.Sprintf("full=%v %v", full, err))
+}
+
+// A FailureCounter mode is told of every failed partial or full sync.
 func TestCoreCountsSyncFailures(t *testing.T) {
-	mode := &fakeMode{}
 	failures := prometheus.NewCounter(prometheus.CounterOpts{Name: "failures"})
-	c := NewCore(Config{Family: v1.IPv4Protocol, ModeName: "fake", Node: state.Node{Name: "node-1"},
-		MinSyncPeriod: time.Second, SyncPeriod: time.Minute, SyncFailures: failures}, mode)
+	counting := &countingMode{failures: failures}
+	mode := &counting.fakeMode
+	c := newTestCore(counting)
 	_ = c.SyncOnce()
 	mode.partialErr = ErrFullSyncNeeded
 	_ = c.SyncOnce()
@@ -232,6 +245,10 @@ func TestCoreCountsSyncFailures(t *testing.T) {
 	}
 	if got := m.GetCounter().GetValue(); got != 3 {
 		t.Errorf("%v failures counted, want 3 (a partial, then a full and a partial sync)", got)
+	}
+	want := []string{"full=false transaction failed", "full=false transaction failed", "full=true transaction failed"}
+	if !slices.Equal(counting.kinds, want) {
+		t.Errorf("failures reported %q, want %q", counting.kinds, want)
 	}
 }
 

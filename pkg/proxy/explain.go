@@ -13,47 +13,14 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
-// Explainer tells what a proxier does with the services it programs.
+// Explainer is a proxier that tells what it does with the services it
+// programs (the explain endpoint's source; Core and DualStack are ones).
 type Explainer interface {
 	// ServicePorts summarizes every service port the proxier programs.
 	ServicePorts() []ServicePortSummary
 	// Explain describes each port of one service and, with verify, checks
 	// the kernel objects that implement it.
 	Explain(name types.NamespacedName, verify bool) Explanation
-}
-
-// Describer is a mode that can name the kernel objects of a service port
-// and check them.
-type Describer interface {
-	// Describe lists what the kernel should hold for the service port, as
-	// the mode would write it now, and returns a check that reads the
-	// kernel for just those objects and lists how it differs. The core
-	// calls Describe under its lock, so no sync runs meanwhile; the check
-	// runs without it, since reading the kernel can take a while.
-	Describe(v state.View, name state.ServicePortName) ([]KernelObject, func() ([]string, error))
-}
-
-// KernelObject is one thing in the kernel that implements a service port.
-type KernelObject struct {
-	// Kind is what it is: "chain", "rule", "virtual server", "address",
-	// "set entry".
-	Kind string `json:"kind"`
-	// Name identifies it, e.g. "nat KUBE-SVC-...", "10.96.0.10:80/TCP".
-	Name string `json:"name"`
-	// Summary is a short description for a table, e.g. "3 rules".
-	Summary string `json:"summary,omitempty"`
-	// Content is what it holds: a chain's rules, a virtual server's real
-	// servers.
-	Content []string `json:"content,omitempty"`
-}
-
-// String is the object on one line: "kind name", then ": summary" if it
-// has one.
-func (o KernelObject) String() string {
-	if o.Summary == "" {
-		return o.Kind + " " + o.Name
-	}
-	return o.Kind + " " + o.Name + ": " + o.Summary
 }
 
 // RuleDifferences lists how a chain's rules as the kernel prints them

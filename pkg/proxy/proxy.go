@@ -1,5 +1,6 @@
-// Package proxy defines what every proxy mode implements, and runs one
-// proxier per IP family behind that same interface on a dual-stack node.
+// Package proxy is the proxy core: it defines what every proxy mode
+// implements (mode.go), runs one proxier per IP family with its mode, and
+// drives them as one on a dual-stack node.
 package proxy
 
 import (

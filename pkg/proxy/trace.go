@@ -11,18 +11,8 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/trace"
 )
 
-// Tracer is a mode that can follow a packet through what it writes.
-type Tracer interface {
-	// Trace walks the packet through the mode's objects: the fixed ones
-	// and those of the service port it is addressed to (name nil when
-	// none), as a sync would write them now. It returns every way the
-	// packet can end, and a check that reads just the service port's
-	// objects from the kernel and lists how they differ (nil when the
-	// mode cannot check them). Called under the core's lock, as Describe.
-	Trace(v state.View, name *state.ServicePortName, pkt trace.Packet) ([]trace.Branch, func() ([]string, error), error)
-}
-
-// PacketTracer traces packets through a proxier.
+// PacketTracer is a proxier that traces packets through what it programs
+// (Core and DualStack are ones).
 type PacketTracer interface {
 	Trace(pkt trace.Packet, verify bool) (trace.Result, error)
 }

@@ -5,23 +5,6 @@ import (
 	"time"
 )
 
-// Prober is a mode whose kernel objects another program may change (a
-// firewall reload, `nft flush ruleset`, an admin's rule) and which the core
-// watches for it: it asks Probe once a ProbeInterval, and has a full sync,
-// which compares everything with what the state asks for, repair what
-// another program did.
-type Prober interface {
-	ProbeInterval() time.Duration
-	// Probe is one cheap look at the kernel: gone names what of ours
-	// another program removed ("" when all is there, or when nothing was
-	// written yet; the mode logs what it found), changed says another
-	// program changed what the mode writes to since the last look.
-	Probe(ctx context.Context) (gone string, changed bool)
-	// RepairNext marks the next full sync as a repair: what it rewrites,
-	// another program changed, and the mode logs and counts it so.
-	RepairNext()
-}
-
 // repairPace bounds the full syncs a foreign change alone asks for to one
 // per this many times the last full sync's duration: a program changing
 // its own rules all the time then costs a bounded share of a core.

@@ -47,8 +47,6 @@ func newNFTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy
 	if err := kernel.CheckNFTables(os.Getenv(kernel.SkipNFTablesCheckEnv), kernel.Release); err != nil {
 		return nil, err
 	}
-	// Served from the start, at zero, as the sync failures' counter.
-	metrics.NFTablesCleanupFailuresTotal.WithLabelValues(string(f.family))
 	localhost, localProxy := nftLocalhostNodePorts(cfg, f.family, nft)
 	c := nftables.Config{
 		Family: f.family, NFT: nft,

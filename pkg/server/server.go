@@ -85,7 +85,9 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 		klog.ErrorS(err, "Could not apply the conntrack settings; serving without them")
 	}
 
-	health := healthcheck.NewProxyHealth(2 * syncPeriod(cfg))
+	var periods syncPeriods
+	periods.sync, periods.minSync = config.SyncPeriods(cfg)
+	health := healthcheck.NewProxyHealth(2 * periods.sync)
 	health.SetNode(node)
 	retire := switchOver(cfg, health)
 	services := &explain.Handler{AllClients: allClients}
@@ -95,7 +97,7 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 	}
 	defer servers.close()
 
-	proxier, err := newProxier(cfg, nodeName, node, nodeIPs, health)
+	proxier, err := newProxier(cfg, nodeName, node, nodeIPs, health, periods)
 	if err != nil {
 		return err
 	}
@@ -141,11 +143,6 @@ func InitOnly(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
 	}
 	klog.InfoS("System initialized and --init-only specified", "mode", cfg.Mode)
 	return nil
-}
-
-func syncPeriod(cfg *kpconfig.KubeProxyConfiguration) time.Duration {
-	sync, _ := config.SyncPeriods(cfg)
-	return sync
 }
 
 // newClient builds the API client from the kubeconfig (or the in-cluster

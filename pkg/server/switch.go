@@ -93,7 +93,7 @@ func otherModesPresent(cfg *kpconfig.KubeProxyConfiguration) []string {
 		}
 	}
 	if cfg.Mode != config.ModeIPVS {
-		if _, err := netlink.LinkByName(ipvs.DummyLink); err == nil {
+		if _, err := netlink.LinkByName(ipvskernel.DummyLink); err == nil {
 			from = append(from, string(config.ModeIPVS))
 		}
 	}
@@ -267,7 +267,7 @@ func drainIPVS(ctx context.Context, exclude []netip.Prefix) {
 // longer reach IPVS, and while its entry lives (a client that keeps
 // sending keeps it alive) a flow would go nowhere. Without the entry the
 // next packet starts a new flow, which this mode's rules take.
-func releaseUDPFlows(cut []ipvs.VirtualServerKey) {
+func releaseUDPFlows(cut []ipvskernel.VirtualServerKey) {
 	byFamily := map[v1.IPFamily][]netip.AddrPort{}
 	for _, key := range cut {
 		if key.Protocol != v1.ProtocolUDP {
@@ -287,8 +287,8 @@ func releaseUDPFlows(cut []ipvs.VirtualServerKey) {
 }
 
 // kernelsOf is the mode's view of the adapters.
-func kernelsOf(kernels []*ipvskernel.Kernel) []ipvs.Kernel {
-	out := make([]ipvs.Kernel, len(kernels))
+func kernelsOf(kernels []*ipvskernel.Kernel) []ipvskernel.Interface {
+	out := make([]ipvskernel.Interface, len(kernels))
 	for i, k := range kernels {
 		out[i] = k
 	}

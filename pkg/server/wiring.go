@@ -4,13 +4,13 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
 	kpconfig "k8s.io/kube-proxy/config/v1alpha1"
@@ -21,53 +21,124 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
-	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
+// modes are the proxy modes of this build: how each is built, and
+// whether it writes through the iptables tools (the nftables mode needs
+// none).
+var modes = map[kpconfig.ProxyMode]struct {
+	build    modeFactory
+	iptables bool
+}{
+	config.ModeIPTables: {newIPTablesMode, true},
+	config.ModeIPVS:     {newIPVSMode, true},
+	config.ModeNFTables: {newNFTablesMode, false},
+}
+
+// proxierSetup is what the proxiers of every family are built from.
+type proxierSetup struct {
+	cfg *kpconfig.KubeProxyConfiguration
+	// build builds the configured mode for a family.
+	build modeFactory
+	// backend is the iptables backend; empty when the mode needs none.
+	backend iptableskernel.Backend
+	node    state.Node
+	nodeIPs map[v1.IPFamily]netip.Addr
+	periods syncPeriods
+	health  *healthcheck.ProxyHealth
+	detect  localdetect.Settings
+	// nodePortAddrs are the node's addresses nodePortAddresses selects;
+	// nil when it is unset (every address).
+	nodePortAddrs []netip.Addr
+	serviceHealth *healthcheck.ServiceHealth
+}
+
+// syncPeriods are the configured mode's sync period and minimum interval
+// between syncs, resolved once at start.
+type syncPeriods struct{ sync, minSync time.Duration }
+
 // newProxier builds one proxier per IP family the node can serve: the
-// proxy core, running the configured mode.
-func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.Node, nodeIPs map[v1.IPFamily]netip.Addr, health *healthcheck.ProxyHealth) (proxy.DualStack, error) {
-	var newMode modeFactory
-	switch cfg.Mode {
-	case config.ModeIPTables:
-		newMode = newIPTablesMode
-	case config.ModeIPVS:
-		newMode = newIPVSMode
-	case config.ModeNFTables:
-		newMode = newNFTablesMode
-	default:
+// proxy core, running the configured mode. The primary family must be
+// served; a secondary one the node cannot serve is left out.
+func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.Node, nodeIPs map[v1.IPFamily]netip.Addr, health *healthcheck.ProxyHealth, periods syncPeriods) (proxy.DualStack, error) {
+	s, err := newProxierSetup(cfg, nodeName, node, nodeIPs, health, periods)
+	if err != nil {
+		return nil, err
+	}
+	primary := primaryFamily(nodeIPs)
+	var proxiers proxy.DualStack
+	for _, family := range []v1.IPFamily{primary, otherFamily(primary)} {
+		p, err := s.newFamilyProxier(family, family == primary)
+		var unserved familyUnserved
+		switch {
+		case errors.As(err, &unserved) && family != primary:
+			klog.InfoS("Not serving the secondary IP family", "ipFamily", family, "err", unserved.error)
+			continue
+		case err != nil:
+			return nil, err
+		}
+		proxiers = append(proxiers, p)
+	}
+	return proxiers, nil
+}
+
+// newProxierSetup resolves what every family's proxier shares: the mode,
+// the iptables backend, the node's zone, local traffic detection, the
+// NodePort addresses and the health-check servers.
+func newProxierSetup(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.Node, nodeIPs map[v1.IPFamily]netip.Addr, health *healthcheck.ProxyHealth, periods syncPeriods) (*proxierSetup, error) {
+	mode, ok := modes[cfg.Mode]
+	if !ok {
 		return nil, fmt.Errorf("proxy mode %q is not available in this build; use iptables, ipvs or nftables", cfg.Mode)
 	}
-	// The nftables mode needs no iptables tools.
-	iptablesBased := cfg.Mode != config.ModeNFTables
-	var backend iptableskernel.Backend
-	var err error
-	if iptablesBased {
-		var why string
-		if backend, why, err = iptableskernel.DetectBackend(); err != nil {
+	s := &proxierSetup{cfg: cfg, build: mode.build, node: state.Node{Name: nodeName}, nodeIPs: nodeIPs, periods: periods, health: health}
+	if mode.iptables {
+		backend, err := iptablesBackend()
+		if err != nil {
 			return nil, err
 		}
-		klog.InfoS("Chose the iptables backend", "backend", backend, "reason", why)
-		if legacyErr := iptableskernel.LegacyPermitted(); legacyErr != nil && os.Getenv(iptableskernel.BackendEnv) == "" {
-			klog.InfoS("Picked the iptables backend without seeing the legacy one's tables; on a node whose other programs use iptables-legacy, grant CAP_NET_RAW or set "+iptableskernel.BackendEnv+"=legacy",
-				"backend", backend, "err", legacyErr)
-		}
+		s.backend = backend
 	}
-	sync, minSync := config.SyncPeriods(cfg)
-	var nodePortAddrs []netip.Addr
 	if len(cfg.NodePortAddresses) > 0 {
-		if nodePortAddrs, err = localAddresses(cfg.NodePortAddresses); err != nil {
+		addrs, err := localAddresses(cfg.NodePortAddresses)
+		if err != nil {
 			return nil, err
 		}
+		s.nodePortAddrs = addrs
 	}
-	zone := ""
 	var podCIDRs []string
 	if node != nil {
-		zone = node.Labels[v1.LabelTopologyZone]
+		s.node.Zone = node.Labels[v1.LabelTopologyZone]
 		podCIDRs = node.Spec.PodCIDRs
 	}
+	s.detect = detectLocalSettings(cfg, podCIDRs)
+	var healthAddrs []string
+	for _, a := range s.nodePortAddrs {
+		healthAddrs = append(healthAddrs, a.String())
+	}
+	s.serviceHealth = healthcheck.NewServiceHealth(healthAddrs, health)
+	return s, nil
+}
+
+// iptablesBackend picks the iptables backend (legacy or nft) the
+// iptables-based modes write through.
+func iptablesBackend() (iptableskernel.Backend, error) {
+	backend, why, err := iptableskernel.DetectBackend()
+	if err != nil {
+		return "", err
+	}
+	klog.InfoS("Chose the iptables backend", "backend", backend, "reason", why)
+	if legacyErr := iptableskernel.LegacyPermitted(); legacyErr != nil && os.Getenv(iptableskernel.BackendEnv) == "" {
+		klog.InfoS("Picked the iptables backend without seeing the legacy one's tables; on a node whose other programs use iptables-legacy, grant CAP_NET_RAW or set "+iptableskernel.BackendEnv+"=legacy",
+			"backend", backend, "err", legacyErr)
+	}
+	return backend, nil
+}
+
+// detectLocalSettings are the configured way of telling local traffic,
+// with the CIDRs it needs: the cluster's, or the node's pod CIDRs.
+func detectLocalSettings(cfg *kpconfig.KubeProxyConfiguration, podCIDRs []string) localdetect.Settings {
 	detect := localdetect.Settings{Mode: string(cfg.DetectLocalMode), BridgeInterface: cfg.DetectLocal.BridgeInterface, InterfaceNamePrefix: cfg.DetectLocal.InterfaceNamePrefix}
 	switch cfg.DetectLocalMode {
 	case config.LocalModeClusterCIDR:
@@ -77,69 +148,60 @@ func newProxier(cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.
 	case config.LocalModeNodeCIDR:
 		detect.CIDRs = podCIDRs
 	}
+	return detect
+}
 
-	var healthAddrs []string
-	for _, a := range nodePortAddrs {
-		healthAddrs = append(healthAddrs, a.String())
+// primaryFamily is IPv4 when the node has an IPv4 address, else IPv6.
+func primaryFamily(nodeIPs map[v1.IPFamily]netip.Addr) v1.IPFamily {
+	if _, ok := nodeIPs[v1.IPv4Protocol]; ok {
+		return v1.IPv4Protocol
 	}
-	serviceHealth := healthcheck.NewServiceHealth(healthAddrs, health)
+	return v1.IPv6Protocol
+}
 
-	primary := v1.IPv4Protocol
-	if _, ok := nodeIPs[v1.IPv4Protocol]; !ok {
-		primary = v1.IPv6Protocol
+// familyUnserved is why the node cannot serve an IP family in the mode:
+// fatal for the primary family, only logged for the secondary one.
+type familyUnserved struct{ error }
+
+func (e familyUnserved) Unwrap() error { return e.error }
+
+// newFamilyProxier builds the proxy core of one family, running the mode
+// built for it; only the primary family's runs the health-check node
+// port servers.
+func (s *proxierSetup) newFamilyProxier(family v1.IPFamily, primary bool) (*proxy.Core, error) {
+	var ipt *iptableskernel.Runner
+	if s.backend != "" {
+		ipt = iptableskernel.New(family == v1.IPv6Protocol, s.backend)
 	}
-	var proxiers proxy.DualStack
-	for _, family := range []v1.IPFamily{primary, otherFamily(primary)} {
-		var ipt *iptableskernel.Runner
-		if iptablesBased {
-			ipt = iptableskernel.New(family == v1.IPv6Protocol, backend)
-		}
-		if err := familyUsable(cfg.Mode, family, ipt); err != nil {
-			if family == primary {
-				return nil, err
-			}
-			klog.InfoS("Not serving the secondary IP family", "ipFamily", family, "err", err)
-			continue
-		}
-		detector, err := localdetect.New(detect, family)
-		if err != nil {
-			return nil, err
-		}
-		nodeIP, familyNodePortAddrs := familyNodePorts(cfg.NodePortAddresses, nodeIPs, nodePortAddrs, family)
-		mode, err := newMode(cfg, familySetup{
-			family: family, iptables: ipt, detector: detector, nodeIP: nodeIP, syncPeriod: sync,
-			nodePortAddrs: familyNodePortAddrs,
-		})
-		if err != nil {
-			if family == primary {
-				return nil, err
-			}
-			klog.InfoS("Not serving the secondary IP family", "ipFamily", family, "err", err)
-			continue
-		}
-		// Only one family runs the health-check node port servers.
-		var sh *healthcheck.ServiceHealth
-		if family == primary {
-			sh = serviceHealth
-		}
-		var syncFailures prometheus.Counter
-		if cfg.Mode == config.ModeNFTables {
-			syncFailures = metrics.NFTablesSyncFailuresTotal.WithLabelValues(string(family))
-		}
-		proxiers = append(proxiers, proxy.NewCore(proxy.Config{
-			Family: family, ModeName: string(cfg.Mode),
-			Node:          state.Node{Name: nodeName, Zone: zone},
-			MinSyncPeriod: minSync, SyncPeriod: sync,
-			Health: health, ServiceHealth: sh, Conntrack: conntrack.Cleaner{},
-			SyncFailures: syncFailures,
-		}, mode))
-		using := []any{"mode", cfg.Mode, "ipFamily", family}
-		if iptablesBased {
-			using = append(using, "backend", backend)
-		}
-		klog.InfoS("Using proxier", using...)
+	if err := familyUsable(s.cfg.Mode, family, ipt); err != nil {
+		return nil, familyUnserved{err}
 	}
-	return proxiers, nil
+	detector, err := localdetect.New(s.detect, family)
+	if err != nil {
+		return nil, err
+	}
+	nodeIP, nodePortAddrs := familyNodePorts(s.cfg.NodePortAddresses, s.nodeIPs, s.nodePortAddrs, family)
+	mode, err := s.build(s.cfg, familySetup{
+		family: family, iptables: ipt, detector: detector, nodeIP: nodeIP, syncPeriod: s.periods.sync,
+		nodePortAddrs: nodePortAddrs,
+	})
+	if err != nil {
+		return nil, familyUnserved{err}
+	}
+	var serviceHealth *healthcheck.ServiceHealth
+	if primary {
+		serviceHealth = s.serviceHealth
+	}
+	using := []any{"mode", s.cfg.Mode, "ipFamily", family}
+	if s.backend != "" {
+		using = append(using, "backend", s.backend)
+	}
+	klog.InfoS("Using proxier", using...)
+	return proxy.NewCore(proxy.Config{
+		Family: family, ModeName: string(s.cfg.Mode), Node: s.node,
+		MinSyncPeriod: s.periods.minSync, SyncPeriod: s.periods.sync,
+		Health: s.health, ServiceHealth: serviceHealth, Conntrack: conntrack.Cleaner{},
+	}, mode), nil
 }
 
 // familyUsable tells whether the node can serve a family in the mode: the
