@@ -79,10 +79,10 @@ func openIPVS() (*libipvs.Handle, error) {
 	// failed modprobe is not final: ip_vs may be built in, or loaded
 	// already in a container without module tools.
 	var modprobe []byte
-	_, err := netlink.GenlFamilyGet("IPVS")
+	err := ipvsFamily()
 	if err != nil {
-		modprobe, _ = exec.Command("modprobe", "ip_vs").CombinedOutput()
-		_, err = netlink.GenlFamilyGet("IPVS")
+		modprobe = loadIPVSModule()
+		err = ipvsFamily()
 	}
 	if err != nil {
 		msg := fmt.Sprintf("IPVS is not available: the kernel has no IPVS netlink family (%v); the kernel module ip_vs is missing", err)
@@ -104,6 +104,20 @@ func openIPVS() (*libipvs.Handle, error) {
 	}
 	return h, nil
 }
+
+// ipvsFamily and loadIPVSModule are the kernel's answers openIPVS acts
+// on; tests replace them to take the path of a kernel without IPVS on any
+// host, without loading a module into the host's kernel.
+var (
+	ipvsFamily = func() error {
+		_, err := netlink.GenlFamilyGet("IPVS")
+		return err
+	}
+	loadIPVSModule = func() []byte {
+		out, _ := exec.Command("modprobe", "ip_vs").CombinedOutput()
+		return out
+	}
+)
 
 // table is the IPVS part of Kernel.
 type table struct {

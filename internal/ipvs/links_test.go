@@ -1,12 +1,11 @@
 package ipvs
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
-
-	"github.com/vishvananda/netlink"
 
 	"github.com/rapidproxy/rapidproxy/internal/testutil"
 )
@@ -143,17 +142,32 @@ func checkLinks(t *testing.T, ns string, k4, k6 linkKernel) {
 }
 
 // TestNewWithoutIPVS checks the error on a kernel without IPVS, which
-// github.com/moby/ipvs alone would not give.
+// github.com/moby/ipvs alone would not give. The kernel's answers are
+// replaced: on a host whose kernel has ip_vs as a module, the real
+// modprobe would load it (and leave it loaded).
 func TestNewWithoutIPVS(t *testing.T) {
-	if _, err := netlink.GenlFamilyGet("IPVS"); err == nil {
-		t.Skip("this kernel has IPVS")
+	family, load := ipvsFamily, loadIPVSModule
+	t.Cleanup(func() { ipvsFamily, loadIPVSModule = family, load })
+	lookups, loads := 0, 0
+	ipvsFamily = func() error {
+		lookups++
+		return errors.New("no such file or directory")
+	}
+	loadIPVSModule = func() []byte {
+		loads++
+		return []byte("modprobe: FATAL: Module ip_vs not found in directory /lib/modules/test\n")
 	}
 	k, err := New(false)
 	if err == nil {
 		k.Close()
 		t.Fatal("New succeeded on a kernel without IPVS")
 	}
-	if !strings.Contains(err.Error(), "kernel module ip_vs") {
-		t.Errorf("the error does not name the module: %v", err)
+	if lookups != 2 || loads != 1 {
+		t.Errorf("looked the IPVS family up %d times and ran modprobe %d times, want before and after one modprobe", lookups, loads)
+	}
+	for _, want := range []string{"kernel module ip_vs", "modprobe ip_vs: modprobe: FATAL: Module ip_vs not found"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
 	}
 }
