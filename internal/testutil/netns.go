@@ -56,6 +56,7 @@ func RerunInNetns(t *testing.T, variants [][2]string) (inner bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var skipped []string
 	for _, v := range variants {
 		netns := NewNetns(t)
 		cmd := exec.Command("ip", "netns", "exec", netns, self, "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count=1")
@@ -63,9 +64,31 @@ func RerunInNetns(t *testing.T, variants [][2]string) (inner bool) {
 		if v[1] != "" {
 			cmd.Env = append(cmd.Env, v[1])
 		}
-		if out, err := cmd.CombinedOutput(); err != nil {
+		out, err := cmd.CombinedOutput()
+		if err != nil {
 			t.Errorf("%s: %v\n%s", v[0], err, out)
+		} else if reason, ok := innerSkip(string(out), t.Name()); ok {
+			skipped = append(skipped, v[0]+": "+reason)
 		}
 	}
+	// An inner run's skip (which fails it under StrictEnv) is the outer
+	// test's too: otherwise it would pass having checked nothing.
+	if len(skipped) > 0 && !t.Failed() {
+		Skip(t, strings.Join(skipped, "; "))
+	}
 	return false
+}
+
+// innerSkip tells whether the verbose output of an inner run shows the
+// test skipped, and the reason it logged.
+func innerSkip(out, name string) (string, bool) {
+	_, after, ok := strings.Cut(out, "--- SKIP: "+name+" (")
+	if !ok {
+		return "", false
+	}
+	lines := strings.Split(after, "\n")
+	if len(lines) > 1 {
+		return strings.TrimSpace(lines[1]), true
+	}
+	return "skipped", true
 }

@@ -380,7 +380,8 @@ func (r *inputRecorder) Restore(input io.Reader) error {
 // With the nfacct objects in place, the rules that count packets in them
 // are accepted by the kernel and read back equal (a restart writes
 // nothing), the metrics serve the counts, and cleanup removes the objects
-// once the rules are gone. Without nfacct, the plain rules are written.
+// once the rules are gone. Without nfacct, the plain rules are written,
+// checked, and the test skipped (failed under CI).
 func TestNFAcctCountersOnTheRealKernel(t *testing.T) {
 	if !runInNetns(t) {
 		return
@@ -427,7 +428,7 @@ func TestNFAcctCountersOnTheRealKernel(t *testing.T) {
 		t.Errorf("%s: a restart over the rules wrote %d chains", backend, restarted.chainsWritten)
 	}
 	if nfacctErr != nil {
-		return
+		testutil.Skip(t, fmt.Sprintf("%s: no nfacct here, so its counters were not checked: %v", backend, nfacctErr))
 	}
 
 	// A connection to a NodePort on localhost: its first packet is counted

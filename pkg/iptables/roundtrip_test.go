@@ -24,7 +24,9 @@ func TestGeneratedRulesSurviveARoundTripThroughTheKernel(t *testing.T) {
 	netns := testutil.NewNetns(t)
 	testutil.RequireCommands(t, "iptables-legacy-restore", "iptables-nft-restore", "ip6tables-nft-restore")
 	// The counting rules need their nfacct objects; without them (a kernel
-	// without nfnetlink_acct) the rules written instead are checked.
+	// without nfnetlink_acct) the rules written instead are checked, and
+	// the test ends as skipped (under CI, failed): the counting rules were
+	// not.
 	var nfacctErr error
 	testutil.DoInNetns(t, netns, func() { nfacctErr = EnsureNFAcctObjects() })
 	if nfacctErr != nil {
@@ -62,6 +64,9 @@ func TestGeneratedRulesSurviveARoundTripThroughTheKernel(t *testing.T) {
 				}
 			}
 		}
+	}
+	if nfacctErr != nil {
+		testutil.Skip(t, "no nfacct here, so the rules counting in it were not round-tripped: "+nfacctErr.Error())
 	}
 }
 
