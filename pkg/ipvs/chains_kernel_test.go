@@ -103,7 +103,9 @@ COMMIT
 	// A set becoming empty rewrites the chains that match it, and only
 	// when it changes.
 	chainSet := iptables.NewChainSet(restarted)
-	_ = chainSet.Sync(chains, Jumps(), true)
+	if err := chainSet.Sync(chains, Jumps(), true); err != nil {
+		t.Fatal(err)
+	}
 	noLB := p.Chains(func(s string) bool { return s != setLoadBalancer }, nil)
 	for range 2 {
 		if err := chainSet.Sync(noLB, Jumps(), false); err != nil {

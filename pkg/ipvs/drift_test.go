@@ -41,11 +41,13 @@ func TestDriftAsksForAFullSync(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n, core, mode := fedNode(t)
+			checks := n.kernel.Calls()["SetSizes"]
 			resyncs, stop := watch(t, mode)
+			checksRan(t, n, checks, 2)
 			select {
 			case <-resyncs:
 				t.Fatal("a resync was asked for while nothing changed")
-			case <-time.After(50 * time.Millisecond):
+			default:
 			}
 			if err := tc.undo(n); err != nil {
 				t.Fatal(err)
@@ -96,19 +98,46 @@ func resynced(t *testing.T, resyncs <-chan struct{}, why string) {
 	}
 }
 
+// checksRan waits until the node's kernel has had SetSizes called more
+// times than since (a count of Calls), which each drift check does once,
+// one check after another: with more = 2, at least one whole check ran
+// after since was read. A watch that ran none in a minute has stopped.
+func checksRan(t *testing.T, n *node, since, more int) {
+	t.Helper()
+	calledAgain(t, n, "SetSizes", since, more)
+}
+
+// calledAgain waits until method has been called more times on the
+// node's kernel than the count since.
+func calledAgain(t *testing.T, n *node, method string, since, more int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for n.kernel.Calls()[method] < since+more {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s called %d times in a minute, want %d more than %d: the watch is not running", method, n.kernel.Calls()[method], more, since)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // ipvsRepairs is the IPv4 family's count of repairs.
 func ipvsRepairs(t *testing.T) float64 {
 	return ipv4Count(t, metrics.IPVSRepairsTotal)
 }
 
-// watchUnchanged runs the mode's watch for a while over a kernel no one
-// changes, and returns the calls it made.
-func watchUnchanged(t *testing.T, n *node, mode *ipvs.Syncer, d time.Duration) map[string]int {
+// watchUnchanged runs the mode's watch over a kernel no one changes until
+// it has made checks whole drift checks, and returns the calls it made.
+func watchUnchanged(t *testing.T, n *node, mode *ipvs.Syncer, checks int) map[string]int {
 	t.Helper()
 	n.kernel.ResetCalls()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	mode.Watch(ctx, func() { t.Error("a resync was asked for while nothing changed") })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		mode.Watch(ctx, func() { t.Error("a resync was asked for while nothing changed") })
+	}()
+	defer func() { cancel(); <-done }()
+	checksRan(t, n, 0, checks+1)
 	return n.kernel.Calls()
 }
 
@@ -119,7 +148,7 @@ func TestDriftWithoutVirtualServersReadsNone(t *testing.T) {
 	core, mode := n.proxier(t)
 	synced(core)
 	sync(t, core)
-	calls := watchUnchanged(t, n, mode, 50*time.Millisecond)
+	calls := watchUnchanged(t, n, mode, 3)
 	if calls["BoundAddresses"] == 0 {
 		t.Fatal("no drift check ran")
 	}
@@ -139,14 +168,14 @@ func TestDriftListsTheNatChainOnlyWhenItsGenerationMoved(t *testing.T) {
 		defer close(done)
 		mode.Watch(ctx, func() {})
 	}()
-	time.Sleep(100 * time.Millisecond) // some 20 checks
+	defer func() { cancel(); <-done }()
+	checksRan(t, n, n.kernel.Calls()["SetSizes"], 6) // five whole checks
 	if got := n.iptables.lists.Load(); got != 1 {
 		t.Errorf("%d listings over unchanged checks, want 1", got)
 	}
+	checks := n.kernel.Calls()["SetSizes"]
 	n.iptables.generation.Add(1) // another program's change elsewhere in the table
-	time.Sleep(100 * time.Millisecond)
-	cancel()
-	<-done
+	checksRan(t, n, checks, 6)
 	if got := n.iptables.lists.Load(); got != 2 {
 		t.Errorf("%d listings after the generation moved once, want 2", got)
 	}
@@ -225,7 +254,8 @@ func TestDriftCheckNeitherHoldsUpNorMisreadsASync(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("no drift check listed the real servers")
 			}
-			time.Sleep(50 * time.Millisecond) // more checks, of the state after the sync
+			// Whole checks begun after the sync, of the state it left.
+			checksRan(t, n, n.kernel.Calls()["SetSizes"], 3)
 			if got := resyncs.Load(); got != 0 {
 				t.Errorf("%d resyncs asked for, want none: the check compared what it read before a sync with what the sync wrote", got)
 			}
@@ -284,18 +314,21 @@ func resyncWhileBusy(t *testing.T, change func(n *node) error) {
 
 // The drift check's listings, whose cost grows with the services, are read
 // again only once a hundred times their CPU time has passed (here 5 ms,
-// so 0.5 s), while the rest of the check runs every CheckInterval (5 ms).
+// so 0.5 s), while the rest of the check runs every CheckInterval (5 ms):
+// over ten checks, one listing, and one more per 0.5 s they took (on a
+// slow machine).
 func TestCostlyDriftListingsAreSpacedByTheirCPUTime(t *testing.T) {
 	n := newNode()
 	n.listingCPU = 5 * time.Millisecond
 	core, mode := n.proxier(t)
 	feedServices(core)
 	sync(t, core)
-	calls := watchUnchanged(t, n, mode, 300*time.Millisecond)
-	if calls["EachVirtualServer"] != 1 || calls["BoundAddresses"] != 1 {
-		t.Errorf("%d listings of the real servers and %d of the addresses in 0.3 s, want 1 each", calls["EachVirtualServer"], calls["BoundAddresses"])
-	}
-	if calls["SetSizes"] < 5 {
-		t.Errorf("%d checks of the sets in 0.3 s, want them every 5 ms (some 20 after the first check's 10 x 5 ms pause)", calls["SetSizes"])
+	start := time.Now()
+	calls := watchUnchanged(t, n, mode, 10)
+	took := time.Since(start)
+	allowed := 1 + int(took/(100*n.listingCPU))
+	if got := calls["EachVirtualServer"]; got < 1 || got > allowed || calls["BoundAddresses"] != got {
+		t.Errorf("%d listings of the real servers and %d of the addresses over %d checks in %v, want 1 to %d each",
+			got, calls["BoundAddresses"], calls["SetSizes"]-1, took.Round(time.Millisecond), allowed)
 	}
 }

@@ -388,18 +388,27 @@ func TestRemovedRealServersDrain(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	drains := n.kernel.Calls()["RealServers"]
 	go mode.Watch(ctx, nil)
-	time.Sleep(50 * time.Millisecond)
+	// Until a whole drain check ran (each reads the real servers once, while
+	// any drain) or the real server went.
+	deadline := time.Now().Add(time.Minute)
+	for n.kernel.Calls()["RealServers"] < drains+2 && strings.Contains(n.kernel.Dump(), "10.244.1.6:8080") {
+		if time.Now().After(deadline) {
+			t.Fatal("no drain check ran in a minute")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	if !strings.Contains(n.kernel.Dump(), "10.244.1.6:8080") {
 		t.Error("the draining real server was deleted while its connection lasted")
 	}
 	if err := n.kernel.SetConnections(web, gone, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline = time.Now().Add(time.Minute)
 	for strings.Contains(n.kernel.Dump(), "10.244.1.6:8080") {
 		if time.Now().After(deadline) {
-			t.Fatalf("the drained real server is still there:\n%s", n.kernel.Dump())
+			t.Fatalf("the drained real server is still there after a minute:\n%s", n.kernel.Dump())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
