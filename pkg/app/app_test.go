@@ -268,9 +268,12 @@ func TestConfigFileChangeEndsTheWatch(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				checks := countChecks(watch)
 				done := make(chan error, 1)
 				go func() { done <- wait(watch, t.Context()) }()
-				time.Sleep(50 * time.Millisecond) // let the watch start first
+				// The watch checks the file once it has started: the change
+				// below comes after, as an event or a poll.
+				checks.await(t, 1, done)
 				change()
 				select {
 				case err := <-done:
@@ -289,17 +292,48 @@ func TestConfigFileChangeEndsTheWatch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			checks := countChecks(watch)
 			ctx, stop := context.WithCancel(t.Context())
 			done := make(chan error, 1)
 			go func() { done <- wait(watch, ctx) }()
-			// An unrelated file in the same directory wakes the watch but is no change.
+			checks.await(t, 1, done)
+			// An unrelated file in the same directory wakes the watch (with
+			// inotify: it polls an hour apart) but is no change.
 			writeFile(t, filepath.Join(filepath.Dir(path), "other"), "x")
-			time.Sleep(50 * time.Millisecond)
+			checks.await(t, 1, done)
 			stop()
 			if err := <-done; err != nil {
 				t.Errorf("an unchanged file gave %v", err)
 			}
 		})
+	}
+}
+
+// watchChecks counts the checks of a watch that found its file unchanged.
+type watchChecks chan struct{}
+
+func countChecks(w *fileWatch) watchChecks {
+	c := make(watchChecks, 1000)
+	w.checked = func() {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+	return c
+}
+
+// await waits for n more checks of the watch whose end done reports.
+func (c watchChecks) await(t *testing.T, n int, done <-chan error) {
+	t.Helper()
+	for range n {
+		select {
+		case <-c:
+		case err := <-done:
+			t.Fatalf("the watch ended, on an unchanged file: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("the watch made no check in 30 s")
+		}
 	}
 }
 

@@ -36,6 +36,9 @@ func identify(path string) (fileIdentity, error) {
 type fileWatch struct {
 	path    string
 	initial fileIdentity
+	// checked, if set, is called after each check that found the file
+	// unchanged, so that tests wait for the watch instead of a time.
+	checked func()
 }
 
 // watchFile records the file as it is now.
@@ -71,6 +74,9 @@ func (w *fileWatch) wait(ctx context.Context, poll time.Duration) error {
 		if err := w.changed(); err != nil {
 			return err
 		}
+		if w.checked != nil {
+			w.checked()
+		}
 		if _, err := events.Read(buf); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -92,6 +98,9 @@ func (w *fileWatch) poll(ctx context.Context, every time.Duration) error {
 		}
 		if err := w.changed(); err != nil {
 			return err
+		}
+		if w.checked != nil {
+			w.checked()
 		}
 	}
 }
