@@ -3,6 +3,7 @@ package ipvs
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"log"
 	"net/netip"
 	"os"
@@ -92,16 +93,9 @@ func ipsetListEntries(ipsetList func(string) (*netlink.IPSetResult, error), name
 	return list, nil
 }
 
-// BenchmarkSetEntries10k reads, in a fresh network namespace, one set of
-// 10,000 entries of each type the IPVS mode uses, over netlink with our
-// decoder (listedEntries, what SetEntries does) and with
-// vishvananda/netlink's IpsetList turned into the same text. Before it
-// measures, it checks that both read every type, of both families, as
-// `ipset save` prints it. As root:
-//
-//	go test -run '^$' -bench SetEntries10k -benchmem -count 3 -benchtime 10x ./internal/ipvs
-func BenchmarkSetEntries10k(b *testing.B) {
-	const n = 10000
+// benchSetSpecs are one set of each type the IPVS mode uses, of both
+// families (bitmap:port has none).
+func benchSetSpecs() []SetSpec {
 	types := []SetType{HashIP, HashIPPort, HashIPPortIP, HashIPPortNet, BitmapPort}
 	var specs []SetSpec
 	for _, ipv6 := range []bool{false, true} {
@@ -113,16 +107,18 @@ func BenchmarkSetEntries10k(b *testing.B) {
 			specs = append(specs, SetSpec{Name: name, Type: typ, IPv6: ipv6})
 		}
 	}
-	ns := testutil.NewNetns(b)
-	testutil.RequireCommands(b, "ipset")
-	// IpsetList logs what it does not know; the check below shows it once.
-	var logged bytes.Buffer
-	log.SetOutput(&logged)
-	defer log.SetOutput(os.Stderr)
+	return specs
+}
+
+// fillSets creates the sets in a fresh network namespace, n entries each,
+// and returns the namespace.
+func fillSets(tb testing.TB, specs []SetSpec, n int) string {
+	ns := testutil.NewNetns(tb)
+	testutil.RequireCommands(tb, "ipset")
 	var kernel ipsets
-	testutil.DoInNetns(b, ns, func() {
+	testutil.DoInNetns(tb, ns, func() {
 		if err := kernel.EnsureSets(specs); err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
 		var changes []SetChange
 		for _, s := range specs {
@@ -131,26 +127,64 @@ func BenchmarkSetEntries10k(b *testing.B) {
 			}
 		}
 		if err := kernel.ChangeSets(changes); err != nil {
-			b.Fatal(err)
+			tb.Fatal(err)
 		}
+	})
+	return ns
+}
+
+// Both readers BenchmarkSetEntries10k compares, ours over netlink
+// (listedEntries, what SetEntries does) and vishvananda/netlink's
+// IpsetList turned into the same text, read every type of set the IPVS
+// mode uses, of both families, as `ipset save` prints it; 2,000 entries
+// each take several netlink messages.
+func TestSetReadersAgreeWithIpsetSave(t *testing.T) {
+	const n = 2000
+	specs := benchSetSpecs()
+	ns := fillSets(t, specs, n)
+	// IpsetList logs what it does not know; shown once, below.
+	var logged bytes.Buffer
+	log.SetOutput(&logged)
+	defer log.SetOutput(os.Stderr)
+	testutil.DoInNetns(t, ns, func() {
 		for _, s := range specs {
 			saved, err := savedEntries([]string{s.Name})
 			if err != nil {
-				b.Fatal(err)
+				t.Fatal(err)
+			}
+			if len(saved[s.Name]) != n {
+				t.Fatalf("%s IPv6 %t: ipset save lists %d entries, want %d", s.Type, s.IPv6, len(saved[s.Name]), n)
 			}
 			ours, err := listedEntries([]string{s.Name})
-			if err != nil || !reflect.DeepEqual(ours, saved) || len(saved[s.Name]) != n {
-				b.Fatalf("%s IPv6 %t: ours differs from ipset save (%v)", s.Type, s.IPv6, err)
+			if err != nil || !reflect.DeepEqual(ours, saved) {
+				t.Errorf("%s IPv6 %t: ours differs from ipset save (%v)", s.Type, s.IPv6, err)
 			}
 			lib, err := ipsetListEntries(netlink.IpsetList, s.Name)
 			if err != nil || !reflect.DeepEqual(lib, saved[s.Name]) {
-				b.Fatalf("%s IPv6 %t: IpsetList differs from ipset save (%v)", s.Type, s.IPv6, err)
+				t.Errorf("%s IPv6 %t: IpsetList differs from ipset save (%v)", s.Type, s.IPv6, err)
 			}
 		}
 	})
 	if logged.Len() > 0 {
-		b.Logf("IpsetList logged:\n%s", logged.String())
+		t.Logf("IpsetList logged:\n%s", logged.String())
 	}
+}
+
+// BenchmarkSetEntries10k reads, in a fresh network namespace, one set of
+// 10,000 entries of each type the IPVS mode uses, over netlink with our
+// decoder (listedEntries, what SetEntries does) and with
+// vishvananda/netlink's IpsetList turned into the same text; that both
+// read what `ipset save` prints is TestSetReadersAgreeWithIpsetSave's. As
+// root:
+//
+//	go test -run '^$' -bench SetEntries10k -benchmem -count 3 -benchtime 10x ./internal/ipvs
+func BenchmarkSetEntries10k(b *testing.B) {
+	const n = 10000
+	specs := benchSetSpecs()
+	ns := fillSets(b, specs, n)
+	// IpsetList logs what it does not know (TestSetReadersAgreeWithIpsetSave shows it).
+	log.SetOutput(io.Discard)
+	defer log.SetOutput(os.Stderr)
 	// IpsetList on a handle whose socket is in the namespace runs on any
 	// thread; on the locked thread DoInNetns gives it (as the drift check's
 	// reads run, pkg/ipvs/drift.go), each of its attribute walks hands a
