@@ -41,8 +41,8 @@ func (n *timedNFT) send(w *nftnl.Writer) error {
 	return err
 }
 
-func newTimedNFT(b *testing.B) *timedNFT {
-	st := realStreamer(b, knftables.IPv4Family)
+func newTimedNFT(tb testing.TB) *timedNFT {
+	st := realStreamer(tb, knftables.IPv4Family)
 	n := &timedNFT{Streamer: st}
 	start := st.start
 	st.start = func(ctx context.Context) (io.WriteCloser, func() error, error) {
