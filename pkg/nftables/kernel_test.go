@@ -238,8 +238,9 @@ func compareWithFresh(t *testing.T, h *harness, params Params) {
 // On the real kernel the watch lists nothing while idle or after our own
 // syncs; after another program's change it lists once and asks for a full
 // sync, which writes nothing when the change was not to our table, and
-// restores it within about a second when it was: the table flushed or
-// deleted, a chain of ours flushed, a rule added to one.
+// restores it when it was: the table flushed or deleted, a chain of ours
+// flushed, a rule added to one. How soon it noticed is logged, not
+// asserted.
 func TestKernelWatch(t *testing.T) {
 	if !inNetns(t) {
 		return
@@ -248,14 +249,19 @@ func TestKernelWatch(t *testing.T) {
 	h.apply(sampleObjects()...)
 	h.full()
 	resyncs := make(chan struct{}, 100)
-	go proxy.WatchKernel(t.Context(), h.syncer, func() time.Duration { return 0 }, func() { resyncs <- struct{}{} })
-	quiet := func(what string, d time.Duration, wantLists int32) {
+	prober := &countingProber{Prober: h.syncer}
+	go proxy.WatchKernel(t.Context(), prober, func() time.Duration { return 0 }, func() { resyncs <- struct{}{} })
+	// quiet waits for probes to run (the watch asks for a resync after a
+	// probe, before the next: three probes make two whole looks) and
+	// requires that none asked for a resync.
+	quiet := func(what string, wantLists int32) {
 		t.Helper()
 		k.lists.Store(0)
+		prober.await(t, 3)
 		select {
 		case <-resyncs:
 			t.Errorf("%s: a resync was asked for", what)
-		case <-time.After(d):
+		default:
 		}
 		if n := k.lists.Load(); n != wantLists {
 			t.Errorf("%s: %d listings, want %d", what, n, wantLists)
@@ -281,9 +287,9 @@ func TestKernelWatch(t *testing.T) {
 		start := time.Now()
 		select {
 		case <-resyncs:
-			t.Logf("%s noticed after %v", what, time.Since(start).Round(time.Millisecond))
-		case <-time.After(2 * time.Second):
-			t.Fatalf("%s: not noticed within 2 s", what)
+			t.Logf("%s noticed after %v (a probe a second)", what, time.Since(start).Round(time.Millisecond))
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: not noticed in a minute: the watch is not running", what)
 		}
 		n, counted := len(k.txs), repairs()
 		h.full()
@@ -298,17 +304,17 @@ func TestKernelWatch(t *testing.T) {
 		}
 	}
 
-	quiet("idle", 3*time.Second, 0)
+	quiet("idle", 0)
 	h.apply(endpointSlice("hx-conf", "fid-b", ep8080, ep("10.244.1.15")))
 	h.partial()
-	quiet("after our own partial sync", 2*time.Second, 0)
+	quiet("after our own partial sync", 0)
 	k.lists.Store(0)
 	nft("add", "table", "ip", "someone-else")
 	noticed("another table added", false)
 	if n := k.lists.Load(); n != 1 {
 		t.Errorf("after another table was added: %d listings, want 1", n)
 	}
-	quiet("after that", 2*time.Second, 0)
+	quiet("after that", 0)
 
 	const ours = "service-DMA2WJPR-hx-conf/fid-a/tcp/http"
 	for _, damage := range [][]string{
@@ -319,9 +325,35 @@ func TestKernelWatch(t *testing.T) {
 	} {
 		nft(damage...)
 		noticed("nft "+strings.Join(damage, " "), true)
-		quiet("after the repair", 2*time.Second, 0)
+		quiet("after the repair", 0)
 	}
 	compareWithFresh(t, h, v4(nil)(t))
+}
+
+// countingProber counts the probes the watch made, so that a test waits
+// for them instead of for a time.
+type countingProber struct {
+	proxy.Prober
+	probes atomic.Int32
+}
+
+func (p *countingProber) Probe(ctx context.Context) (string, bool) {
+	gone, changed := p.Prober.Probe(ctx)
+	p.probes.Add(1)
+	return gone, changed
+}
+
+// await waits for n more probes to end.
+func (p *countingProber) await(t *testing.T, n int32) {
+	t.Helper()
+	want := p.probes.Load() + n
+	deadline := time.Now().Add(time.Minute)
+	for p.probes.Load() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d probes in a minute, want %d: the watch is not running", p.probes.Load(), want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // With NFTOnly (upstream's NFTablesNetlink gate off) the same syncs go
