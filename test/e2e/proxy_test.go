@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/test/framework"
 )
 
@@ -46,6 +47,20 @@ func inEachMode(t *testing.T, test func(t *testing.T, mode string)) {
 // node's IP so the tests can read them; conntrack limits are left alone
 // because the node namespace cannot change them.
 func proxyConfig(mode string) string { return proxyConfigWith(mode, 0) }
+
+// repairWindow is how long another program's change to our rules may
+// stand in mode: the syncPeriod of the configuration the tests run
+// kube-proxy with, within which kube-proxy promises to refresh its rules
+// (ours notices sooner; how soon is logged, not asserted).
+func repairWindow(t *testing.T, mode string) time.Duration {
+	t.Helper()
+	cfg, err := config.Decode([]byte(cluster.KubeProxyConfig(proxyConfig(mode))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	period, _ := config.SyncPeriods(cfg)
+	return period
+}
 
 // proxyConfigWith is proxyConfig with a conntrack limit per core.
 func proxyConfigWith(mode string, conntrackPerCore int) string {

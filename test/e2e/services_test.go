@@ -253,7 +253,7 @@ func TestNoEndpointsIsRejected(t *testing.T) {
 // seen its EndpointSlice change.
 func TestEndpointChurn(t *testing.T) {
 	inEachMode(t, func(t *testing.T, mode string) {
-		addPod(t, "churn-a", framework.PodOptions{Labels: map[string]string{"app": "churn"}})
+		a := addPod(t, "churn-a", framework.PodOptions{Labels: map[string]string{"app": "churn"}})
 		addPod(t, "churn-b", framework.PodOptions{Labels: map[string]string{"app": "churn"}})
 		client := addPod(t, "churn-client", framework.PodOptions{})
 		svc := createService(t, service("churn", "churn", v1.ProtocolTCP))
@@ -273,10 +273,18 @@ func TestEndpointChurn(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitForReadyEndpoints(t, "churn", 2) // churn-b, both families
-		time.Sleep(2 * time.Second)
+		// Our kube-proxy has seen the change once churn-a's DNAT is gone
+		// from the rules (its endpoint chain is flushed at once).
+		gone := net.JoinHostPort(a.IPv4, "8080")
+		eventually(t, convergence, "churn-a's endpoint out of the rules", func() error {
+			if strings.Contains(modeRules(t, mode), gone) {
+				return fmt.Errorf("%s still in the rules", gone)
+			}
+			return nil
+		})
 		for i := 0; i < 20; i++ {
 			if _, err := answeredBy(client.Netns, "tcp", svc.Spec.ClusterIP, 80, "churn-b"); err != nil {
-				t.Fatalf("request %d, 2 s after churn-a became unready: %v", i, err)
+				t.Fatalf("request %d, after churn-a's endpoint left the rules: %v", i, err)
 			}
 		}
 	})
