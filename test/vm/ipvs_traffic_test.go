@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/rapidproxy/rapidproxy/deploy/monitoring"
+	proxyconfig "github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/test/framework"
 	"github.com/rapidproxy/rapidproxy/test/vm"
 )
@@ -53,7 +54,8 @@ func TestIPVSModeWithTraffic(t *testing.T) {
 	go serveHostSteps(steps, cluster)
 
 	config := filepath.Join(cluster.Dir, "kube-proxy-ipvs-traffic.yaml")
-	if err := os.WriteFile(config, []byte(cluster.KubeProxyConfig("mode: ipvs\nipvs:\n  excludeCIDRs: ["+excludedCIDR+"]\n")), 0o644); err != nil {
+	ipvsConfig := cluster.KubeProxyConfig("mode: ipvs\nipvs:\n  excludeCIDRs: [" + excludedCIDR + "]\n")
+	if err := os.WriteFile(config, []byte(ipvsConfig), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	configs := map[string]string{}
@@ -75,8 +77,8 @@ func TestIPVSModeWithTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	header := fmt.Sprintf("CONFIG=%s CONFIG_NFT=%s CONFIG_IPT=%s HOST_STEPS=%s A=%s B=%s R=%s\nMON_SERVED=%q MON_NOT_SERVED=%q\n",
-		config, configs["nftables"], configs["iptables"], steps.Addr(), podA, podB, podR,
+	header := fmt.Sprintf("CONFIG=%s CONFIG_NFT=%s CONFIG_IPT=%s SYNC_PERIOD_MS=%d HOST_STEPS=%s A=%s B=%s R=%s\nMON_SERVED=%q MON_NOT_SERVED=%q\n",
+		config, configs["nftables"], configs["iptables"], syncPeriod(t, ipvsConfig).Milliseconds(), steps.Addr(), podA, podB, podR,
 		strings.Join(served, " "), strings.Join(slices.Sorted(maps.Keys(monitoring.NotServedIn["ipvs"])), " "))
 	for _, run := range []struct {
 		name, script string
@@ -101,6 +103,19 @@ func TestIPVSModeWithTraffic(t *testing.T) {
 			})
 		})
 	}
+}
+
+// syncPeriod is the syncPeriod of a kube-proxy configuration file: the
+// period within which kube-proxy promises to refresh its rules, and so
+// the longest another program's change to them may stand.
+func syncPeriod(t *testing.T, configFile string) time.Duration {
+	t.Helper()
+	cfg, err := proxyconfig.Decode([]byte(configFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	period, _ := proxyconfig.SyncPeriods(cfg)
+	return period
 }
 
 // scriptHelpers set the guest up as node-1 with pods (vm.NodeHelpers), and
