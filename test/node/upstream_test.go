@@ -339,6 +339,16 @@ func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, nodes []*
 	}
 	ginkgoArgs := []string{"--focus=" + focus, "--skip=" + strings.Join(skipPatterns, "|"),
 		"--no-color", "-v", "--timeout=160m"}
+	// Every spec the focus and skips select must run (pass or fail): a
+	// focus that matches nothing, or a spec skipped at run time, does not
+	// pass for a run.
+	selected, err := selectedSpecs(ctx, filepath.Join(tools, "e2e.test"), c.AdminKubeconfig(), filepath.Join(reportDir, "selected"), ginkgoArgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(selected) == 0 {
+		t.Fatalf("the focus %q (less the skips) selects no spec of e2e.test", focus)
+	}
 	var cmd *exec.Cmd
 	if procs := envOr("RAPIDPROXY_E2E_PROCS", "1"); procs == "1" {
 		for i, a := range ginkgoArgs {
@@ -373,6 +383,57 @@ func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, nodes []*
 	if failed > 0 || runErr != nil {
 		t.Errorf("e2e.test: %d failed (%v); see %s/e2e.log", failed, runErr, reportDir)
 	}
+	if missing := results.notRun(selected); passed+failed != len(selected) || len(missing) > 0 {
+		t.Errorf("e2e.test ran %d specs, the focus selects %d; selected but not run: %q", passed+failed, len(selected), missing)
+	}
+}
+
+// selectedSpecs lists the specs e2e.test runs with ginkgoArgs, from its
+// dry run's JUnit report in dir: there the specs the focus and skips
+// select are passed, the others skipped.
+func selectedSpecs(ctx context.Context, e2eTest, kubeconfig, dir string, ginkgoArgs []string) ([]string, error) {
+	args := []string{"--kubeconfig=" + kubeconfig, "--report-dir=" + dir, "--ginkgo.dry-run"}
+	for _, a := range ginkgoArgs {
+		args = append(args, "--ginkgo."+strings.TrimLeft(a, "-"))
+	}
+	if out, err := exec.CommandContext(ctx, e2eTest, args...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("e2e.test --ginkgo.dry-run: %w; its output ends with:\n%s", err, lastLines(string(out), 20))
+	}
+	rs, err := readJUnit(dir)
+	if err != nil {
+		return nil, fmt.Errorf("e2e.test --ginkgo.dry-run: %w", err)
+	}
+	var names []string
+	for _, r := range rs {
+		if r.status == "passed" {
+			names = append(names, r.name)
+		}
+	}
+	return names, nil
+}
+
+// notRun lists the specs of selected that did not run (neither passed nor
+// failed).
+func (rs results) notRun(selected []string) []string {
+	ran := map[string]bool{}
+	for _, r := range rs {
+		if r.status != "skipped" {
+			ran[r.name] = true
+		}
+	}
+	var missing []string
+	for _, name := range selected {
+		if !ran[name] {
+			missing = append(missing, name)
+		}
+	}
+	return missing
+}
+
+// lastLines is the end of a command's output.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // buildGinkgo builds the ginkgo CLI of the version e2e.test was built
