@@ -3,6 +3,7 @@ package localnodeport
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -16,6 +17,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -33,7 +35,7 @@ func newBackend(t *testing.T, name, ip string) *backend {
 	t.Helper()
 	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
-		t.Skipf("no loopback listener on %s: %v", ip, err)
+		testutil.Skip(t, fmt.Sprintf("no loopback listener on %s: %v", ip, err))
 	}
 	b := &backend{name: name, ln: ln}
 	t.Cleanup(func() { ln.Close() })
@@ -88,7 +90,7 @@ func freePort(t *testing.T, ip string) int32 {
 	t.Helper()
 	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {
-		t.Skipf("no loopback listener on %s: %v", ip, err)
+		testutil.Skip(t, fmt.Sprintf("no loopback listener on %s: %v", ip, err))
 	}
 	defer ln.Close()
 	return int32(ln.Addr().(*net.TCPAddr).Port)
