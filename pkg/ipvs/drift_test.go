@@ -93,8 +93,8 @@ func resynced(t *testing.T, resyncs <-chan struct{}, why string) {
 	t.Helper()
 	select {
 	case <-resyncs:
-	case <-time.After(5 * time.Second):
-		t.Fatal("no resync was asked for" + why)
+	case <-time.After(time.Minute): // a check runs every 5 ms: the watch has stopped
+		t.Fatal("no resync was asked for in a minute" + why)
 	}
 }
 
