@@ -72,7 +72,8 @@ e2e-node-daemonset: deps build tools node-tools image
 # `kubectl apply --server-side --force-conflicts -k deploy/kubeadm`, rolled back with `rollout undo`,
 # then restarted as upstream for a baseline, in iptables and in nftables mode, with new, long-lived
 # and UDP connections counted per phase; then deploy/mode-migration moving the nodes one by one
-# from iptables to nftables mode and back, ours and upstream's (test/node; `test` runs both).
+# from iptables to nftables mode and back, ours and upstream's (test/node; `test` runs both: about
+# six minutes).
 e2e-node-takeover: deps build tools node-tools image image-upstream
 	RAPIDPROXY_TOOLS_DIR=$(TOOLS_DIR) RAPIDPROXY_NODE_TOOLS_DIR=$(NODE_TOOLS_DIR) \
 		RAPIDPROXY_IMAGE=$(OUT)/images/rapidproxy-kube-proxy.tar RAPIDPROXY_UPSTREAM_IMAGE=$(OUT)/images/upstream-kube-proxy.tar \
