@@ -66,30 +66,8 @@ func TestDaemonSetModeMigration(t *testing.T) {
 					}
 					return err
 				}},
-				{"iptables->nftables", func() error {
-					for _, n := range tc.nodes {
-						before := kubeProxyPodUIDs(tc.ctx, t, tc.c)
-						if err := tc.kubectl(t, "label", "node", n.Name, deploy.ModeLabel+"=nftables"); err != nil {
-							return err
-						}
-						if err := tc.waitNodeMode(n, "kube-proxy-nftables", kp.image, "nftables", before); err != nil {
-							return err
-						}
-					}
-					return nil
-				}},
-				{"nftables->iptables", func() error {
-					for _, n := range tc.nodes {
-						before := kubeProxyPodUIDs(tc.ctx, t, tc.c)
-						if err := tc.kubectl(t, "label", "node", n.Name, deploy.ModeLabel+"-"); err != nil {
-							return err
-						}
-						if err := tc.waitNodeMode(n, "kube-proxy", kp.image, "iptables", before); err != nil {
-							return err
-						}
-					}
-					return nil
-				}},
+				{"iptables->nftables", tc.moveEach(t, deploy.ModeLabel+"=nftables", "kube-proxy-nftables", kp.image, "nftables")},
+				{"nftables->iptables", tc.moveEach(t, deploy.ModeLabel+"-", "kube-proxy", kp.image, "iptables")},
 			}
 			counts := map[string]phaseCounts{}
 			var names []string
@@ -143,6 +121,24 @@ func (tc *takeoverCluster) modeMigrationDir(t *testing.T, image, mode string) st
 		}
 	}
 	return dir
+}
+
+// moveEach labels the nodes one after the other with label (KEY=VALUE, or
+// KEY- to remove it), each once the one before runs its new pod: of the
+// DaemonSet whose pods are labelled k8s-app=app, in mode.
+func (tc *takeoverCluster) moveEach(t *testing.T, label, app, image, mode string) func() error {
+	return func() error {
+		for _, n := range tc.nodes {
+			before := kubeProxyPodUIDs(tc.ctx, t, tc.c)
+			if err := tc.kubectl(t, "label", "node", n.Name, label); err != nil {
+				return err
+			}
+			if err := tc.waitNodeMode(n, app, image, mode, before); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 // waitNodeMode waits until the node runs one kube-proxy pod, of the
