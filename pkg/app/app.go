@@ -100,7 +100,7 @@ func (o *options) run(ctx context.Context, fs *pflag.FlagSet, stdout io.Writer) 
 	case o.cleanup:
 		return server.Cleanup(ctx, o.cfg)
 	case o.initOnly:
-		return server.InitOnly(ctx, o.cfg)
+		return server.InitOnly(ctx, o.cfg, o.modeDefaulted)
 	}
 	return o.serve(ctx, flagValues(fs))
 }

@@ -259,15 +259,29 @@ func recordStartEvent(ctx context.Context, client kubernetes.Interface, nodeName
 	broadcaster.StartRecordingToSink(ctx.Done())
 	recorder := broadcaster.NewRecorder(scheme.Scheme, "kube-proxy")
 	ref := &v1.ObjectReference{Kind: "Node", Name: nodeName, UID: types.UID(nodeName)}
-	if defaulted && mode == config.ModeIPTables {
-		klog.ErrorS(nil, modeDefaulted)
-		recorder.Eventf(ref, nil, v1.EventTypeWarning, "KubeProxyDefaultMode", "StartKubeProxy", modeDefaulted)
-	}
-	if mode == config.ModeIPVS {
-		klog.ErrorS(nil, ipvsDeprecated)
-		recorder.Eventf(ref, nil, v1.EventTypeWarning, "IPVSDeprecation", "StartKubeProxy", ipvsDeprecated)
+	for _, w := range logModeWarnings(mode, defaulted) {
+		recorder.Eventf(ref, nil, v1.EventTypeWarning, w.reason, "StartKubeProxy", w.message)
 	}
 	recorder.Eventf(ref, nil, v1.EventTypeNormal, "Starting", "StartKubeProxy", "")
+}
+
+type modeWarning struct{ reason, message string }
+
+// logModeWarnings logs, and returns for events, what upstream warns of at
+// every start, --init-only's included: the mode left to its default (which
+// upstream is to change), or IPVS (deprecated).
+func logModeWarnings(mode kpconfig.ProxyMode, defaulted bool) []modeWarning {
+	var warnings []modeWarning
+	if defaulted && mode == config.ModeIPTables {
+		warnings = append(warnings, modeWarning{"KubeProxyDefaultMode", modeDefaulted})
+	}
+	if mode == config.ModeIPVS {
+		warnings = append(warnings, modeWarning{"IPVSDeprecation", ipvsDeprecated})
+	}
+	for _, w := range warnings {
+		klog.ErrorS(nil, w.message)
+	}
+	return warnings
 }
 
 func clientcmdServer(master string) clientcmdapi.Cluster {

@@ -115,7 +115,8 @@ func Run(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, opts Options
 // mode route_localnet when NodePorts answer on 127.0.0.1; in IPVS mode
 // ip_vs loaded, its sysctls and its connection timeouts. It needs no API
 // server.
-func InitOnly(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration) error {
+func InitOnly(ctx context.Context, cfg *kpconfig.KubeProxyConfiguration, modeDefaulted bool) error {
+	logModeWarnings(cfg.Mode, modeDefaulted)
 	if err := conntrack.SetSysctls(sysctl.Proc{}, cfg.Conntrack); err != nil {
 		return fmt.Errorf("conntrack settings: %w", err)
 	}
