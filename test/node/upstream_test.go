@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -256,70 +257,16 @@ func runSuite(ctx context.Context, t *testing.T, c *framework.Cluster, nodes []*
 	// Flags beside the config file, as a DaemonSet's command line adds
 	// them (--v=4 to see each sync).
 	flags := strings.Fields(os.Getenv("RAPIDPROXY_E2E_KUBE_PROXY_FLAGS"))
+	var stop func()
 	if deployAsDaemonSet() {
 		if len(flags) > 0 {
 			t.Fatal("RAPIDPROXY_E2E_KUBE_PROXY_FLAGS: not with the DaemonSet, whose command line is kubeadm's")
 		}
-		image := "ghcr.io/rapidproxy/kube-proxy:" + imageTag(t, root)
-		if which == "upstream" {
-			image = upstreamImageRef(t)
-		}
-		objs := kubeadmObjects(t, mode, image)
-		client, mapper, err := c.DynamicClient()
-		if err != nil {
-			t.Fatal(err)
-		}
-		create(ctx, t, client, mapper, objs)
-		defer func() {
-			for _, n := range nodes {
-				_ = os.WriteFile(filepath.Join(reportDir, "kube-proxy-"+which+"-"+n.Name+".log"), []byte(n.podLogs("kube-system", 2000)), 0o644)
-			}
-			remove(ctx, t, c, client, mapper, objs)
-			// Its rules go with its own --cleanup, as when a cluster
-			// changes its kube-proxy.
-			for _, n := range nodes {
-				if out, err := n.Command(binary, "--cleanup").CombinedOutput(); err != nil {
-					t.Errorf("%s --cleanup on %s: %v\n%s", binary, n.Name, err, out)
-				}
-			}
-		}()
-		waitRolledOut(ctx, t, c, nodes, image, nil)
+		stop = runDaemonSet(ctx, t, c, nodes, root, mode, which, binary, reportDir)
+	} else {
+		stop = runProcesses(ctx, t, c, nodes, mode, which, binary, flags)
 	}
-	for _, n := range nodes {
-		if deployAsDaemonSet() {
-			break
-		}
-		var proxy interface {
-			stop()
-			cleanup() error
-		}
-		var err error
-		if n.guest != nil {
-			proxy, err = startGuestKubeProxy(ctx, n, "kube-proxy-"+which+"-"+n.Name, binary, guestKubeProxyConfig(c, n.Name), flags)
-		} else {
-			proxy, err = startNodeKubeProxy(ctx, c, n, "kube-proxy-"+which+"-"+n.Name, binary, mode, flags)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() {
-			// Its rules go with its own --cleanup, as when a cluster
-			// changes its kube-proxy.
-			proxy.stop()
-			err := proxy.cleanup()
-			if err != nil && which == "upstream" && mode == "ipvs" {
-				// Upstream's removes the iptables mode's chains before
-				// the IPVS mode's, which still jump to KUBE-MARK-MASQ:
-				// iptables-restore fails and it exits 1, having removed
-				// the IPVS mode's. A second run finds nothing in the way.
-				t.Logf("upstream's --cleanup after its IPVS mode failed, as it does; again: %s", firstLine(err.Error()))
-				err = proxy.cleanup()
-			}
-			if err != nil {
-				t.Error(err)
-			}
-		}()
-	}
+	defer stop()
 	t.Logf("%d nodes Ready, %s kube-proxy (%s%s) healthy on each; running e2e.test", len(nodes), which, mode,
 		map[bool]string{true: ", kubeadm's DaemonSet"}[deployAsDaemonSet()])
 
@@ -434,6 +381,91 @@ func (rs results) notRun(selected []string) []string {
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// runProcesses starts the kube-proxy on each node as its DaemonSet's
+// command line, in the node's namespace or in its guest; the func it
+// returns stops them, last first, and removes their rules.
+func runProcesses(ctx context.Context, t *testing.T, c *framework.Cluster, nodes []*Node, mode, which, binary string, flags []string) func() {
+	var cleanups []func()
+	stopAll := func() {
+		for _, cleanup := range slices.Backward(cleanups) {
+			cleanup()
+		}
+	}
+	for _, n := range nodes {
+		var proxy interface {
+			stop()
+			cleanup() error
+		}
+		var err error
+		if n.guest != nil {
+			proxy, err = startGuestKubeProxy(ctx, n, "kube-proxy-"+which+"-"+n.Name, binary, guestKubeProxyConfig(c, n.Name), flags)
+		} else {
+			proxy, err = startNodeKubeProxy(ctx, c, n, "kube-proxy-"+which+"-"+n.Name, binary, mode, flags)
+		}
+		if err != nil {
+			stopAll()
+			t.Fatal(err)
+		}
+		cleanups = append(cleanups, func() {
+			// Its rules go with its own --cleanup, as when a cluster
+			// changes its kube-proxy.
+			proxy.stop()
+			err := proxy.cleanup()
+			if err != nil && which == "upstream" && mode == "ipvs" {
+				// Upstream's removes the iptables mode's chains before
+				// the IPVS mode's, which still jump to KUBE-MARK-MASQ:
+				// iptables-restore fails and it exits 1, having removed
+				// the IPVS mode's. A second run finds nothing in the way.
+				t.Logf("upstream's --cleanup after its IPVS mode failed, as it does; again: %s", firstLine(err.Error()))
+				err = proxy.cleanup()
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	return stopAll
+}
+
+// runDaemonSet runs the kube-proxies as kubeadm's DaemonSet, of our image
+// or upstream's, and waits until each node's pod has synced; the func it
+// returns keeps the pods' logs, deletes the DaemonSet and removes the
+// rules with the binary's own --cleanup, as when a cluster changes its
+// kube-proxy.
+func runDaemonSet(ctx context.Context, t *testing.T, c *framework.Cluster, nodes []*Node, root, mode, which, binary, reportDir string) func() {
+	image := "ghcr.io/rapidproxy/kube-proxy:" + imageTag(t, root)
+	if which == "upstream" {
+		image = upstreamImageRef(t)
+	}
+	objs := kubeadmObjects(t, mode, image)
+	client, mapper, err := c.DynamicClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	create(ctx, t, client, mapper, objs)
+	stop := func() {
+		for _, n := range nodes {
+			_ = os.WriteFile(filepath.Join(reportDir, "kube-proxy-"+which+"-"+n.Name+".log"), []byte(n.podLogs("kube-system", 2000)), 0o644)
+		}
+		remove(ctx, t, c, client, mapper, objs)
+		for _, n := range nodes {
+			if out, err := n.Command(binary, "--cleanup").CombinedOutput(); err != nil {
+				t.Errorf("%s --cleanup on %s: %v\n%s", binary, n.Name, err, out)
+			}
+		}
+	}
+	// A failed wait ends the test here; what was made goes all the same.
+	rolledOut := false
+	defer func() {
+		if !rolledOut {
+			stop()
+		}
+	}()
+	waitRolledOut(ctx, t, c, nodes, image, nil)
+	rolledOut = true
+	return stop
 }
 
 // buildGinkgo builds the ginkgo CLI of the version e2e.test was built
