@@ -70,12 +70,8 @@ type Core struct {
 	// lastReconcile is when every conntrack flow was last checked.
 	lastReconcile time.Time
 
-	// For explanations: when each service last changed in the state, when
-	// the last successful sync and full sync started, and how many syncs
-	// ran, so that a check of the kernel can tell that one ran meanwhile.
-	changed                map[types.NamespacedName]time.Time
-	lastSync, lastFullSync time.Time
-	syncs                  int
+	// history is what explanations tell of the syncs.
+	history syncHistory
 
 	// The family's service CIDRs for a ServiceCIDRUser mode, and whether
 	// the mode has yet to get them; apart from mu, which a sync holds.
@@ -105,7 +101,7 @@ func NewCore(cfg Config, mode Mode) *Core {
 		ready:        make(chan struct{}),
 		firstSynced:  make(chan struct{}),
 		noLocal:      noLocalEndpoints{},
-		changed:      map[types.NamespacedName]time.Time{},
+		history:      newSyncHistory(),
 	}
 	c.runner = runner.New(c.SyncOnce, cfg.MinSyncPeriod, cfg.SyncPeriod)
 	return c
@@ -267,14 +263,7 @@ func (c *Core) SyncOnce() error {
 	c.passServiceCIDRs()
 	pendingServices, pendingEndpoints := c.tracker.Pending()
 	changes := c.tracker.Apply(c.state)
-	c.syncs++
-	for name := range changes.ServicePorts {
-		if len(c.state.PortsOf(name.NamespacedName)) == 0 {
-			delete(c.changed, name.NamespacedName)
-		} else {
-			c.changed[name.NamespacedName] = start
-		}
-	}
+	c.history.applied(c.state, changes.ServicePorts, start)
 	metrics.ServiceChangesTotal.Add(float64(pendingServices))
 	metrics.EndpointChangesTotal.Add(float64(pendingEndpoints))
 
@@ -301,10 +290,9 @@ func (c *Core) SyncOnce() error {
 			return fmt.Errorf("%s %s sync: %w", c.cfg.ModeName, family, err)
 		}
 		c.needFullSync = false
-		c.lastFullSync = start
 		c.fullSyncTook.Store(int64(time.Since(fullStart)))
 	}
-	c.lastSync = start
+	c.history.synced(start, full)
 	elapsed := time.Since(start).Seconds()
 	metrics.SyncProxyRulesLatency.WithLabelValues(family).Observe(elapsed)
 	if full {

@@ -185,7 +185,7 @@ func (c *Core) Explain(name types.NamespacedName, verify bool) Explanation {
 			e.ServicePorts[i].Kernel.Verify = v
 		}
 		c.mu.Lock()
-		again := c.syncs != syncs && attempt < verifyAttempts
+		again := c.history.syncs != syncs && attempt < verifyAttempts
 		c.mu.Unlock()
 		if !again {
 			return e
@@ -205,17 +205,7 @@ func (c *Core) explain(name types.NamespacedName) (Explanation, []func() ([]stri
 	for _, spn := range slices.SortedFunc(slices.Values(c.state.PortsOf(name)), state.ServicePortName.Compare) {
 		svc, ex, _ := view.Explain(spn)
 		sp := describeServicePort(c.cfg.Family, svc, view.Endpoints[spn], ex)
-		if changed, ok := c.changed[name]; ok {
-			sp.LastChanged = &changed
-			// Every successful sync writes every change made before it.
-			if !c.lastSync.Before(changed) {
-				synced := changed
-				if c.lastFullSync.After(changed) {
-					synced = c.lastFullSync
-				}
-				sp.LastSynced = &synced
-			}
-		}
+		sp.LastChanged, sp.LastSynced = c.history.times(name)
 		var check func() ([]string, error)
 		if describer != nil {
 			objects, verify := describer.Describe(view, spn)
@@ -225,7 +215,7 @@ func (c *Core) explain(name types.NamespacedName) (Explanation, []func() ([]stri
 		e.ServicePorts = append(e.ServicePorts, sp)
 		checks = append(checks, check)
 	}
-	return e, checks, c.syncs
+	return e, checks, c.history.syncs
 }
 
 // ServicePorts summarizes every service port of this core's IP family.

@@ -77,7 +77,7 @@ func TestExplainChangeAndSyncTimes(t *testing.T) {
 
 	c.OnService(&v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "a"}}, true)
 	_ = c.SyncOnce()
-	if _, kept := c.changed[nsName("a")]; kept || len(c.Explain(nsName("a"), false).ServicePorts) != 0 {
+	if _, kept := c.history.changed[nsName("a")]; kept || len(c.Explain(nsName("a"), false).ServicePorts) != 0 {
 		t.Error("a deleted service is still explained or remembered")
 	}
 }
