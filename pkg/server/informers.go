@@ -6,10 +6,11 @@ package server
 import (
 	"context"
 	"errors"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"net/netip"
 	"slices"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -39,61 +40,89 @@ import (
 func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeProxyConfiguration, nodeName string, node *v1.Node, proxier proxy.Proxier, health *healthcheck.ProxyHealth) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	noProxyName, _ := labels.NewRequirement("service.kubernetes.io/service-proxy-name", selection.DoesNotExist, nil)
-	noHeadless, _ := labels.NewRequirement(v1.IsHeadlessService, selection.DoesNotExist, nil)
-	selector := labels.NewSelector().Add(*noProxyName, *noHeadless).String()
-	tweak := func(o *metav1.ListOptions) { o.LabelSelector = selector }
-	factory := informers.NewSharedInformerFactoryWithOptions(client, cfg.ConfigSyncPeriod.Duration,
-		informers.WithTransform(trimForCache))
+	factory, services, endpointSlices := serviceInformers(client, cfg.ConfigSyncPeriod.Duration)
 	nodeFactory := informers.NewSharedInformerFactoryWithOptions(client, cfg.ConfigSyncPeriod.Duration,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 		}))
-
-	// Without the factory's namespace index, which nothing here reads
-	// (1.5 MB at 10k services).
-	services := factory.InformerFor(&v1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, tweak)
-	})
-	slices_ := factory.InformerFor(&discovery.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
-		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, tweak)
-	})
-	nodes := nodeFactory.Core().V1().Nodes().Informer()
 	// The registrations' HasSynced, not the informers': it turns true only
 	// once the handler has been given every listed object, so the first
 	// sync sees all of them.
-	servicesHandled, err := services.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { onObject(o, false, proxier.OnService) },
-		UpdateFunc: func(_, o any) { onObject(o, false, proxier.OnService) },
-		DeleteFunc: func(o any) { onObject(o, true, proxier.OnService) },
-	})
+	servicesHandled, err := services.AddEventHandler(handlerOf(proxier.OnService))
 	if err != nil {
 		return err
 	}
-	slicesHandled, err := slices_.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { onObject(o, false, proxier.OnEndpointSlice) },
-		UpdateFunc: func(_, o any) { onObject(o, false, proxier.OnEndpointSlice) },
-		DeleteFunc: func(o any) { onObject(o, true, proxier.OnEndpointSlice) },
-	})
+	slicesHandled, err := endpointSlices.AddEventHandler(handlerOf(proxier.OnEndpointSlice))
 	if err != nil {
 		return err
 	}
+	onNode := nodeWatcher(cfg, node, proxier, health, cancel)
+	_, _ = nodeFactory.Core().V1().Nodes().Informer().AddEventHandler(handlerOf(onNode))
+	stopCIDRs := watchServiceCIDRs(ctx, client, cfg.ConfigSyncPeriod.Duration, proxier)
+	factory.Start(ctx.Done())
+	nodeFactory.Start(ctx.Done())
+	go func() {
+		if cache.WaitForNamedCacheSync("service config", ctx.Done(), servicesHandled.HasSynced) {
+			proxier.OnServicesSynced()
+		}
+	}()
+	go func() {
+		if cache.WaitForNamedCacheSync("endpoint slice config", ctx.Done(), slicesHandled.HasSynced) {
+			proxier.OnEndpointSlicesSynced()
+		}
+	}()
+	proxier.SyncLoop(ctx)
+	factory.Shutdown()
+	nodeFactory.Shutdown()
+	stopCIDRs()
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	return nil
+}
+
+// serviceInformers are the Service and EndpointSlice informers and their
+// factory: without the services another proxy serves, or headless ones,
+// and with what each object keeps cut down (trimForCache).
+func serviceInformers(client kubernetes.Interface, resync time.Duration) (factory informers.SharedInformerFactory, services, endpointSlices cache.SharedIndexInformer) {
+	noProxyName, _ := labels.NewRequirement("service.kubernetes.io/service-proxy-name", selection.DoesNotExist, nil)
+	noHeadless, _ := labels.NewRequirement(v1.IsHeadlessService, selection.DoesNotExist, nil)
+	selector := labels.NewSelector().Add(*noProxyName, *noHeadless).String()
+	tweak := func(o *metav1.ListOptions) { o.LabelSelector = selector }
+	factory = informers.NewSharedInformerFactoryWithOptions(client, resync, informers.WithTransform(trimForCache))
+	// Without the factory's namespace index, which nothing here reads
+	// (1.5 MB at 10k services).
+	services = factory.InformerFor(&v1.Service{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return coreinformers.NewFilteredServiceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, tweak)
+	})
+	endpointSlices = factory.InformerFor(&discovery.EndpointSlice{}, func(c kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		return discoveryinformers.NewFilteredEndpointSliceInformer(c, metav1.NamespaceAll, resync, cache.Indexers{}, tweak)
+	})
+	return factory, services, endpointSlices
+}
+
+// handlerOf passes an informer's typed objects to handle, with deleted
+// set for deletions (tombstones unwrapped).
+func handlerOf[T any](handle func(T, bool)) cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { onObject(o, false, handle) },
+		UpdateFunc: func(_, o any) { onObject(o, false, handle) },
+		DeleteFunc: func(o any) { onObject(o, true, handle) },
+	}
+}
+
+// nodeWatcher handles the node's changes. The rules were built for the
+// node's IPs at start ("primary" NodePort addresses, the node IP of each
+// family), and with DetectLocalMode NodeCIDR for its pod CIDRs: a change
+// of either, or the Node's deletion, restarts the process, as upstream
+// does.
+func nodeWatcher(cfg *kpconfig.KubeProxyConfiguration, node *v1.Node, proxier proxy.Proxier, health *healthcheck.ProxyHealth, cancel context.CancelCauseFunc) func(*v1.Node, bool) {
 	var podCIDRs []string
 	if node != nil {
 		podCIDRs = node.Spec.PodCIDRs
 	}
-	// The rules were built for the node's IPs at start ("primary"
-	// NodePort addresses, the node IP of each family): a change, or the
-	// Node's deletion, restarts the process, as upstream does.
 	startIPs := nodeHostIPs(node)
-	onNode := func(o any, deleted bool) {
-		if tomb, ok := o.(cache.DeletedFinalStateUnknown); ok {
-			o = tomb.Obj
-		}
-		n, ok := o.(*v1.Node)
-		if !ok {
-			return
-		}
+	return func(n *v1.Node, deleted bool) {
 		if deleted {
 			health.SetNode(nil)
 			klog.InfoS("Node is being deleted", "node", klog.KObj(n))
@@ -111,47 +140,24 @@ func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeP
 			cancel(errNodeIPsChanged)
 		}
 	}
-	_, _ = nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(o any) { onNode(o, false) },
-		UpdateFunc: func(_, o any) { onNode(o, false) },
-		DeleteFunc: func(o any) { onNode(o, true) },
-	})
+}
 
-	// ServiceCIDRs only for a mode that uses them (the nftables mode).
-	var cidrFactory informers.SharedInformerFactory
-	if proxier.UsesServiceCIDRs() && servesServiceCIDRs(client) {
-		cidrFactory = informers.NewSharedInformerFactory(client, cfg.ConfigSyncPeriod.Duration)
-		cidrs := cidrFactory.Networking().V1().ServiceCIDRs().Informer()
-		onCIDRs := func(any) { proxier.OnServiceCIDRs(serviceCIDRs(cidrs.GetStore().List())) }
-		_, _ = cidrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    onCIDRs,
-			UpdateFunc: func(_, o any) { onCIDRs(o) },
-			DeleteFunc: onCIDRs,
-		})
-		cidrFactory.Start(ctx.Done())
+// watchServiceCIDRs gives a mode that uses them (the nftables mode) the
+// ServiceCIDRs' ranges as they change, and returns what stops it.
+func watchServiceCIDRs(ctx context.Context, client kubernetes.Interface, resync time.Duration, proxier proxy.Proxier) (stop func()) {
+	if !proxier.UsesServiceCIDRs() || !servesServiceCIDRs(client) {
+		return func() {}
 	}
+	factory := informers.NewSharedInformerFactory(client, resync)
+	cidrs := factory.Networking().V1().ServiceCIDRs().Informer()
+	onCIDRs := func(any) { proxier.OnServiceCIDRs(serviceCIDRs(cidrs.GetStore().List())) }
+	_, _ = cidrs.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    onCIDRs,
+		UpdateFunc: func(_, o any) { onCIDRs(o) },
+		DeleteFunc: onCIDRs,
+	})
 	factory.Start(ctx.Done())
-	nodeFactory.Start(ctx.Done())
-	go func() {
-		if cache.WaitForNamedCacheSync("service config", ctx.Done(), servicesHandled.HasSynced) {
-			proxier.OnServicesSynced()
-		}
-	}()
-	go func() {
-		if cache.WaitForNamedCacheSync("endpoint slice config", ctx.Done(), slicesHandled.HasSynced) {
-			proxier.OnEndpointSlicesSynced()
-		}
-	}()
-	proxier.SyncLoop(ctx)
-	factory.Shutdown()
-	nodeFactory.Shutdown()
-	if cidrFactory != nil {
-		cidrFactory.Shutdown()
-	}
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
-		return cause
-	}
-	return nil
+	return factory.Shutdown
 }
 
 // serviceCIDRs are the ranges of every ServiceCIDR object (the API server
