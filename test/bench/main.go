@@ -19,6 +19,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -105,10 +106,15 @@ func main() {
 			}
 			return chartsFrom(chartFrom, opts.chartDir, os.Stdout)
 		}
-		if opts.services, err = ints(services); err != nil {
+		// -n 0 runs a shape with no service at all: the floor of the
+		// memory figures, the process's RSS and heap with nothing to do.
+		if opts.services, err = ints(services, 0); err != nil {
 			return err
 		}
-		if opts.endpoints, err = ints(endpoints); err != nil {
+		if slices.Contains(opts.services, 0) && (opts.soak > 0 || switchModes != "") {
+			return errors.New("-n 0 measures the zero-service floor of the benchmark; -soak and -switch need services")
+		}
+		if opts.endpoints, err = ints(endpoints, 1); err != nil {
 			return err
 		}
 		for _, b := range strings.Split(backends, ",") {
@@ -155,12 +161,13 @@ func main() {
 	}
 }
 
-func ints(list string) ([]int, error) {
+// ints parses a comma-separated list of numbers, each at least least.
+func ints(list string, least int) ([]int, error) {
 	var out []int
 	for _, s := range strings.Split(list, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("not a positive number: %q", s)
+		if err != nil || n < least {
+			return nil, fmt.Errorf("not a number of at least %d: %q", least, s)
 		}
 		out = append(out, n)
 	}
@@ -174,10 +181,16 @@ func run(ctx context.Context, opts options, out, log io.Writer) error {
 	if opts.soak > 0 {
 		return soak(ctx, opts, out, log)
 	}
+	var shapes []shapeTable
+	defer func() { writePerService(out, opts.columns(), shapes) }()
 	for _, n := range opts.services {
 		for _, e := range opts.endpoints {
+			if n == 0 && e != opts.endpoints[0] {
+				continue // with no service, the number of endpoints changes nothing
+			}
 			results, err := benchShape(ctx, opts, n, e, log)
 			if results != nil {
+				shapes = append(shapes, shapeTable{n: n, e: e, columns: opts.columns(), all: results})
 				fmt.Fprintln(out)
 				writeShape(out, n, e, opts.columns(), results)
 				if opts.chartDir != "" {

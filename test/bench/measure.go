@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -119,6 +120,14 @@ func (b *bench) measure(ctx context.Context, proxy, column string) (results, err
 	r["peakRSS"] = cell{value: float64(after.PeakRSS) / 1e6}
 	r["steadyRSS"] = cell{value: float64(after.RSS) / 1e6}
 	b.logf("  idle CPU %.2f s, RSS peak %.0f MB, steady %.0f MB", r["idleCPU"].value, r["peakRSS"].value, r["steadyRSS"].value)
+	// The live heap apart from the GC's headroom and the runtime's own
+	// memory, which RSS includes: both proxies export Go's collector.
+	if heap, err := goHeapInUse(kp); err != nil {
+		b.logf("  heap in use: %v", err)
+	} else {
+		r["steadyHeap"] = cell{value: heap / 1e6}
+		b.logf("  heap in use %.0f MB", r["steadyHeap"].value)
+	}
 	profiled.Wait()
 	if profile {
 		// The heap after the first sync: what is kept (inuse_space) and
@@ -162,6 +171,11 @@ func (b *bench) measure(ctx context.Context, proxy, column string) (results, err
 		return r, err
 	}
 	b.logf("  restart RSS peak %.0f MB", r["restartPeakRSS"].value)
+	if b.n == 0 {
+		// The zero-service floor: with no service there is no change to
+		// make, and the floors and churn rewrite a service's rules.
+		return r, nil
+	}
 
 	if err := b.singleChanges(ctx, kp, r); err != nil {
 		return r, err
@@ -230,6 +244,19 @@ func settledPeakRSS(ctx context.Context, kp proxyProcess) (cell, error) {
 		return cell{}, err
 	}
 	return cell{value: float64(usage.PeakRSS) / 1e6}, nil
+}
+
+// goHeapInUse is the process's go_memstats_heap_inuse_bytes.
+func goHeapInUse(kp proxyProcess) (float64, error) {
+	m, err := framework.FetchMetrics(kp.metricsURL() + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	v, ok := familyValue(m, "go_memstats_heap_inuse_bytes")
+	if !ok {
+		return 0, errors.New("no go_memstats_heap_inuse_bytes in the metrics")
+	}
+	return v, nil
 }
 
 // firstSyncDuration is the duration a fresh process reports for its first

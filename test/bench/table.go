@@ -33,6 +33,7 @@ var rows = []row{
 	{"peakRSS", "peak RSS, VmHWM (MB)", 0},
 	{"restartPeakRSS", "restart: peak RSS, VmHWM, before any change (MB)", 0},
 	{"steadyRSS", "steady RSS, VmRSS after idling (MB)", 0},
+	{"steadyHeap", "steady live heap, go_memstats_heap_inuse_bytes after idling (MB)", 0},
 	{"idleCPU", "CPU while idle, user+system incl. the commands it runs (s)", 2},
 	{"switchSync", "mode switch: start in the new mode -> its first complete sync (s)", 3},
 	{"switchEnd", "mode switch: start -> that sync in place and nothing of the old mode left (s)", 3},
