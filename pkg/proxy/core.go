@@ -107,20 +107,31 @@ func NewCore(cfg Config, mode Mode) *Core {
 	return c
 }
 
-// OnService records a Service change; deleted services are passed with deleted true.
-func (c *Core) OnService(svc *v1.Service, deleted bool) {
+// OnCachedService records a Service change.
+func (c *Core) OnCachedService(svc *state.Service, deleted bool) {
 	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
 	if deleted {
 		svc = nil
 	}
-	c.tracker.OnService(name, svc)
+	c.tracker.OnCachedService(name, svc)
 	c.queue()
 }
 
-// OnEndpointSlice records an EndpointSlice change.
-func (c *Core) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) {
-	c.tracker.OnEndpointSlice(slice, deleted)
+// OnService records a change of the API object, as OnCachedService does.
+func (c *Core) OnService(svc *v1.Service, deleted bool) {
+	c.OnCachedService(state.ServiceOf(svc), deleted)
+}
+
+// OnCachedSlice records an EndpointSlice change.
+func (c *Core) OnCachedSlice(slice *state.EndpointSlice, deleted bool) {
+	c.tracker.OnCachedSlice(slice, deleted)
 	c.queue()
+}
+
+// OnEndpointSlice records a change of the API object, as OnCachedSlice
+// does.
+func (c *Core) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) {
+	c.OnCachedSlice(state.SliceOf(slice), deleted)
 }
 
 // OnServicesSynced records that the Service cache is complete.

@@ -125,7 +125,7 @@ func TestDualStackExplainsBothFamilies(t *testing.T) {
 		Spec: v1.ServiceSpec{ClusterIPs: []string{"10.96.0.1", "fd00::1"}, Type: v1.ServiceTypeClusterIP,
 			Ports: []v1.ServicePort{{Name: "p", Port: 80, Protocol: v1.ProtocolTCP}}},
 	}
-	d.OnService(svc, false)
+	d.OnCachedService(state.ServiceOf(svc), false)
 	for _, c := range []*Core{v4, v6} {
 		if err := c.SyncOnce(); err != nil {
 			t.Fatal(err)

@@ -10,14 +10,17 @@ import (
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
+
+	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
 // Proxier turns API changes into kernel rules for one node.
 type Proxier interface {
-	// OnService and OnEndpointSlice record a change; deleted is true for removals.
-	OnService(svc *v1.Service, deleted bool)
-	OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool)
+	// OnCachedService and OnCachedSlice record a change of a Service or
+	// an EndpointSlice as the informers keep them (state.ServiceOf,
+	// state.SliceOf); deleted is true for removals.
+	OnCachedService(svc *state.Service, deleted bool)
+	OnCachedSlice(slice *state.EndpointSlice, deleted bool)
 	// OnServicesSynced and OnEndpointSlicesSynced say the caches are
 	// complete; no rule is written before both.
 	OnServicesSynced()
@@ -38,15 +41,15 @@ type Proxier interface {
 // DualStack drives one proxier per IP family as one.
 type DualStack []Proxier
 
-func (d DualStack) OnService(svc *v1.Service, deleted bool) {
+func (d DualStack) OnCachedService(svc *state.Service, deleted bool) {
 	for _, p := range d {
-		p.OnService(svc, deleted)
+		p.OnCachedService(svc, deleted)
 	}
 }
 
-func (d DualStack) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) {
+func (d DualStack) OnCachedSlice(slice *state.EndpointSlice, deleted bool) {
 	for _, p := range d {
-		p.OnEndpointSlice(slice, deleted)
+		p.OnCachedSlice(slice, deleted)
 	}
 }
 

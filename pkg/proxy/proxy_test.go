@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rapidproxy/rapidproxy/pkg/state"
 	v1 "k8s.io/api/core/v1"
-	discovery "k8s.io/api/discovery/v1"
 )
 
 type recorder struct {
@@ -20,21 +20,21 @@ type recorder struct {
 
 func (r *recorder) add(e string) { r.mu.Lock(); r.events = append(r.events, e); r.mu.Unlock() }
 
-func (r *recorder) OnService(*v1.Service, bool)                    { r.add("service") }
-func (r *recorder) OnEndpointSlice(*discovery.EndpointSlice, bool) { r.add("slice") }
-func (r *recorder) OnServicesSynced()                              { r.add("services-synced") }
-func (r *recorder) OnEndpointSlicesSynced()                        { r.add("slices-synced") }
-func (r *recorder) OnNode(*v1.Node)                                { r.add("node") }
-func (r *recorder) SyncLoop(ctx context.Context)                   { r.add("loop"); <-ctx.Done() }
-func (r *recorder) UsesServiceCIDRs() bool                         { return r.usesCIDRs }
-func (r *recorder) OnServiceCIDRs([]netip.Prefix)                  { r.add("cidrs") }
-func (r *recorder) FirstSynced() <-chan struct{}                   { return r.synced }
+func (r *recorder) OnCachedService(*state.Service, bool)     { r.add("service") }
+func (r *recorder) OnCachedSlice(*state.EndpointSlice, bool) { r.add("slice") }
+func (r *recorder) OnServicesSynced()                        { r.add("services-synced") }
+func (r *recorder) OnEndpointSlicesSynced()                  { r.add("slices-synced") }
+func (r *recorder) OnNode(*v1.Node)                          { r.add("node") }
+func (r *recorder) SyncLoop(ctx context.Context)             { r.add("loop"); <-ctx.Done() }
+func (r *recorder) UsesServiceCIDRs() bool                   { return r.usesCIDRs }
+func (r *recorder) OnServiceCIDRs([]netip.Prefix)            { r.add("cidrs") }
+func (r *recorder) FirstSynced() <-chan struct{}             { return r.synced }
 
 func TestDualStackFansOut(t *testing.T) {
 	a, b := &recorder{}, &recorder{}
 	d := DualStack{a, b}
-	d.OnService(&v1.Service{}, false)
-	d.OnEndpointSlice(&discovery.EndpointSlice{}, true)
+	d.OnCachedService(&state.Service{}, false)
+	d.OnCachedSlice(&state.EndpointSlice{}, true)
 	d.OnServicesSynced()
 	d.OnEndpointSlicesSynced()
 	d.OnNode(&v1.Node{})

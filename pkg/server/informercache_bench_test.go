@@ -95,8 +95,8 @@ func benchService(i int) *v1.Service {
 	return &v1.Service{
 		ObjectMeta: serverMeta(fmt.Sprintf("bench-%05d", i), "bench", i),
 		Spec: v1.ServiceSpec{
-			Ports:           []v1.ServicePort{{Name: "tcp", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: v1.ProtocolTCP}},
-			ClusterIP:       ip, ClusterIPs: []string{ip}, Type: v1.ServiceTypeClusterIP,
+			Ports:     []v1.ServicePort{{Name: "tcp", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: v1.ProtocolTCP}},
+			ClusterIP: ip, ClusterIPs: []string{ip}, Type: v1.ServiceTypeClusterIP,
 			SessionAffinity: v1.ServiceAffinityNone, IPFamilies: []v1.IPFamily{v1.IPv4Protocol},
 			IPFamilyPolicy:        ptr.To(v1.IPFamilyPolicySingleStack),
 			InternalTrafficPolicy: ptr.To(v1.ServiceInternalTrafficPolicyCluster),

@@ -34,6 +34,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
+	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
 // watch runs the informers and the proxier until the context ends.
@@ -48,11 +49,11 @@ func watch(ctx context.Context, client kubernetes.Interface, cfg *kpconfig.KubeP
 	// The registrations' HasSynced, not the informers': it turns true only
 	// once the handler has been given every listed object, so the first
 	// sync sees all of them.
-	servicesHandled, err := services.AddEventHandler(handlerOf(proxier.OnService))
+	servicesHandled, err := services.AddEventHandler(handlerOf(proxier.OnCachedService))
 	if err != nil {
 		return err
 	}
-	slicesHandled, err := endpointSlices.AddEventHandler(handlerOf(proxier.OnEndpointSlice))
+	slicesHandled, err := endpointSlices.AddEventHandler(handlerOf(proxier.OnCachedSlice))
 	if err != nil {
 		return err
 	}
@@ -178,44 +179,15 @@ func serviceCIDRs(objects []any) []netip.Prefix {
 	return out
 }
 
-// trimForCache drops what kube-proxy never reads from the Services and
-// EndpointSlices it caches (a third or more of each object, at 10k
-// services tens of megabytes): managed fields, owner references, every
-// annotation but the trigger time that network programming latency is
-// measured from, the labels (the informers' selectors are applied by the
-// API server; a slice keeps the one naming its service), a Service's pod
-// selector, and each endpoint's target reference, hostname and deprecated
-// topology.
+// trimForCache replaces each Service and EndpointSlice the informers
+// keep with what the tracker keeps of it (state.ServiceOf, state.SliceOf):
+// at 10,000 services the objects, even cut down, held some 40 MB.
 func trimForCache(o any) (any, error) {
-	obj, ok := o.(metav1.Object)
-	if !ok {
-		return o, nil
-	}
-	obj.SetManagedFields(nil)
-	obj.SetOwnerReferences(nil)
-	if annotations := obj.GetAnnotations(); len(annotations) > 0 {
-		trigger, found := annotations[v1.EndpointsLastChangeTriggerTime]
-		obj.SetAnnotations(nil)
-		if found {
-			obj.SetAnnotations(map[string]string{v1.EndpointsLastChangeTriggerTime: trigger})
-		}
-	}
 	switch v := o.(type) {
-	case *v1.Service:
-		v.Labels = nil
-		v.Spec.Selector = nil
 	case *discovery.EndpointSlice:
-		service, found := v.Labels[discovery.LabelServiceName]
-		switch {
-		case !found:
-			v.Labels = nil
-		case len(v.Labels) > 1:
-			v.Labels = map[string]string{discovery.LabelServiceName: service}
-		}
-		for i := range v.Endpoints {
-			ep := &v.Endpoints[i]
-			ep.TargetRef, ep.Hostname, ep.DeprecatedTopology = nil, nil, nil
-		}
+		return state.SliceOf(v), nil
+	case *v1.Service:
+		return state.ServiceOf(v), nil
 	}
 	return o, nil
 }

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"errors"
-	fakediscovery "k8s.io/client-go/discovery/fake"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	fakediscovery "k8s.io/client-go/discovery/fake"
 
 	v1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -28,6 +29,7 @@ import (
 	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/explain"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
+	"github.com/rapidproxy/rapidproxy/pkg/state"
 	"github.com/rapidproxy/rapidproxy/pkg/zpages"
 )
 
@@ -229,13 +231,13 @@ func (r *recordingProxier) OnServiceCIDRs(cidrs []netip.Prefix) {
 	r.cidrs = cidrs
 }
 
-func (r *recordingProxier) OnService(svc *v1.Service, deleted bool) {
+func (r *recordingProxier) OnCachedService(svc *state.Service, deleted bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.services = append(r.services, svc.Name)
 }
 
-func (r *recordingProxier) OnEndpointSlice(s *discovery.EndpointSlice, deleted bool) {
+func (r *recordingProxier) OnCachedSlice(s *state.EndpointSlice, deleted bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.slices = append(r.slices, s.Name)
@@ -315,7 +317,8 @@ func TestInformersFeedTheProxier(t *testing.T) {
 	}
 }
 
-func TestTrimForCacheKeepsOnlyWhatIsRead(t *testing.T) {
+// The informers keep what the tracker keeps of each object.
+func TestTrimForCacheKeepsWhatTheTrackerKeeps(t *testing.T) {
 	ready, node, zone := true, "node-1", "z1"
 	slice := &discovery.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{
@@ -335,28 +338,28 @@ func TestTrimForCacheKeepsOnlyWhatIsRead(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trimmed := got.(*discovery.EndpointSlice)
-	if len(trimmed.ManagedFields) != 0 || len(trimmed.OwnerReferences) != 0 || len(trimmed.Annotations) != 1 ||
-		len(trimmed.Labels) != 1 || trimmed.Labels[discovery.LabelServiceName] != "svc" {
-		t.Errorf("trimmed to %+v", trimmed.ObjectMeta)
-	}
-	ep := trimmed.Endpoints[0]
-	if ep.TargetRef != nil || ep.Hostname != nil || ep.Addresses[0] != "10.244.0.5" || !*ep.Conditions.Ready || *ep.NodeName != node || *ep.Zone != zone {
-		t.Errorf("endpoint trimmed to %+v", ep)
+	want := &state.EndpointSlice{Name: "s", Service: "svc", Ports: []state.SlicePort{}, Endpoints: []state.SliceEndpoint{{
+		IP: netip.MustParseAddr("10.244.0.5"), NodeName: node, Zone: zone, Ready: true, Serving: true}},
+		TriggerTime: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("slice kept as %+v, want %+v", got, want)
 	}
 
 	svc := &v1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "svc", Labels: map[string]string{"app": "web"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "svc", Labels: map[string]string{"app": "web"}, Annotations: map[string]string{"a": "b"}},
 		Spec: v1.ServiceSpec{Selector: map[string]string{"app": "web"}, ClusterIP: "10.96.0.10",
-			Ports: []v1.ServicePort{{Port: 80}}},
+			Ports: []v1.ServicePort{{Port: 80, Protocol: v1.ProtocolTCP}}},
 	}
 	got, err = trimForCache(svc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if trimmedSvc := got.(*v1.Service); trimmedSvc.Labels != nil || trimmedSvc.Spec.Selector != nil ||
-		trimmedSvc.Spec.ClusterIP != "10.96.0.10" || len(trimmedSvc.Spec.Ports) != 1 {
-		t.Errorf("service trimmed to %+v", trimmedSvc)
+	kept, ok := got.(*state.Service)
+	if !ok || kept.Name != "svc" {
+		t.Fatalf("service kept as %#v", got)
+	}
+	if ports := kept.Ports(v1.IPv4Protocol); len(ports) != 1 || ports[0].ClusterIP.String() != "10.96.0.10" || ports[0].Port != 80 {
+		t.Errorf("service ports kept: %+v", ports)
 	}
 
 	if _, err := trimForCache(cache.DeletedFinalStateUnknown{Key: "x"}); err != nil {

@@ -35,7 +35,7 @@ func (s *ServicePort) UsesLocalEndpoints() bool {
 // Services kube-proxy does not handle (headless, ExternalName, or without
 // a cluster IP of the family) give none. Problems are why it left out the
 // whole service, or some of its ports, as invalid (see validate.go).
-func servicePorts(svc *v1.Service, family v1.IPFamily) (ports map[ServicePortName]*ServicePort, problems []string) {
+func servicePorts(svc *v1.Service, family v1.IPFamily) (ports []*ServicePort, problems []string) {
 	if svc == nil || svc.Spec.Type == v1.ServiceTypeExternalName {
 		return nil, nil
 	}
@@ -69,7 +69,7 @@ func servicePorts(svc *v1.Service, family v1.IPFamily) (ports map[ServicePortNam
 		distribution = *svc.Spec.TrafficDistribution
 	}
 
-	ports = make(map[ServicePortName]*ServicePort, len(svc.Spec.Ports))
+	ports = make([]*ServicePort, 0, len(svc.Spec.Ports))
 	// The API refuses two ports of one name, or of one number and
 	// protocol: the first is kept.
 	type number struct {
@@ -94,7 +94,7 @@ func servicePorts(svc *v1.Service, family v1.IPFamily) (ports map[ServicePortNam
 			continue
 		}
 		spn := ServicePortName{NamespacedName: name, Port: p.Name, Protocol: p.Protocol}
-		ports[spn] = &ServicePort{
+		ports = append(ports, &ServicePort{
 			Name:                     spn,
 			ClusterIP:                clusterIP,
 			Port:                     p.Port,
@@ -109,7 +109,7 @@ func servicePorts(svc *v1.Service, family v1.IPFamily) (ports map[ServicePortNam
 			HealthCheckNodePort:      healthCheckPort,
 			TrafficDistribution:      distribution,
 			Skipped:                  skipped,
-		}
+		})
 	}
 	return ports, problems
 }

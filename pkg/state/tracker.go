@@ -33,11 +33,11 @@ type Tracker struct {
 	mu sync.Mutex
 	// pendingServices holds the latest object of each changed service (nil
 	// once deleted) since the last Apply.
-	pendingServices map[types.NamespacedName]*v1.Service
+	pendingServices map[types.NamespacedName]*Service
 	// slices are the current EndpointSlices of each service, sorted by
 	// name: nearly every service has one, and a map per service held some
 	// 3 MB more at 10k services.
-	slices map[types.NamespacedName][]*discovery.EndpointSlice
+	slices map[types.NamespacedName][]*EndpointSlice
 	// sliceOwners is the service each slice in slices is held under: a
 	// slice relabelled to another service, or no longer usable, leaves
 	// the one it was held under.
@@ -52,8 +52,8 @@ func NewTracker(family v1.IPFamily, nodeName string) *Tracker {
 		family:           family,
 		nodeName:         nodeName,
 		logger:           klog.Background().WithValues("ipFamily", family),
-		pendingServices:  map[types.NamespacedName]*v1.Service{},
-		slices:           map[types.NamespacedName][]*discovery.EndpointSlice{},
+		pendingServices:  map[types.NamespacedName]*Service{},
+		slices:           map[types.NamespacedName][]*EndpointSlice{},
 		sliceOwners:      map[types.NamespacedName]string{},
 		pendingEndpoints: map[types.NamespacedName]bool{},
 	}
@@ -61,28 +61,44 @@ func NewTracker(family v1.IPFamily, nodeName string) *Tracker {
 
 // OnService records a service's new state; nil means deleted.
 func (t *Tracker) OnService(name types.NamespacedName, svc *v1.Service) {
+	var kept *Service
+	if svc != nil {
+		kept = ServiceOf(svc)
+	}
+	t.OnCachedService(name, kept)
+}
+
+// OnCachedService records a service's new state as ServiceOf keeps it;
+// nil means deleted.
+func (t *Tracker) OnCachedService(name types.NamespacedName, svc *Service) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.pendingServices[name] = svc
 }
 
 // OnEndpointSlice records a slice added or updated, or deleted when
-// deleted is true. Slices of the other IP family and slices not owned by a
-// service are ignored, and so are, with a logged reason, the endpoints and
-// ports of a slice that cannot be programmed.
+// deleted is true, as OnCachedSlice does.
 func (t *Tracker) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) {
-	service := slice.Labels[discovery.LabelServiceName]
+	t.OnCachedSlice(SliceOf(slice), deleted)
+}
+
+// OnCachedSlice records a slice added or updated, or deleted when deleted is
+// true. Slices of the other IP family and slices not owned by a service
+// are ignored, and so are, with a logged reason, the endpoints and ports
+// of a slice that cannot be programmed.
+func (t *Tracker) OnCachedSlice(slice *EndpointSlice, deleted bool) {
+	service := slice.Service
 	usable := !deleted && service != "" && t.sliceFamilyMatches(slice.AddressType)
 	if usable {
 		if errs := validation.IsDNS1123Label(service); len(errs) > 0 {
-			t.logger.Info("Skipping EndpointSlice", "endpointSlice", klog.KObj(slice), "reason", fmt.Sprintf("service name %q: %s", clip(service), errs[0]))
+			t.logger.Info("Skipping EndpointSlice", "endpointSlice", klog.KRef(slice.Namespace, slice.Name), "reason", fmt.Sprintf("service name %q: %s", clip(service), errs[0]))
 			usable = false
 		} else {
 			t.logSliceProblems(slice)
 		}
 	}
 	if !deleted && !usable && slice.AddressType != discovery.AddressTypeIPv4 && slice.AddressType != discovery.AddressTypeIPv6 {
-		t.logger.V(2).Info("Skipping EndpointSlice", "endpointSlice", klog.KObj(slice), "reason", fmt.Sprintf("addressType %q: only IP addresses are proxied", clip(string(slice.AddressType))))
+		t.logger.V(2).Info("Skipping EndpointSlice", "endpointSlice", klog.KRef(slice.Namespace, slice.Name), "reason", fmt.Sprintf("addressType %q: only IP addresses are proxied", clip(string(slice.AddressType))))
 	}
 	key := types.NamespacedName{Namespace: slice.Namespace, Name: slice.Name}
 	t.mu.Lock()
@@ -102,8 +118,8 @@ func (t *Tracker) OnEndpointSlice(slice *discovery.EndpointSlice, deleted bool) 
 		t.slices[name] = slices.Insert(held, i, slice)
 	}
 	t.sliceOwners[key] = service
-	if at, err := time.Parse(time.RFC3339, slice.Annotations[v1.EndpointsLastChangeTriggerTime]); err == nil {
-		t.triggerTimes = append(t.triggerTimes, at)
+	if !slice.TriggerTime.IsZero() {
+		t.triggerTimes = append(t.triggerTimes, slice.TriggerTime)
 	}
 	t.pendingEndpoints[name] = true
 }
@@ -124,29 +140,36 @@ func (t *Tracker) dropSlice(service types.NamespacedName, sliceName string) {
 
 // sliceIndex is where the slice named name is in held, sorted by name, or
 // where it would go.
-func sliceIndex(held []*discovery.EndpointSlice, name string) (int, bool) {
-	return slices.BinarySearchFunc(held, name, func(s *discovery.EndpointSlice, name string) int { return strings.Compare(s.Name, name) })
+func sliceIndex(held []*EndpointSlice, name string) (int, bool) {
+	return slices.BinarySearchFunc(held, name, func(s *EndpointSlice, name string) int { return strings.Compare(s.Name, name) })
 }
 
 // logSliceProblems logs what of a slice mergeSlices will leave out: once
 // per slice change, never per sync.
-func (t *Tracker) logSliceProblems(slice *discovery.EndpointSlice) {
-	for i := range slice.Ports {
-		if problem := slicePortProblem(&slice.Ports[i]); problem != "" {
-			t.logger.Info("Skipping EndpointSlice port", "endpointSlice", klog.KObj(slice), "port", i, "reason", problem)
-		}
+func (t *Tracker) logSliceProblems(slice *EndpointSlice) {
+	for _, problem := range slice.PortProblems {
+		t.logger.Info("Skipping EndpointSlice port", "endpointSlice", klog.KRef(slice.Namespace, slice.Name), "reason", problem)
 	}
-	bad, first := 0, ""
+	bad, first := slice.AddressProblems, slice.FirstAddressProblem
 	for i := range slice.Endpoints {
-		if _, problem := t.endpointAddr(&slice.Endpoints[i]); problem != "" {
+		if problem := t.familyProblem(slice.Endpoints[i].IP); problem != "" {
 			if bad++; first == "" {
 				first = problem
 			}
 		}
 	}
 	if bad > 0 {
-		t.logger.Info("Skipping EndpointSlice endpoints", "endpointSlice", klog.KObj(slice), "endpoints", bad, "reason", first)
+		t.logger.Info("Skipping EndpointSlice endpoints", "endpointSlice", klog.KRef(slice.Namespace, slice.Name), "endpoints", bad, "reason", first)
 	}
+}
+
+// familyProblem says why an endpoint's address is not of the tracker's
+// family; "" when it is.
+func (t *Tracker) familyProblem(ip netip.Addr) string {
+	if familyOf(ip) != t.family {
+		return fmt.Sprintf("address %q is not %s", ip, t.family)
+	}
+	return ""
 }
 
 func (t *Tracker) sliceFamilyMatches(at discovery.AddressType) bool {
@@ -210,7 +233,7 @@ type Changes struct {
 func (t *Tracker) Apply(st *State) Changes {
 	t.mu.Lock()
 	services := t.pendingServices
-	t.pendingServices = map[types.NamespacedName]*v1.Service{}
+	t.pendingServices = map[types.NamespacedName]*Service{}
 	endpoints := t.pendingEndpoints
 	t.pendingEndpoints = map[types.NamespacedName]bool{}
 	ch := Changes{
@@ -223,13 +246,17 @@ func (t *Tracker) Apply(st *State) Changes {
 	t.mu.Unlock()
 
 	for name, svc := range services {
-		ports, problems := servicePorts(svc, t.family)
-		for _, problem := range problems {
-			msg := "Skipping Service port"
-			if ports == nil {
-				msg = "Skipping Service"
+		var ports []*ServicePort
+		if svc != nil {
+			f := svc.family(t.family)
+			for _, problem := range f.problems {
+				msg := "Skipping Service port"
+				if f.dropped {
+					msg = "Skipping Service"
+				}
+				t.logger.Info(msg, "service", name, "reason", problem)
 			}
-			t.logger.Info(msg, "service", name, "reason", problem)
+			ports = f.ports
 		}
 		st.replaceService(name, ports, &ch)
 	}
@@ -247,20 +274,22 @@ func (t *Tracker) Apply(st *State) Changes {
 	return ch
 }
 
-func (st *State) replaceService(name types.NamespacedName, ports map[ServicePortName]*ServicePort, ch *Changes) {
+func (st *State) replaceService(name types.NamespacedName, ports []*ServicePort, ch *Changes) {
 	for _, old := range st.servicePorts[name] {
-		if _, kept := ports[old]; !kept {
+		if !slices.ContainsFunc(ports, func(sp *ServicePort) bool { return sp.Name == old }) {
 			delete(st.Services, old)
 			ch.ServicePorts[old] = true
 		}
 	}
 	keys := make([]ServicePortName, 0, len(ports))
-	for spn, sp := range ports {
-		keys = append(keys, spn)
-		if old, ok := st.Services[spn]; !ok || !reflect.DeepEqual(old, sp) {
-			st.Services[spn] = sp
-			ch.ServicePorts[spn] = true
+	for _, sp := range ports {
+		keys = append(keys, sp.Name)
+		if old, ok := st.Services[sp.Name]; !ok || !reflect.DeepEqual(old, sp) {
+			ch.ServicePorts[sp.Name] = true
 		}
+		// The informers' copy even when nothing changed, so that the
+		// state holds no copy of its own.
+		st.Services[sp.Name] = sp
 	}
 	if len(keys) == 0 {
 		delete(st.servicePorts, name)
@@ -327,17 +356,14 @@ func (t *Tracker) mergeSlices(name types.NamespacedName) EndpointsMap {
 	// In name order: a stable choice among duplicates.
 	for _, slice := range t.slices[name] {
 		for _, port := range slice.Ports {
-			if slicePortProblem(&port) != "" {
-				continue
-			}
-			spn := ServicePortName{NamespacedName: name, Port: *port.Name, Protocol: *port.Protocol}
+			spn := ServicePortName{NamespacedName: name, Port: port.Name, Protocol: port.Protocol}
 			set := byPort[spn]
 			if set == nil {
 				set = map[netip.AddrPort]*Endpoint{}
 				byPort[spn] = set
 			}
 			for i := range slice.Endpoints {
-				ep := t.endpoint(&slice.Endpoints[i], *port.Port)
+				ep := t.endpoint(&slice.Endpoints[i], port.Port)
 				if ep == nil {
 					continue
 				}
@@ -369,51 +395,21 @@ func compareAsText(a, b *Endpoint) int {
 	return bytes.Compare(a.AddrPort().AppendTo(bufA[:0]), b.AddrPort().AppendTo(bufB[:0]))
 }
 
-// endpoint converts one slice endpoint for one port; nil when it has no
-// usable address of the family.
-func (t *Tracker) endpoint(e *discovery.Endpoint, port int32) *Endpoint {
-	ip, problem := t.endpointAddr(e)
-	if problem != "" {
+// endpoint converts one slice endpoint for one port; nil when its
+// address is of the other family.
+func (t *Tracker) endpoint(e *SliceEndpoint, port int32) *Endpoint {
+	if t.familyProblem(e.IP) != "" {
 		return nil
 	}
-	ep := &Endpoint{
-		IP:          ip,
+	return &Endpoint{
+		IP:          e.IP,
 		Port:        port,
-		Ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
-		Serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,
-		Terminating: e.Conditions.Terminating != nil && *e.Conditions.Terminating,
+		NodeName:    e.NodeName,
+		IsLocal:     e.NodeName != "" && e.NodeName == t.nodeName,
+		Zone:        e.Zone,
+		Hints:       e.Hints,
+		Ready:       e.Ready,
+		Serving:     e.Serving,
+		Terminating: e.Terminating,
 	}
-	if e.NodeName != nil {
-		ep.NodeName = *e.NodeName
-		ep.IsLocal = ep.NodeName == t.nodeName
-	}
-	if e.Zone != nil {
-		ep.Zone = *e.Zone
-	}
-	if h := e.Hints; h != nil && len(h.ForZones)+len(h.ForNodes) > 0 {
-		ep.Hints = &Hints{}
-		for _, z := range h.ForZones {
-			ep.Hints.Zones = append(ep.Hints.Zones, z.Name)
-		}
-		for _, n := range h.ForNodes {
-			ep.Hints.Nodes = append(ep.Hints.Nodes, n.Name)
-		}
-	}
-	return ep
-}
-
-// endpointAddr is the address of a slice endpoint, or why it has none
-// usable (only the first address counts, as upstream).
-func (t *Tracker) endpointAddr(e *discovery.Endpoint) (netip.Addr, string) {
-	if len(e.Addresses) == 0 {
-		return netip.Addr{}, "an endpoint without an address"
-	}
-	ip := parseAddr(e.Addresses[0])
-	switch {
-	case !ip.IsValid():
-		return ip, fmt.Sprintf("address %q is not an IP address", clip(e.Addresses[0]))
-	case familyOf(ip) != t.family:
-		return ip, fmt.Sprintf("address %q is not %s", e.Addresses[0], t.family)
-	}
-	return ip, ""
 }
