@@ -59,10 +59,20 @@ func (a appliedService) ruleCounts() map[iptableskernel.Table]int {
 	return counts
 }
 
-// diffService adds to in what turns old into updated for one service port:
-// only its changed chains are rewritten, and only its changed shared rules
-// are deleted or inserted.
-func diffService(in *iptableskernel.RestoreInput, old, updated appliedService, rules ServiceRules) {
+// servicePlan is what turns one service port's applied rules into its
+// wanted ones: only its changed chains are rewritten, and only its changed
+// shared rules are deleted or added. Its parts are rendered in this order.
+type servicePlan struct {
+	write   []iptableskernel.OwnChain
+	drop    []iptableskernel.Chain
+	unshare []SharedRule
+	share   []SharedRule
+}
+
+// planService plans what turns old into updated for one service port,
+// whose wanted rules are rules (updated is their summary).
+func planService(old, updated appliedService, rules ServiceRules) servicePlan {
+	var sp servicePlan
 	oldChains := make(map[iptableskernel.Chain]uint64, len(old.chains))
 	for _, c := range old.chains {
 		oldChains[c.name] = c.fingerprint
@@ -71,30 +81,58 @@ func diffService(in *iptableskernel.RestoreInput, old, updated appliedService, r
 	for i, c := range updated.chains {
 		kept[c.name] = true
 		if fp, ok := oldChains[c.name]; !ok || fp != c.fingerprint {
-			in.WriteChain(iptableskernel.TableNAT, rules.Chains[i])
+			sp.write = append(sp.write, rules.Chains[i])
 		}
 	}
 	for _, c := range old.chains {
 		if !kept[c.name] {
-			in.DeleteChain(iptableskernel.TableNAT, c.name)
+			sp.drop = append(sp.drop, c.name)
 		}
 	}
-	oldShared := countRules(old.shared)
-	newShared := countRules(updated.shared)
-	for _, r := range old.shared {
-		if newShared[r] > 0 {
-			newShared[r]--
+	sp.unshare = sharedOnlyIn(old.shared, updated.shared)
+	sp.share = sharedOnlyIn(updated.shared, old.shared)
+	return sp
+}
+
+// sharedOnlyIn is the rules of from that other does not hold, counting
+// repeats.
+func sharedOnlyIn(from, other []SharedRule) []SharedRule {
+	left := countRules(other)
+	var out []SharedRule
+	for _, r := range from {
+		if left[r] > 0 {
+			left[r]--
 			continue
 		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// empty tells whether the plan changes nothing.
+func (sp servicePlan) empty() bool {
+	return len(sp.write) == 0 && len(sp.drop) == 0 && len(sp.unshare) == 0 && len(sp.share) == 0
+}
+
+// render adds the plan's kernel operations to in.
+func (sp servicePlan) render(in *iptableskernel.RestoreInput) {
+	for _, c := range sp.write {
+		in.WriteChain(iptableskernel.TableNAT, c)
+	}
+	for _, c := range sp.drop {
+		in.DeleteChain(iptableskernel.TableNAT, c)
+	}
+	for _, r := range sp.unshare {
 		removeShared(in, r)
 	}
-	for _, r := range updated.shared {
-		if oldShared[r] > 0 {
-			oldShared[r]--
-			continue
-		}
+	for _, r := range sp.share {
 		addShared(in, r)
 	}
+}
+
+// diffService adds to in what turns old into updated for one service port.
+func diffService(in *iptableskernel.RestoreInput, old, updated appliedService, rules ServiceRules) {
+	planService(old, updated, rules).render(in)
 }
 
 // diffSharedChain adds to in what turns the kernel's content of a shared

@@ -190,26 +190,52 @@ func (p *Syncer) rulesFor(name state.ServicePortName) (ServiceRules, bool) {
 	return p.cfg.Params.ServiceRules(svc, sel), true
 }
 
+// partialPlan is a partial sync's plan: each changed service port's
+// change, and what each will have applied once it is written.
+type partialPlan struct {
+	services []servicePlan
+	applied  map[state.ServicePortName]appliedService
+}
+
+// planPartial plans the partial sync of the changed service ports from
+// the current state, changing nothing.
+func (p *Syncer) planPartial(changed map[state.ServicePortName]bool) partialPlan {
+	plan := partialPlan{applied: make(map[state.ServicePortName]appliedService, len(changed))}
+	for name := range changed {
+		rules, _ := p.rulesFor(name)
+		updated := summarize(rules)
+		plan.applied[name] = updated
+		if sp := planService(p.applied[name], updated, rules); !sp.empty() {
+			plan.services = append(plan.services, sp)
+		}
+	}
+	return plan
+}
+
+// render is the plan's one restore input.
+func (pp partialPlan) render() *iptableskernel.RestoreInput {
+	in := iptableskernel.NewRestoreInput()
+	for _, sp := range pp.services {
+		sp.render(in)
+	}
+	return in
+}
+
 // partialSync rewrites only what the changed service ports own, in one
 // restore input, atomic per table.
 func (p *Syncer) partialSync(changed map[state.ServicePortName]bool) error {
 	if len(changed) == 0 {
 		return nil
 	}
-	in := iptableskernel.NewRestoreInput()
-	updated := make(map[state.ServicePortName]appliedService, len(changed))
-	for name := range changed {
-		rules, _ := p.rulesFor(name)
-		updated[name] = summarize(rules)
-		diffService(in, p.applied[name], updated[name], rules)
-	}
+	plan := p.planPartial(changed)
+	in := plan.render()
 	if !in.Empty() {
 		if err := p.restore(in.Reader()); err != nil {
 			return err
 		}
 	}
-	for name, rules := range updated {
-		p.setApplied(name, rules)
+	for name, applied := range plan.applied {
+		p.setApplied(name, applied)
 	}
 	p.reportRuleCounts(in)
 	return nil
