@@ -130,7 +130,8 @@ func (sp servicePlan) render(in *iptableskernel.RestoreInput) {
 	}
 }
 
-// diffService adds to in what turns old into updated for one service port.
+// diffService adds to in what turns old into updated for one service port:
+// planService's plan, rendered at once.
 func diffService(in *iptableskernel.RestoreInput, old, updated appliedService, rules ServiceRules) {
 	planService(old, updated, rules).render(in)
 }
