@@ -1,7 +1,8 @@
 // Package iptables is the iptables mode: it decides which rules the node
 // needs (a pure function of the desired service state, in rules.go), works
-// out the smallest change from what the kernel holds (plan.go), drives
-// the sync (proxier.go) and looks for other programs' flushes (flush.go).
+// out the smallest change from what the kernel holds (plan.go; a full
+// sync's, fullsync.go), drives the sync (proxier.go) and looks for other
+// programs' flushes (flush.go).
 package iptables
 
 import (

@@ -160,17 +160,6 @@ func (p *Syncer) CountFailure(full bool, err error) {
 	}
 }
 
-// noteRewritten records that a full sync rewrites a chain, and whether
-// that repairs another program's change.
-func (p *Syncer) noteRewritten(c iptableskernel.Chain, repair bool) {
-	if len(p.rewritten) < 10 {
-		p.rewritten = append(p.rewritten, c)
-	}
-	if repair {
-		p.repairs++
-	}
-}
-
 // largeCluster tells whether the services have more endpoints in all than
 // LargeClusterEndpoints, counted as upstream does.
 func (p *Syncer) largeCluster() bool {
@@ -181,13 +170,45 @@ func (p *Syncer) largeCluster() bool {
 	return total > LargeClusterEndpoints
 }
 
-// rulesFor decides one service port's rules from the current state.
-func (p *Syncer) rulesFor(name state.ServicePortName) (ServiceRules, bool) {
-	svc, sel, ok := p.state.Select(name)
+// rulesIn decides one service port's rules from the state v: none when
+// the service port is gone.
+func rulesIn(params *Params, v state.View, name state.ServicePortName) ServiceRules {
+	svc, sel, ok := v.Select(name)
 	if !ok {
-		return ServiceRules{}, false
+		return ServiceRules{}
 	}
-	return p.cfg.Params.ServiceRules(svc, sel), true
+	return params.ServiceRules(svc, sel)
+}
+
+// partialPlan is a partial sync's plan: each changed service port's
+// change, and what each will have applied once it is written.
+type partialPlan struct {
+	services []servicePlan
+	applied  map[state.ServicePortName]appliedService
+}
+
+// planPartial plans the partial sync of the changed service ports from
+// the current state, changing nothing.
+func (p *Syncer) planPartial(changed map[state.ServicePortName]bool) partialPlan {
+	plan := partialPlan{applied: make(map[state.ServicePortName]appliedService, len(changed))}
+	for name := range changed {
+		rules := rulesIn(&p.cfg.Params, p.state, name)
+		updated := summarize(rules)
+		plan.applied[name] = updated
+		if sp := planService(p.applied[name], updated, rules); !sp.empty() {
+			plan.services = append(plan.services, sp)
+		}
+	}
+	return plan
+}
+
+// render is the plan's one restore input.
+func (pp partialPlan) render() *iptableskernel.RestoreInput {
+	in := iptableskernel.NewRestoreInput()
+	for _, sp := range pp.services {
+		sp.render(in)
+	}
+	return in
 }
 
 // partialSync rewrites only what the changed service ports own, in one
@@ -196,20 +217,15 @@ func (p *Syncer) partialSync(changed map[state.ServicePortName]bool) error {
 	if len(changed) == 0 {
 		return nil
 	}
-	in := iptableskernel.NewRestoreInput()
-	updated := make(map[state.ServicePortName]appliedService, len(changed))
-	for name := range changed {
-		rules, _ := p.rulesFor(name)
-		updated[name] = summarize(rules)
-		diffService(in, p.applied[name], updated[name], rules)
-	}
+	plan := p.planPartial(changed)
+	in := plan.render()
 	if !in.Empty() {
 		if err := p.restore(in.Reader()); err != nil {
 			return err
 		}
 	}
-	for name, rules := range updated {
-		p.setApplied(name, rules)
+	for name, applied := range plan.applied {
+		p.setApplied(name, applied)
 	}
 	p.reportRuleCounts(in)
 	return nil
@@ -234,110 +250,64 @@ func (p *Syncer) fullSync(verifying bool) error {
 	if err != nil {
 		return err
 	}
-	static := p.cfg.Params.StaticRules()
-
-	fixed := iptableskernel.NewRestoreInput()
-	for _, t := range iptableskernel.KubeTables {
-		if !kernel[t].Has(chainCanary) {
-			fixed.WriteChain(t, iptableskernel.OwnChain{Name: chainCanary})
-			p.noteRewritten(chainCanary, verifying)
-		}
-	}
-	for t, chains := range static.Chains {
-		for _, c := range chains {
-			if !kernel[t].Holds(c) {
-				fixed.WriteChain(t, c)
-				p.noteRewritten(c.Name, verifying)
-			}
-		}
-	}
-	writer, err := newFullSyncWriter(p.restore, p.cfg.ChainRefsPerRestore, fixed)
-	if err != nil {
+	plan := p.planFullSync(kernel, verifying)
+	if err := p.applyFullSync(plan); err != nil {
 		return err
 	}
-	desired := make(map[state.ServicePortName]appliedService, len(p.state.Services))
-	shared := make([][]SharedRule, 0, len(p.state.Services))
-	for _, svc := range p.serviceOrder() {
-		name := svc.Name
-		rules, _ := p.rulesFor(name)
-		desired[name] = summarize(rules)
-		shared = append(shared, rules.Shared)
-		var differ []iptableskernel.OwnChain
-		for i, c := range rules.Chains {
-			if !kernel[iptableskernel.TableNAT].Holds(c) {
-				differ = append(differ, c)
-				p.noteRewritten(c.Name, slices.Contains(p.applied[name].chains, desired[name].chains[i]))
-			}
-			kernel[iptableskernel.TableNAT].Claim(c.Name)
+	p.accountFullSync(plan)
+	return nil
+}
+
+// planFullSync plans a full sync over the kernel as read; the plan reads
+// the kernel again only for what the first read left out (kernelRereads).
+func (p *Syncer) planFullSync(kernel map[iptableskernel.Table]iptableskernel.KernelTable, verifying bool) *fullSyncPlan {
+	return &fullSyncPlan{
+		params: &p.cfg.Params, static: p.cfg.Params.StaticRules(), view: p.state, kernel: kernel,
+		rereads: kernelRereads{
+			staleChains: func(nat iptableskernel.KernelTable) ([]iptableskernel.Chain, error) {
+				return nat.ServiceChainNames(p.cfg.Kernel, iptableskernel.TableNAT)
+			},
+			listRules: func(t iptableskernel.Table, c iptableskernel.Chain) ([]string, error) {
+				return p.cfg.Kernel.ListRules(string(t), string(c))
+			},
+		},
+		batchRefs: p.cfg.ChainRefsPerRestore, previous: p.applied, verifying: verifying,
+	}
+}
+
+// applyFullSync restores the plan's inputs in turn, as the plan makes
+// them, and stops at the first that fails.
+func (p *Syncer) applyFullSync(plan *fullSyncPlan) error {
+	for step := range plan.inputs {
+		in := step.reader()
+		if in == nil {
+			continue
 		}
-		if err := writer.addService(differ); err != nil {
+		if err := p.restore(in); err != nil {
 			return err
 		}
 	}
+	return plan.err
+}
 
-	// Read before the shared chains are gathered, the sync's peak, since
-	// it drops the index of service chains.
-	stale, err := kernel[iptableskernel.TableNAT].ServiceChainNames(p.cfg.Kernel, iptableskernel.TableNAT)
-	if err != nil {
-		return err
-	}
-	final := iptableskernel.NewRestoreInput()
-	contents := sharedChainContents(static, shared)
-	for _, t := range iptableskernel.KubeTables {
-		for i, want := range contents[t] {
-			tail := len(static.Shared[t][i].Rules)
-			if !kernel[t].Has(want.Name) {
-				if err := writer.addNewSharedChain(t, want, tail, final); err != nil {
-					return err
-				}
-				continue
-			}
-			lines := final.Lines(t)
-			remove := diffSharedChain(final, t, kernel[t].RuleFingerprints(want.Name), want, tail)
-			if err := p.removeKernelRules(final, t, want.Name, remove); err != nil {
-				return err
-			}
-			if final.Lines(t) > lines {
-				p.noteRewritten(want.Name, false)
-			}
-		}
-	}
-	for _, c := range stale {
-		final.DeleteChain(iptableskernel.TableNAT, c)
-	}
-	for _, j := range static.Jumps {
-		if !iptableskernel.ContainsRule(kernel[j.Table].Rules(j.From), j.Rule) {
-			final.InsertFirst(j.Table, j.From, j.Rule)
-			p.noteRewritten(j.From, verifying)
-		}
-	}
-	// Over the IPVS mode's rules (a switch), its jumps go in this commit,
-	// and nat goes first: until nat DNATs, IPVS takes new connections at
-	// INPUT, where this mode's firewall would drop those to a load
-	// balancer's IP. Otherwise (a restart, upstream's rules) the jumps
-	// of other kube-proxies stay as they are.
-	if iptableskernel.HoldsIPVSModeChains(kernel) {
-		iptableskernel.RemoveOtherJumps(final, kernel, static.Jumps)
-		final.NATFirst = true
-	}
-	if err := writer.finish(final); err != nil {
-		return err
-	}
-	p.applied = desired
-	p.countAllRules(static)
+// accountFullSync records what a written full sync applied, and counts
+// its rules.
+func (p *Syncer) accountFullSync(plan *fullSyncPlan) {
+	p.applied = plan.applied
+	p.rewritten, p.repairs = plan.rewrites.names, plan.rewrites.repairs
+	p.countAllRules(plan.static)
 	family := string(p.cfg.Family)
 	for _, t := range []iptableskernel.Table{iptableskernel.TableFilter, iptableskernel.TableNAT} {
 		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
 		metrics.IPTablesRulesLastSync.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
 	}
-	return nil
 }
 
 // serviceOrder is every service port in a stable order, so that the same
 // state always gives the same rule set: pointers, which at 10k services
 // hold 0.6 MB less than the names through the sync.
-func (p *Syncer) serviceOrder() []*state.ServicePort {
-	return slices.SortedFunc(maps.Values(p.state.Services), func(x, y *state.ServicePort) int {
+func serviceOrder(v state.View) []*state.ServicePort {
+	return slices.SortedFunc(maps.Values(v.Services), func(x, y *state.ServicePort) int {
 		a, b := x.Name, y.Name
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name),
 			cmp.Compare(a.Port, b.Port), cmp.Compare(a.Protocol, b.Protocol))
@@ -405,31 +375,6 @@ func (p *Syncer) saveKernel() (map[iptableskernel.Table]iptableskernel.KernelTab
 		}
 		return iptableskernel.KeepNoRules
 	})
-}
-
-// removeKernelRules deletes from a shared chain the kernel's rules of
-// these fingerprints: a full sync keeps only fingerprints of those chains'
-// rules, so the chain is listed again for the text of the rules to
-// delete (none on a restart over rules in place).
-func (p *Syncer) removeKernelRules(in *iptableskernel.RestoreInput, t iptableskernel.Table, c iptableskernel.Chain, remove []uint64) error {
-	if len(remove) == 0 {
-		return nil
-	}
-	rules, err := p.cfg.Kernel.ListRules(string(t), string(c))
-	if err != nil {
-		return err
-	}
-	left := map[uint64]int{}
-	for _, fp := range remove {
-		left[fp]++
-	}
-	for _, r := range rules {
-		if fp := iptableskernel.RuleFingerprint(iptableskernel.Rule(r)); left[fp] > 0 {
-			left[fp]--
-			in.DeleteRule(t, c, iptableskernel.Rule(r))
-		}
-	}
-	return nil
 }
 
 func (p *Syncer) setApplied(name state.ServicePortName, applied appliedService) {

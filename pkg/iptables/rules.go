@@ -75,164 +75,246 @@ func (p *Params) localhostNodePorts() bool { return p.LocalhostNodePorts && !p.I
 
 // ServiceRules decides the rules of one service port from its definition
 // and the endpoints selected for this node. It follows upstream's layout
-// rule for rule, so both programs leave the same rule set behind.
+// rule for rule, so both programs leave the same rule set behind: the
+// shared rules path by path, then the service's own chains, from the
+// external chain down to the endpoint chains.
 func (p *Params) ServiceRules(svc *state.ServicePort, sel state.Selection) ServiceRules {
-	var out ServiceRules
-	names := chainsFor(svc.Name)
-	name := svc.Name.String()
-	proto := protocolOf(svc.Protocol)
-	port := strconv.Itoa(int(svc.Port))
-	match := func(dst string, dport string) []string {
-		return []string{"-m", proto, "-p", proto, "-d", dst, "--dport", dport}
-	}
-	shared := func(t iptableskernel.Table, c iptableskernel.Chain, parts ...[]string) {
-		out.Shared = append(out.Shared, SharedRule{Table: t, Chain: c, Rule: rule(parts...)})
-	}
-	own := func(c iptableskernel.Chain, rules ...iptableskernel.Rule) {
-		out.Chains = append(out.Chains, iptableskernel.OwnChain{Name: c, Rules: rules})
-	}
+	b := newServiceBuilder(p, svc, sel)
+	b.clusterIPRules()
+	b.externalIPRules()
+	b.loadBalancerRules()
+	b.nodePortRules()
+	b.healthCheckRule()
+	b.externalChain()
+	b.firewallChain()
+	b.policyChains()
+	b.endpointChains()
+	return b.out
+}
 
-	hasEndpoints := sel.HasAny
-	paths := state.PathsOf(svc, sel)
-	internalChain, hasInternal := names.policyChain(paths.Internal), paths.Internal.Served
-	externalPolicyChain, hasExternal := names.policyChain(paths.External), paths.External.Served
-	usesExternalChain := hasEndpoints && svc.HasExternal()
-	usesFirewall := hasEndpoints && len(svc.LoadBalancerIPs) > 0 && len(svc.LoadBalancerSourceRanges) > 0
-	lbChain := names.external
-	if usesFirewall {
-		lbChain = names.firewall
-	}
+// serviceBuilder builds one service port's rules: what the traffic paths
+// have in common, decided once, and the rules built so far.
+type serviceBuilder struct {
+	p     *Params
+	svc   *state.ServicePort
+	sel   state.Selection
+	names serviceChains
+	paths state.Paths
+	name  string
+	proto string
+	port  string
+
+	hasEndpoints, hasInternal, hasExternal bool
+	internalChain, externalPolicyChain     iptableskernel.Chain
+	usesFirewall                           bool
+	// lbChain is where load-balancer traffic goes: the firewall chain
+	// when source ranges restrict it.
+	lbChain iptableskernel.Chain
 
 	// Traffic that cannot be served: REJECT when the service has no
 	// endpoint at all, DROP when it has some but none usable here.
-	internalFilter, externalFilter := "", ""
-	noEndpoints := comment(name + " has no endpoints")
-	noLocal := comment(name + " has no local endpoints")
-	internalComment, externalComment := noEndpoints, noEndpoints
-	if !hasEndpoints {
-		internalFilter, externalFilter = "REJECT", "REJECT"
-	} else {
-		if !hasInternal {
-			internalFilter, internalComment = "DROP", noLocal
-		}
-		if !hasExternal {
-			externalFilter, externalComment = "DROP", noLocal
-		}
-	}
+	internalFilter, externalFilter   string
+	internalComment, externalComment []string
 
-	clusterIP := svc.ClusterIP.String()
-	if hasInternal {
-		shared(iptableskernel.TableNAT, chainServices, comment(name+" cluster IP"), match(clusterIP, port), jump(internalChain))
-	} else {
-		shared(iptableskernel.TableFilter, chainServices, internalComment, match(clusterIP, port), target(internalFilter))
-	}
-	for _, ip := range svc.ExternalIPs {
-		if hasEndpoints {
-			shared(iptableskernel.TableNAT, chainServices, comment(name+" external IP"), match(ip.String(), port), jump(names.external))
-		}
-		if !hasExternal {
-			shared(iptableskernel.TableFilter, chainExternalServices, externalComment, match(ip.String(), port), target(externalFilter))
-		}
-	}
-	for _, ip := range svc.LoadBalancerIPs {
-		if hasEndpoints {
-			shared(iptableskernel.TableNAT, chainServices, comment(name+" loadbalancer IP"), match(ip.String(), port), jump(lbChain))
-		}
-		if usesFirewall {
-			shared(iptableskernel.TableFilter, chainProxyFirewall, comment(name+" traffic not accepted by "+string(names.firewall)), match(ip.String(), port), target("DROP"))
-		}
-	}
-	if !hasExternal {
-		for _, ip := range svc.LoadBalancerIPs {
-			shared(iptableskernel.TableFilter, chainExternalServices, externalComment, match(ip.String(), port), target(externalFilter))
-		}
-	}
-	if svc.NodePort != 0 {
-		nodePort := strconv.Itoa(int(svc.NodePort))
-		if hasEndpoints {
-			if p.localhostNodePorts() && p.NFAcct {
-				// The same jump for localhost only, counting the packets:
-				// it must come first, or the general rule takes them all.
-				shared(iptableskernel.TableNAT, chainNodePorts, comment(name), []string{"-m", proto, "-p", proto, "-d", "127.0.0.0/8", "--dport", nodePort},
-					nfacctMatch(metrics.NFAcctLocalhostNodePortsAccepted), jump(names.external))
-			}
-			shared(iptableskernel.TableNAT, chainNodePorts, comment(name), []string{"-m", proto, "-p", proto, "--dport", nodePort}, jump(names.external))
-		}
-		if !hasExternal {
-			shared(iptableskernel.TableFilter, chainExternalServices, externalComment,
-				[]string{"-m", "addrtype", "--dst-type", "LOCAL", "-m", proto, "-p", proto, "--dport", nodePort}, target(externalFilter))
-		}
-	}
-	if svc.HealthCheckNodePort != 0 {
-		shared(iptableskernel.TableFilter, chainNodePorts, comment(name+" health check node port"),
-			[]string{"-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(svc.HealthCheckNodePort))}, target("ACCEPT"))
-	}
+	out ServiceRules
+}
 
-	// The service's own chains. The internal chain's masquerade rule lives
-	// in the cluster or local policy chain, ahead of its endpoint jumps.
+func newServiceBuilder(p *Params, svc *state.ServicePort, sel state.Selection) *serviceBuilder {
+	b := &serviceBuilder{p: p, svc: svc, sel: sel, names: chainsFor(svc.Name), paths: state.PathsOf(svc, sel),
+		name: svc.Name.String(), proto: protocolOf(svc.Protocol), port: strconv.Itoa(int(svc.Port)), hasEndpoints: sel.HasAny}
+	b.internalChain, b.hasInternal = b.names.policyChain(b.paths.Internal), b.paths.Internal.Served
+	b.externalPolicyChain, b.hasExternal = b.names.policyChain(b.paths.External), b.paths.External.Served
+	b.usesFirewall = b.hasEndpoints && len(svc.LoadBalancerIPs) > 0 && len(svc.LoadBalancerSourceRanges) > 0
+	b.lbChain = b.names.external
+	if b.usesFirewall {
+		b.lbChain = b.names.firewall
+	}
+	noEndpoints := comment(b.name + " has no endpoints")
+	noLocal := comment(b.name + " has no local endpoints")
+	b.internalComment, b.externalComment = noEndpoints, noEndpoints
+	if !b.hasEndpoints {
+		b.internalFilter, b.externalFilter = "REJECT", "REJECT"
+	} else {
+		if !b.hasInternal {
+			b.internalFilter, b.internalComment = "DROP", noLocal
+		}
+		if !b.hasExternal {
+			b.externalFilter, b.externalComment = "DROP", noLocal
+		}
+	}
+	return b
+}
+
+// match is the match of the service's traffic to dst:dport.
+func (b *serviceBuilder) match(dst, dport string) []string {
+	return []string{"-m", b.proto, "-p", b.proto, "-d", dst, "--dport", dport}
+}
+
+func (b *serviceBuilder) shared(t iptableskernel.Table, c iptableskernel.Chain, parts ...[]string) {
+	b.out.Shared = append(b.out.Shared, SharedRule{Table: t, Chain: c, Rule: rule(parts...)})
+}
+
+func (b *serviceBuilder) own(c iptableskernel.Chain, rules ...iptableskernel.Rule) {
+	b.out.Chains = append(b.out.Chains, iptableskernel.OwnChain{Name: c, Rules: rules})
+}
+
+// clusterIPRules send cluster IP traffic to the internal policy chain, or
+// filter it when the service cannot serve it.
+func (b *serviceBuilder) clusterIPRules() {
+	clusterIP := b.svc.ClusterIP.String()
+	if b.hasInternal {
+		b.shared(iptableskernel.TableNAT, chainServices, comment(b.name+" cluster IP"), b.match(clusterIP, b.port), jump(b.internalChain))
+	} else {
+		b.shared(iptableskernel.TableFilter, chainServices, b.internalComment, b.match(clusterIP, b.port), target(b.internalFilter))
+	}
+}
+
+// externalIPRules send external IP traffic to the external chain, or
+// filter it.
+func (b *serviceBuilder) externalIPRules() {
+	for _, ip := range b.svc.ExternalIPs {
+		if b.hasEndpoints {
+			b.shared(iptableskernel.TableNAT, chainServices, comment(b.name+" external IP"), b.match(ip.String(), b.port), jump(b.names.external))
+		}
+		if !b.hasExternal {
+			b.shared(iptableskernel.TableFilter, chainExternalServices, b.externalComment, b.match(ip.String(), b.port), target(b.externalFilter))
+		}
+	}
+}
+
+// loadBalancerRules send load-balancer traffic to the external chain, or
+// through the firewall chain, whose traffic not accepted
+// KUBE-PROXY-FIREWALL drops; or filter it.
+func (b *serviceBuilder) loadBalancerRules() {
+	for _, ip := range b.svc.LoadBalancerIPs {
+		if b.hasEndpoints {
+			b.shared(iptableskernel.TableNAT, chainServices, comment(b.name+" loadbalancer IP"), b.match(ip.String(), b.port), jump(b.lbChain))
+		}
+		if b.usesFirewall {
+			b.shared(iptableskernel.TableFilter, chainProxyFirewall, comment(b.name+" traffic not accepted by "+string(b.names.firewall)), b.match(ip.String(), b.port), target("DROP"))
+		}
+	}
+	if !b.hasExternal {
+		for _, ip := range b.svc.LoadBalancerIPs {
+			b.shared(iptableskernel.TableFilter, chainExternalServices, b.externalComment, b.match(ip.String(), b.port), target(b.externalFilter))
+		}
+	}
+}
+
+// nodePortRules send NodePort traffic to the external chain, or filter it.
+func (b *serviceBuilder) nodePortRules() {
+	if b.svc.NodePort == 0 {
+		return
+	}
+	nodePort := strconv.Itoa(int(b.svc.NodePort))
+	if b.hasEndpoints {
+		if b.p.localhostNodePorts() && b.p.NFAcct {
+			// The same jump for localhost only, counting the packets:
+			// it must come first, or the general rule takes them all.
+			b.shared(iptableskernel.TableNAT, chainNodePorts, comment(b.name), []string{"-m", b.proto, "-p", b.proto, "-d", "127.0.0.0/8", "--dport", nodePort},
+				nfacctMatch(metrics.NFAcctLocalhostNodePortsAccepted), jump(b.names.external))
+		}
+		b.shared(iptableskernel.TableNAT, chainNodePorts, comment(b.name), []string{"-m", b.proto, "-p", b.proto, "--dport", nodePort}, jump(b.names.external))
+	}
+	if !b.hasExternal {
+		b.shared(iptableskernel.TableFilter, chainExternalServices, b.externalComment,
+			[]string{"-m", "addrtype", "--dst-type", "LOCAL", "-m", b.proto, "-p", b.proto, "--dport", nodePort}, target(b.externalFilter))
+	}
+}
+
+// healthCheckRule accepts the health-check node port.
+func (b *serviceBuilder) healthCheckRule() {
+	if b.svc.HealthCheckNodePort != 0 {
+		b.shared(iptableskernel.TableFilter, chainNodePorts, comment(b.name+" health check node port"),
+			[]string{"-m", "tcp", "-p", "tcp", "--dport", strconv.Itoa(int(b.svc.HealthCheckNodePort))}, target("ACCEPT"))
+	}
+}
+
+// externalChain masquerades external traffic, or with a Local policy
+// routes the node's and its pods' own traffic through the cluster chain,
+// then jumps to the external policy chain.
+func (b *serviceBuilder) externalChain() {
+	if !b.hasEndpoints || !b.svc.HasExternal() {
+		return
+	}
+	var rules []iptableskernel.Rule
+	if !b.svc.ExternalPolicyLocal {
+		rules = append(rules, rule(comment("masquerade traffic for "+b.name+" external destinations"), jump(chainMarkMasq)))
+	} else {
+		if b.p.LocalDetector.Implemented() {
+			rules = append(rules, rule(comment("pod traffic for "+b.name+" external destinations"), b.p.LocalDetector.IfLocal(), jump(b.names.cluster)))
+		}
+		rules = append(rules,
+			rule(comment("masquerade LOCAL traffic for "+b.name+" external destinations"), []string{"-m", "addrtype", "--src-type", "LOCAL"}, jump(chainMarkMasq)),
+			rule(comment("route LOCAL traffic for "+b.name+" external destinations"), []string{"-m", "addrtype", "--src-type", "LOCAL"}, jump(b.names.cluster)))
+	}
+	if b.hasExternal {
+		rules = append(rules, rule(jump(b.externalPolicyChain)))
+	}
+	b.own(b.names.external, rules...)
+}
+
+// firewallChain lets load-balancer traffic from the source ranges (and
+// the node's hairpin traffic, when a range holds the node's IP) on to the
+// external chain.
+func (b *serviceBuilder) firewallChain() {
+	if !b.usesFirewall {
+		return
+	}
+	lbComment := comment(b.name + " loadbalancer IP")
+	var rules []iptableskernel.Rule
+	allowFromNode := false
+	for _, cidr := range b.svc.LoadBalancerSourceRanges {
+		rules = append(rules, rule(lbComment, []string{"-s", cidr.String()}, jump(b.names.external)))
+		allowFromNode = allowFromNode || (b.p.NodeIP.IsValid() && cidr.Contains(b.p.NodeIP))
+	}
+	if allowFromNode {
+		for _, ip := range b.svc.LoadBalancerIPs {
+			rules = append(rules, rule(lbComment, []string{"-s", ip.String()}, jump(b.names.external)))
+		}
+	}
+	// Traffic not accepted above falls through; KUBE-PROXY-FIREWALL drops it.
+	rules = append(rules, rule(comment("other traffic to "+b.name+" will be dropped by KUBE-PROXY-FIREWALL")))
+	b.own(b.names.firewall, rules...)
+}
+
+// policyChains spread traffic over the endpoints of the cluster and local
+// policies. The internal chain's masquerade rule lives in the cluster or
+// local policy chain, ahead of its endpoint jumps.
+func (b *serviceBuilder) policyChains() {
 	var masqueradeInternal []iptableskernel.Rule
-	if hasInternal && (p.MasqueradeAll || p.LocalDetector.Implemented()) {
+	if b.hasInternal && (b.p.MasqueradeAll || b.p.LocalDetector.Implemented()) {
 		var notLocal []string
-		if !p.MasqueradeAll {
-			notLocal = p.LocalDetector.IfNotLocal()
+		if !b.p.MasqueradeAll {
+			notLocal = b.p.LocalDetector.IfNotLocal()
 		}
-		masqueradeInternal = []iptableskernel.Rule{rule(comment(name+" cluster IP"), match(clusterIP, port), notLocal, jump(chainMarkMasq))}
+		masqueradeInternal = []iptableskernel.Rule{rule(comment(b.name+" cluster IP"), b.match(b.svc.ClusterIP.String(), b.port), notLocal, jump(chainMarkMasq))}
 	}
-	if usesExternalChain {
-		var rules []iptableskernel.Rule
-		if !svc.ExternalPolicyLocal {
-			rules = append(rules, rule(comment("masquerade traffic for "+name+" external destinations"), jump(chainMarkMasq)))
-		} else {
-			if p.LocalDetector.Implemented() {
-				rules = append(rules, rule(comment("pod traffic for "+name+" external destinations"), p.LocalDetector.IfLocal(), jump(names.cluster)))
-			}
-			rules = append(rules,
-				rule(comment("masquerade LOCAL traffic for "+name+" external destinations"), []string{"-m", "addrtype", "--src-type", "LOCAL"}, jump(chainMarkMasq)),
-				rule(comment("route LOCAL traffic for "+name+" external destinations"), []string{"-m", "addrtype", "--src-type", "LOCAL"}, jump(names.cluster)))
-		}
-		if hasExternal {
-			rules = append(rules, rule(jump(externalPolicyChain)))
-		}
-		own(names.external, rules...)
+	if b.paths.ClusterUsed {
+		rules := masqueradeIfInternal(b.internalChain, b.names.cluster, masqueradeInternal)
+		b.own(b.names.cluster, append(rules, b.p.spreadRules(b.svc, b.names, b.sel.Cluster)...)...)
 	}
-	if usesFirewall {
-		lbComment := comment(name + " loadbalancer IP")
-		var rules []iptableskernel.Rule
-		allowFromNode := false
-		for _, cidr := range svc.LoadBalancerSourceRanges {
-			rules = append(rules, rule(lbComment, []string{"-s", cidr.String()}, jump(names.external)))
-			allowFromNode = allowFromNode || (p.NodeIP.IsValid() && cidr.Contains(p.NodeIP))
-		}
-		if allowFromNode {
-			for _, ip := range svc.LoadBalancerIPs {
-				rules = append(rules, rule(lbComment, []string{"-s", ip.String()}, jump(names.external)))
-			}
-		}
-		// Traffic not accepted above falls through; KUBE-PROXY-FIREWALL drops it.
-		rules = append(rules, rule(comment("other traffic to "+name+" will be dropped by KUBE-PROXY-FIREWALL")))
-		own(names.firewall, rules...)
+	if b.paths.LocalUsed {
+		rules := masqueradeIfInternal(b.internalChain, b.names.local, masqueradeInternal)
+		b.own(b.names.local, append(rules, b.p.spreadRules(b.svc, b.names, b.sel.Local)...)...)
 	}
-	if paths.ClusterUsed {
-		rules := masqueradeIfInternal(internalChain, names.cluster, masqueradeInternal)
-		own(names.cluster, append(rules, p.spreadRules(svc, names, sel.Cluster)...)...)
-	}
-	if paths.LocalUsed {
-		rules := masqueradeIfInternal(internalChain, names.local, masqueradeInternal)
-		own(names.local, append(rules, p.spreadRules(svc, names, sel.Local)...)...)
-	}
-	for _, ep := range sel.All {
-		chain := names.endpointChain(ep)
-		svcComment := p.endpointComment(name)
-		dnat := []string{"-m", proto, "-p", proto, "-j", "DNAT", "--to-destination", ep.String()}
+}
+
+// endpointChains masquerade an endpoint's traffic to itself (hairpin) and
+// DNAT to it.
+func (b *serviceBuilder) endpointChains() {
+	for _, ep := range b.sel.All {
+		chain := b.names.endpointChain(ep)
+		svcComment := b.p.endpointComment(b.name)
+		dnat := []string{"-m", b.proto, "-p", b.proto, "-j", "DNAT", "--to-destination", ep.String()}
 		var affinity []string
-		if svc.AffinityTimeoutSeconds > 0 {
+		if b.svc.AffinityTimeoutSeconds > 0 {
 			affinity = []string{"-m", "recent", "--name", string(chain), "--set"}
 		}
-		own(chain,
+		b.own(chain,
 			rule(svcComment, []string{"-s", ep.IP.String()}, jump(chainMarkMasq)),
 			rule(svcComment, affinity, dnat))
 	}
-	return out
 }
 
 // policyChain is the chain traffic on the path jumps to.
@@ -292,11 +374,20 @@ var SharedChains = map[iptableskernel.Table][]iptableskernel.Chain{
 
 // StaticRules decides the fixed part of the rule set.
 func (p *Params) StaticRules() StaticRules {
+	return StaticRules{
+		Chains: map[iptableskernel.Table][]iptableskernel.OwnChain{iptableskernel.TableNAT: p.natChains(), iptableskernel.TableFilter: p.filterChains()},
+		Shared: p.sharedChains(),
+		Jumps:  p.builtinJumps(),
+	}
+}
+
+// natChains mark traffic for SNAT and masquerade it on the way out.
+func (p *Params) natChains() []iptableskernel.OwnChain {
 	mark := p.masqueradeMark()
 	// Always with --random-fully, as upstream (iptables has had it since
 	// 1.6.2).
 	masquerade := []string{"-j", "MASQUERADE", "--random-fully"}
-	nat := []iptableskernel.OwnChain{
+	return []iptableskernel.OwnChain{
 		{Name: chainPostrouting, Rules: []iptableskernel.Rule{
 			rule([]string{"-m", "mark", "!", "--mark", mark + "/" + mark, "-j", "RETURN"}),
 			rule([]string{"-j", "MARK", "--xor-mark", mark}),
@@ -304,6 +395,12 @@ func (p *Params) StaticRules() StaticRules {
 		}},
 		{Name: chainMarkMasq, Rules: []iptableskernel.Rule{rule([]string{"-j", "MARK", "--or-mark", mark})}},
 	}
+}
+
+// filterChains accept forwarded service traffic and, with localhost
+// NodePorts, guard the loopback addresses.
+func (p *Params) filterChains() []iptableskernel.OwnChain {
+	mark := p.masqueradeMark()
 	var forward []iptableskernel.Rule
 	if !p.TCPBeLiberal {
 		var count []string
@@ -320,9 +417,28 @@ func (p *Params) StaticRules() StaticRules {
 		filter = append(filter, iptableskernel.OwnChain{Name: chainLocalnetGuard, Rules: []iptableskernel.Rule{rule(comment("block incoming localnet connections"),
 			[]string{"-d", "127.0.0.0/8", "!", "-s", "127.0.0.0/8", "-m", "conntrack", "!", "--ctstate", "RELATED,ESTABLISHED,DNAT", "-j", "DROP"})}})
 	}
+	return filter
+}
 
+// sharedChains are the chains services add rules to, with their fixed
+// tails: only nat KUBE-SERVICES has one, its jumps to KUBE-NODEPORTS.
+func (p *Params) sharedChains() map[iptableskernel.Table][]iptableskernel.OwnChain {
+	shared := map[iptableskernel.Table][]iptableskernel.OwnChain{}
+	for table, chains := range SharedChains {
+		for _, c := range chains {
+			oc := iptableskernel.OwnChain{Name: c}
+			if table == iptableskernel.TableNAT && c == chainServices {
+				oc.Rules = p.nodePortJumps()
+			}
+			shared[table] = append(shared[table], oc)
+		}
+	}
+	return shared
+}
+
+// nodePortJumps lead the node's NodePort addresses to KUBE-NODEPORTS.
+func (p *Params) nodePortJumps() []iptableskernel.Rule {
 	nodePortsComment := comment("kubernetes service nodeports; NOTE: this must be the last rule in this chain")
-	var servicesTail []iptableskernel.Rule
 	if p.NodePortAddresses == nil {
 		dst := []string{"-m", "addrtype", "--dst-type", "LOCAL"}
 		if p.IPv6 {
@@ -330,26 +446,20 @@ func (p *Params) StaticRules() StaticRules {
 		} else if !p.LocalhostNodePorts {
 			dst = append(dst, "!", "-d", "127.0.0.0/8")
 		}
-		servicesTail = append(servicesTail, rule(nodePortsComment, dst, jump(chainNodePorts)))
-	} else {
-		for _, ip := range p.NodePortAddresses {
-			if ip.IsLoopback() && !p.localhostNodePorts() {
-				continue
-			}
-			servicesTail = append(servicesTail, rule(nodePortsComment, []string{"-d", ip.String()}, jump(chainNodePorts)))
-		}
+		return []iptableskernel.Rule{rule(nodePortsComment, dst, jump(chainNodePorts))}
 	}
-	shared := map[iptableskernel.Table][]iptableskernel.OwnChain{}
-	for table, chains := range SharedChains {
-		for _, c := range chains {
-			oc := iptableskernel.OwnChain{Name: c}
-			if table == iptableskernel.TableNAT && c == chainServices {
-				oc.Rules = servicesTail
-			}
-			shared[table] = append(shared[table], oc)
+	var jumps []iptableskernel.Rule
+	for _, ip := range p.NodePortAddresses {
+		if ip.IsLoopback() && !p.localhostNodePorts() {
+			continue
 		}
+		jumps = append(jumps, rule(nodePortsComment, []string{"-d", ip.String()}, jump(chainNodePorts)))
 	}
+	return jumps
+}
 
+// builtinJumps lead from the built-in chains into ours.
+func (p *Params) builtinJumps() []iptableskernel.Jump {
 	newConn := []string{"-m", "conntrack", "--ctstate", "NEW"}
 	jumps := []iptableskernel.Jump{
 		{Table: iptableskernel.TableFilter, From: "INPUT", Rule: rule(newConn, comment("kubernetes externally-visible service portals"), jump(chainExternalServices))},
@@ -370,7 +480,7 @@ func (p *Params) StaticRules() StaticRules {
 			iptableskernel.Jump{Table: iptableskernel.TableFilter, From: "INPUT", Rule: rule(jump(chainLocalnetGuard))},
 			iptableskernel.Jump{Table: iptableskernel.TableFilter, From: "OUTPUT", Rule: rule(jump(chainLocalnetGuard))})
 	}
-	return StaticRules{Chains: map[iptableskernel.Table][]iptableskernel.OwnChain{iptableskernel.TableNAT: nat, iptableskernel.TableFilter: filter}, Shared: shared, Jumps: jumps}
+	return jumps
 }
 
 // rule joins argument groups into one rule, in one allocation (a full

@@ -82,139 +82,223 @@ func (rs *IPTablesRuleset) Rules(chain string) ([]string, bool) {
 // any other is an error rather than a guess.
 func (rs *IPTablesRuleset) Eval(chain, rule string) (bool, Effect, error) {
 	table, _, _ := strings.Cut(chain, " ")
-	pkt := rs.Packet
-	args := iptableskernel.Args(iptableskernel.Rule(rule))
-	var e Effect
-	matched, negate := true, false
-	value := func(i int) (string, error) {
-		if i+1 >= len(args) {
-			return "", fmt.Errorf("%s without a value", args[i])
-		}
-		return args[i+1], nil
-	}
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "!" {
-			negate = true
-			continue
-		}
-		test := func(ok bool) {
-			if ok == negate {
-				matched = false
-			}
-			negate = false
-		}
-		v, err := "", error(nil)
-		switch a {
-		case "-m", "--comment", "--mode", "--name", "--nfacct-name", "--seconds", "--or-mark", "--xor-mark":
-			if v, err = value(i); err != nil {
-				return false, e, err
-			}
-			i++
-			switch a {
-			case "--or-mark":
-				e.Masquerade = true
-			case "--xor-mark":
-				return false, e, fmt.Errorf("the trace follows no rule that clears the mark")
-			}
-			continue
-		case "--reap", "--set", "--random-fully":
-			continue
-		case "--match-set":
-			if i+2 >= len(args) {
-				return false, e, fmt.Errorf("--match-set without a set and flags")
-			}
-			test(rs.MatchSet != nil && rs.MatchSet(args[i+1], args[i+2]))
-			i += 2
-			continue
-		case "--physdev-is-in":
-			// The node's pods are routed, not bridged.
-			test(false)
-			continue
-		case "--rcheck":
-			// A client seen before goes back to its endpoint; a new one
-			// does not match (session affinity, see the outcome).
-			matched = false
-			continue
-		}
-		if a == "-j" || strings.HasPrefix(a, "-") {
-			if v, err = value(i); err != nil {
-				return false, e, err
-			}
-			i++
-		}
-		switch a {
-		case "-p":
-			test(strings.EqualFold(v, string(pkt.Protocol)))
-		case "-d", "-s":
-			prefix, err := parsePrefix(v)
-			if err != nil {
-				return false, e, err
-			}
-			addr := pkt.Destination
-			if a == "-s" {
-				addr = pkt.Source
-			}
-			test(prefix.Contains(addr))
-		case "--dport", "--vport":
-			test(v == strconv.Itoa(int(pkt.Port)))
-		case "--vaddr":
-			test(v == pkt.Destination.String())
-		case "--vproto":
-			test(v == map[string]string{"TCP": "6", "UDP": "17", "SCTP": "132"}[string(pkt.Protocol)])
-		case "--dst-type", "--src-type":
-			local := pkt.LocalDestination
-			if a == "--src-type" {
-				local = pkt.From == FromNode
-			}
-			test(v == "LOCAL" && local)
-		case "-i":
-			// Only the local-traffic detector matches interfaces: the
-			// interfaces of this node's pods.
-			test(pkt.From == FromPod)
-		case "--ctstate":
-			// The first packet of a new connection not DNATed (a DNATed
-			// one ends the trace in the nat table).
-			test(v == "NEW" || strings.HasPrefix(v, "NEW,"))
-		case "--mark":
-			// Only the masquerade mark is matched on, in chains that
-			// packets reach marked only once DNATed.
-			test(false)
-		case "--probability":
-			share, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				return false, e, fmt.Errorf("probability %q", v)
-			}
-			e.Share = share
-		case "--to-destination":
-			to, err := netip.ParseAddrPort(v)
-			if err != nil {
-				return false, e, fmt.Errorf("DNAT to %q", v)
-			}
-			e.To = to
-		case "-j":
-			switch v {
-			case "ACCEPT":
-				e.Verdict = Accept
-			case "DROP":
-				e.Verdict = Drop
-			case "REJECT":
-				e.Verdict = Reject
-			case "RETURN":
-				e.Verdict = Return
-			case "DNAT":
-				e.Verdict = DNAT
-			case "MARK":
-			case "MASQUERADE":
-				e.Verdict, e.Masquerade = Accept, true
-			default:
-				e.Verdict, e.Chain = Jump, table+" "+v
-			}
-		default:
-			return false, e, fmt.Errorf("the trace does not know the match or option %q", a)
+	ev := &ruleEval{rs: rs, table: table, args: iptableskernel.Args(iptableskernel.Rule(rule)), matched: true}
+	for ; ev.next < len(ev.args); ev.next++ {
+		if err := ev.option(ev.args[ev.next]); err != nil {
+			return false, ev.effect, err
 		}
 	}
-	return matched, e, nil
+	return ev.matched, ev.effect, nil
+}
+
+// ruleEval is one rule's evaluation: its arguments, the one it is at,
+// and what it found so far. A "!" negates the next test only.
+type ruleEval struct {
+	rs              *IPTablesRuleset
+	table           string
+	args            []string
+	next            int
+	matched, negate bool
+	effect          Effect
+}
+
+// test records the outcome of a match, negated if a "!" came before it.
+func (ev *ruleEval) test(ok bool) {
+	if ok == ev.negate {
+		ev.matched = false
+	}
+	ev.negate = false
+}
+
+// value takes the value of the option at next.
+func (ev *ruleEval) value() (string, error) {
+	if ev.next+1 >= len(ev.args) {
+		return "", fmt.Errorf("%s without a value", ev.args[ev.next])
+	}
+	ev.next++
+	return ev.args[ev.next], nil
+}
+
+// option evaluates the option a, at next, with its values.
+func (ev *ruleEval) option(a string) error {
+	if a == "!" {
+		ev.negate = true
+		return nil
+	}
+	if flag, ok := flagOptions[a]; ok {
+		flag(ev)
+		return nil
+	}
+	if a == "--match-set" {
+		return ev.matchSet()
+	}
+	if !strings.HasPrefix(a, "-") {
+		return fmt.Errorf("the trace does not know the match or option %q", a)
+	}
+	v, err := ev.value()
+	if err != nil {
+		return err
+	}
+	eval, ok := valueOptions[a]
+	if !ok {
+		return fmt.Errorf("the trace does not know the match or option %q", a)
+	}
+	return eval(ev, a, v)
+}
+
+// flagOptions evaluate the options without a value.
+var flagOptions = map[string]func(*ruleEval){
+	"--reap": noEffect, "--set": noEffect, "--random-fully": noEffect,
+	// The node's pods are routed, not bridged.
+	"--physdev-is-in": func(ev *ruleEval) { ev.test(false) },
+	// A client seen before goes back to its endpoint; a new one does not
+	// match (session affinity, see the outcome).
+	"--rcheck": func(ev *ruleEval) { ev.matched = false },
+}
+
+func noEffect(*ruleEval) {}
+
+// valueOptions evaluate the options with one value, by keyword.
+var valueOptions = map[string]func(ev *ruleEval, option, v string) error{
+	"-m": ignoreValue, "--comment": ignoreValue, "--mode": ignoreValue, "--name": ignoreValue,
+	"--nfacct-name": ignoreValue, "--seconds": ignoreValue,
+	"--or-mark":  (*ruleEval).orMark,
+	"--xor-mark": (*ruleEval).xorMark,
+	"-p":         (*ruleEval).protocol,
+	"-d":         (*ruleEval).address, "-s": (*ruleEval).address,
+	"--dport": (*ruleEval).port, "--vport": (*ruleEval).port,
+	"--vaddr":    (*ruleEval).virtualAddress,
+	"--vproto":   (*ruleEval).virtualProtocol,
+	"--dst-type": (*ruleEval).addressType, "--src-type": (*ruleEval).addressType,
+	"-i":               (*ruleEval).inInterface,
+	"--ctstate":        (*ruleEval).connectionState,
+	"--mark":           (*ruleEval).mark,
+	"--probability":    (*ruleEval).probability,
+	"--to-destination": (*ruleEval).toDestination,
+	"-j":               (*ruleEval).target,
+}
+
+func ignoreValue(*ruleEval, string, string) error { return nil }
+
+func (ev *ruleEval) orMark(string, string) error {
+	ev.effect.Masquerade = true
+	return nil
+}
+
+func (ev *ruleEval) xorMark(string, string) error {
+	return fmt.Errorf("the trace follows no rule that clears the mark")
+}
+
+// matchSet tests the packet against an ipset with direction flags.
+func (ev *ruleEval) matchSet() error {
+	if ev.next+2 >= len(ev.args) {
+		return fmt.Errorf("--match-set without a set and flags")
+	}
+	set, flags := ev.args[ev.next+1], ev.args[ev.next+2]
+	ev.test(ev.rs.MatchSet != nil && ev.rs.MatchSet(set, flags))
+	ev.next += 2
+	return nil
+}
+
+func (ev *ruleEval) protocol(_, v string) error {
+	ev.test(strings.EqualFold(v, string(ev.rs.Packet.Protocol)))
+	return nil
+}
+
+// address tests the destination (-d) or source (-s) address.
+func (ev *ruleEval) address(option, v string) error {
+	prefix, err := parsePrefix(v)
+	if err != nil {
+		return err
+	}
+	addr := ev.rs.Packet.Destination
+	if option == "-s" {
+		addr = ev.rs.Packet.Source
+	}
+	ev.test(prefix.Contains(addr))
+	return nil
+}
+
+func (ev *ruleEval) port(_, v string) error {
+	ev.test(v == strconv.Itoa(int(ev.rs.Packet.Port)))
+	return nil
+}
+
+func (ev *ruleEval) virtualAddress(_, v string) error {
+	ev.test(v == ev.rs.Packet.Destination.String())
+	return nil
+}
+
+func (ev *ruleEval) virtualProtocol(_, v string) error {
+	ev.test(v == map[string]string{"TCP": "6", "UDP": "17", "SCTP": "132"}[string(ev.rs.Packet.Protocol)])
+	return nil
+}
+
+// addressType tests whether the destination (--dst-type) or the source
+// (--src-type, the node's own packets) is local.
+func (ev *ruleEval) addressType(option, v string) error {
+	local := ev.rs.Packet.LocalDestination
+	if option == "--src-type" {
+		local = ev.rs.Packet.From == FromNode
+	}
+	ev.test(v == "LOCAL" && local)
+	return nil
+}
+
+// inInterface: only the local-traffic detector matches interfaces, the
+// interfaces of this node's pods.
+func (ev *ruleEval) inInterface(string, string) error {
+	ev.test(ev.rs.Packet.From == FromPod)
+	return nil
+}
+
+// connectionState: the first packet of a new connection not DNATed (a
+// DNATed one ends the trace in the nat table).
+func (ev *ruleEval) connectionState(_, v string) error {
+	ev.test(v == "NEW" || strings.HasPrefix(v, "NEW,"))
+	return nil
+}
+
+// mark: only the masquerade mark is matched on, in chains that packets
+// reach marked only once DNATed.
+func (ev *ruleEval) mark(string, string) error {
+	ev.test(false)
+	return nil
+}
+
+func (ev *ruleEval) probability(_, v string) error {
+	share, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		return fmt.Errorf("probability %q", v)
+	}
+	ev.effect.Share = share
+	return nil
+}
+
+func (ev *ruleEval) toDestination(_, v string) error {
+	to, err := netip.ParseAddrPort(v)
+	if err != nil {
+		return fmt.Errorf("DNAT to %q", v)
+	}
+	ev.effect.To = to
+	return nil
+}
+
+// targetVerdicts are the verdicts of the targets that end the walk in
+// this chain; any other target but MARK is a jump to a chain.
+var targetVerdicts = map[string]Verdict{"ACCEPT": Accept, "DROP": Drop, "REJECT": Reject, "RETURN": Return, "DNAT": DNAT}
+
+func (ev *ruleEval) target(_, v string) error {
+	switch verdict, ok := targetVerdicts[v]; {
+	case ok:
+		ev.effect.Verdict = verdict
+	case v == "MARK":
+	case v == "MASQUERADE":
+		ev.effect.Verdict, ev.effect.Masquerade = Accept, true
+	default:
+		ev.effect.Verdict, ev.effect.Chain = Jump, ev.table+" "+v
+	}
+	return nil
 }
 
 // parsePrefix reads an address or prefix as a rule writes it.
