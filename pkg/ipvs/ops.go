@@ -30,6 +30,9 @@ type plan struct {
 	// the service's traffic to the node's own sockets).
 	unbind        []netip.Addr
 	deleteServers []ipvskernel.VirtualServerKey
+	// next is the syncer's state once the plan is applied, for commit;
+	// it is no part of what the plan sends.
+	next syncResult
 }
 
 type opKind uint8

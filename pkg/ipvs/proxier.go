@@ -147,47 +147,6 @@ func New(cfg Config) *Syncer {
 	}
 }
 
-// objectCounts counts how many service ports want each set entry: an
-// entry stays while one still does (the snapshot counts the addresses and
-// owns the virtual servers).
-type objectCounts struct {
-	entries map[SetEntry]int
-	// setSizes count each set's entries in the kernel, and waiting the
-	// entries wanted but not there because their set was full (by the
-	// order they came in: seq), waitingIn by set.
-	setSizes  map[string]int
-	waiting   map[SetEntry]uint64
-	waitingIn map[string]int
-	seq       uint64
-	outFilter map[iptables.Rule]int
-}
-
-func newObjectCounts() objectCounts {
-	return objectCounts{
-		entries: map[SetEntry]int{}, setSizes: map[string]int{}, outFilter: map[iptables.Rule]int{},
-		waiting: map[SetEntry]uint64{}, waitingIn: map[string]int{},
-	}
-}
-
-func (o *objectCounts) wait(e SetEntry) {
-	o.seq++
-	o.waiting[e] = o.seq
-	o.waitingIn[e.Set]++
-}
-
-func (o *objectCounts) unwait(e SetEntry) {
-	delete(o.waiting, e)
-	if o.waitingIn[e.Set]--; o.waitingIn[e.Set] == 0 {
-		delete(o.waitingIn, e.Set)
-	}
-}
-
-func (o *objectCounts) resize(set string, by int) {
-	if o.setSizes[set] += by; o.setSizes[set] == 0 {
-		delete(o.setSizes, set)
-	}
-}
-
 // readAddresses reads the node's addresses.
 func (p *Syncer) readAddresses() (Addresses, error) {
 	node, err := p.cfg.Kernel.NodeAddresses()
@@ -273,10 +232,8 @@ func (p *Syncer) fullSync(v state.View) error {
 			return err
 		}
 	}
-	// Everything is written against what the kernel holds: the current
-	// objects stand in for what was applied, under one pseudo-owner.
-	p.applied = map[state.ServicePortName]ServiceObjects{}
-	p.objects = newObjectCounts()
+	// Everything is written against what the kernel holds: the diff
+	// starts from no applied objects and no counts.
 	d := p.newDiff(current, current.reals)
 	if len(current.servers) == 0 {
 		// Into an empty kernel: a virtual server and an address per
@@ -292,23 +249,48 @@ func (p *Syncer) fullSync(v state.View) error {
 
 // run ends a sync: it publishes the snapshot of what the diff decided as
 // unsettled (a drift check leaves out what it changes), applies the
-// plan, then publishes it settled. A failed full sync publishes none
-// (FullSync): the kernel holds an unknown part of it.
+// plan, commits the state it leads to, then publishes that settled. A
+// failed full sync publishes none (FullSync): the kernel holds an unknown
+// part of it.
 func (p *Syncer) run(d *diff, full bool) error {
 	pl := d.finish(full)
-	next := p.nextSnapshot(d, full)
 	publish := full || p.written
 	if publish {
-		p.snapshot.Store(next)
+		p.snapshot.Store(pl.next.snapshot)
 	}
 	err := p.apply(pl)
-	settled := *next
-	settled.settled = true
-	p.last = &settled
+	// Committed even when apply failed: a partial sync's failure leads to
+	// a full sync, which reads the kernel, and until then the counts are
+	// what the syncs meant to write.
+	settled := p.commit(pl.next)
 	if publish {
-		p.snapshot.Store(&settled)
+		p.snapshot.Store(settled)
 	}
 	return err
+}
+
+// syncResult is the syncer's state after a sync, as its diff decided it.
+type syncResult struct {
+	applied *mapEdit[state.ServicePortName, ServiceObjects]
+	counts  countsEdit
+	// snapshot is the next snapshot, unsettled; left what the sync left
+	// out of full sets.
+	snapshot *appliedSnapshot
+	left     error
+}
+
+// commit makes r the syncer's state, and returns the snapshot it settles
+// on. It is the one writer of applied, objects, left and last.
+func (p *Syncer) commit(r syncResult) *appliedSnapshot {
+	p.applied = r.applied.done()
+	p.objects = r.counts.done()
+	if p.left = r.left; p.left != nil {
+		klog.ErrorS(p.left, "Set entries left out: the service ports named may not work until their set has room", "ipFamily", p.cfg.Family)
+	}
+	settled := *r.snapshot
+	settled.settled = true
+	p.last = &settled
+	return &settled
 }
 
 // restoreError is a sync's failed iptables-restore, the one failure of
@@ -334,8 +316,10 @@ func (p *Syncer) LeftOut() error {
 	return p.left
 }
 
-func (p *Syncer) excluded(a netip.Addr) bool {
-	for _, c := range p.cfg.ExcludeCIDRs {
+// excluded says whether a is in one of the CIDRs of other programs'
+// virtual servers.
+func excluded(cidrs []netip.Prefix, a netip.Addr) bool {
+	for _, c := range cidrs {
 		if c.Contains(a) {
 			return true
 		}
