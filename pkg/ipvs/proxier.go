@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -88,28 +87,18 @@ type Syncer struct {
 	// connections end or their time is up.
 	draining map[drainKey]time.Time
 	now      func() time.Time
-	// written is true once a full sync succeeded: from then on the
-	// kernel should hold what objects says.
-	written bool
 	// limits are the hash sets' maxelem (the bitmap:port sets cannot
 	// overflow), and left what the last sync left out of full sets.
 	limits map[string]int
 	left   error
 	// prepared is the kernel as Prepare read it, for the first full sync.
 	prepared *preparedKernel
-	// last is the last snapshot published, which the next one is made
-	// from; snapshot is the one the drift check reads, nil while no full
-	// sync has succeeded.
-	last     *appliedSnapshot
-	snapshot atomic.Pointer[appliedSnapshot]
-	// drifted is what the last drift check found changed by another
-	// program, until a full sync has put it back.
-	drifted atomic.Pointer[string]
-	// jumpSeenAt is the nat table's generation when the drift check last
-	// saw the jump into KUBE-SERVICES (if jumpSeen); only the drift check
-	// uses them.
-	jumpSeenAt uint64
-	jumpSeen   bool
+	// last is the last snapshot made, which the next one is made from.
+	last *appliedSnapshot
+	// kernelState is what the syncs know of the kernel, with the
+	// snapshot the drift check reads; jump is the drift check's own.
+	kernelState kernelState
+	jump        jumpCache
 }
 
 type drainKey struct {
@@ -201,16 +190,11 @@ func (p *Syncer) FullSync(v state.View) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	err := p.fullSync(v)
-	p.written = err == nil
-	if err != nil {
-		p.snapshot.Store(nil)
-		return err
-	}
-	if drifted := p.drifted.Swap(nil); drifted != nil {
-		klog.InfoS("Restored the IPVS mode's kernel state another program had changed", "ipFamily", p.cfg.Family, "found", *drifted)
+	if repaired := p.kernelState.fullSyncEnded(err); repaired != nil {
+		klog.InfoS("Restored the IPVS mode's kernel state another program had changed", "ipFamily", p.cfg.Family, "found", *repaired)
 		metrics.IPVSRepairsTotal.WithLabelValues(string(p.cfg.Family)).Inc()
 	}
-	return nil
+	return err
 }
 
 func (p *Syncer) fullSync(v state.View) error {
@@ -254,18 +238,12 @@ func (p *Syncer) fullSync(v state.View) error {
 // part of it.
 func (p *Syncer) run(d *diff, full bool) error {
 	pl := d.finish(full)
-	publish := full || p.written
-	if publish {
-		p.snapshot.Store(pl.next.snapshot)
-	}
+	p.kernelState.publish(pl.next.snapshot, full)
 	err := p.apply(pl)
 	// Committed even when apply failed: a partial sync's failure leads to
 	// a full sync, which reads the kernel, and until then the counts are
 	// what the syncs meant to write.
-	settled := p.commit(pl.next)
-	if publish {
-		p.snapshot.Store(settled)
-	}
+	p.kernelState.publish(p.commit(pl.next), full)
 	return err
 }
 
