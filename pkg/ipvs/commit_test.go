@@ -151,3 +151,44 @@ func TestFailedApplyCommitsAsASuccessfulOne(t *testing.T) {
 		t.Errorf("after a failed apply: %d service ports applied, settled %v; want 2, true", len(after[true].applied), after[true].settled)
 	}
 }
+
+// An edit of a map reads through to it, leaves it alone until done, and
+// then holds what the edit made of it; a fresh one writes its own map.
+func TestMapEdit(t *testing.T) {
+	base := map[string]int{"kept": 1, "changed": 2, "deleted": 3, "deleted and set again": 4}
+	before := maps.Clone(base)
+	e := overlay(base)
+	e.set("changed", 20)
+	e.delete("deleted")
+	e.delete("deleted and set again")
+	e.set("deleted and set again", 40)
+	e.set("added", 5)
+	e.set("added and deleted", 6)
+	e.delete("added and deleted")
+	e.delete("never there")
+	want := map[string]int{"kept": 1, "changed": 20, "deleted and set again": 40, "added": 5}
+	if !reflect.DeepEqual(base, before) {
+		t.Errorf("the edit changed its base: %v", base)
+	}
+	if got := maps.Collect(e.all()); !reflect.DeepEqual(got, want) || e.len() != len(want) {
+		t.Errorf("the edit holds %v (len %d), want %v", got, e.len(), want)
+	}
+	if _, ok := e.get("deleted"); ok {
+		t.Error("a deleted key reads through to the base")
+	}
+	if got := e.copied(); !reflect.DeepEqual(got, want) {
+		t.Errorf("copied %v, want %v", got, want)
+	}
+	if got := e.done(); !reflect.DeepEqual(got, want) {
+		t.Errorf("done %v, want %v", got, want)
+	}
+
+	own := map[string]int{}
+	f := fresh(own)
+	f.set("a", 1)
+	f.set("b", 2)
+	f.delete("b")
+	if !reflect.DeepEqual(own, map[string]int{"a": 1}) || f.len() != 1 {
+		t.Errorf("a fresh edit holds %v (len %d), want a: 1", own, f.len())
+	}
+}

@@ -2,6 +2,7 @@ package ipvs
 
 import (
 	"iter"
+	"maps"
 
 	"github.com/rapidproxy/rapidproxy/internal/iptables"
 )
@@ -32,11 +33,11 @@ func newObjectCounts() objectCounts {
 // to the counts it starts from, which it never changes: the syncer's stay
 // as they are until commit.
 type countsEdit struct {
-	entries   *mapEdit[SetEntry, int]
-	setSizes  *mapEdit[string, int]
-	waiting   *mapEdit[SetEntry, uint64]
-	waitingIn *mapEdit[string, int]
-	outFilter *mapEdit[iptables.Rule, int]
+	entries   mapEdit[SetEntry, int]
+	setSizes  mapEdit[string, int]
+	waiting   mapEdit[SetEntry, uint64]
+	waitingIn mapEdit[string, int]
+	outFilter mapEdit[iptables.Rule, int]
 	seq       uint64
 }
 
@@ -60,11 +61,12 @@ func freshCounts() countsEdit {
 // done writes the edit into the counts it started from and returns them;
 // only commit calls it.
 func (e *countsEdit) done() objectCounts {
+	emptied := e.waiting.len() == 0 && len(e.waiting.gone) > 0
 	o := objectCounts{
 		entries: e.entries.done(), setSizes: e.setSizes.done(), waiting: e.waiting.done(),
 		waitingIn: e.waitingIn.done(), outFilter: e.outFilter.done(), seq: e.seq,
 	}
-	if len(o.waiting) == 0 {
+	if emptied {
 		o.waiting = map[SetEntry]uint64{} // a map keeps its largest size
 	}
 	return o
@@ -78,15 +80,15 @@ func (e *countsEdit) isWaiting(s SetEntry) bool {
 func (e *countsEdit) wait(s SetEntry) {
 	e.seq++
 	e.waiting.set(s, e.seq)
-	addCount(e.waitingIn, s.Set, 1)
+	addCount(&e.waitingIn, s.Set, 1)
 }
 
 func (e *countsEdit) unwait(s SetEntry) {
 	e.waiting.delete(s)
-	addCount(e.waitingIn, s.Set, -1)
+	addCount(&e.waitingIn, s.Set, -1)
 }
 
-func (e *countsEdit) resize(set string, by int) { addCount(e.setSizes, set, by) }
+func (e *countsEdit) resize(set string, by int) { addCount(&e.setSizes, set, by) }
 
 // addCount adds by to k's count and returns it; a count of 0 is no entry.
 func addCount[K comparable](m *mapEdit[K, int], k K, by int) int {
@@ -104,21 +106,23 @@ func addCount[K comparable](m *mapEdit[K, int], k K, by int) int {
 // owns its base and writes into it directly (a full sync at 10,000
 // services would otherwise hold every entry twice).
 type mapEdit[K comparable, V any] struct {
-	base    map[K]V
-	own     bool
+	base map[K]V
+	own  bool
+	// changed and gone are the keys set and deleted, made at the first
+	// of each: a partial sync leaves most counts alone.
 	changed map[K]V
 	gone    map[K]bool
 	n       int
 }
 
 // overlay starts an edit of base.
-func overlay[K comparable, V any](base map[K]V) *mapEdit[K, V] {
-	return &mapEdit[K, V]{base: base, changed: map[K]V{}, gone: map[K]bool{}, n: len(base)}
+func overlay[K comparable, V any](base map[K]V) mapEdit[K, V] {
+	return mapEdit[K, V]{base: base, n: len(base)}
 }
 
 // fresh starts an edit of the empty map base, which it owns.
-func fresh[K comparable, V any](base map[K]V) *mapEdit[K, V] {
-	return &mapEdit[K, V]{base: base, own: true}
+func fresh[K comparable, V any](base map[K]V) mapEdit[K, V] {
+	return mapEdit[K, V]{base: base, own: true}
 }
 
 func (m *mapEdit[K, V]) get(k K) (V, bool) {
@@ -140,6 +144,9 @@ func (m *mapEdit[K, V]) set(k K, v V) {
 		m.n++
 	}
 	delete(m.gone, k)
+	if m.changed == nil {
+		m.changed = map[K]V{}
+	}
 	m.changed[k] = v
 }
 
@@ -154,6 +161,9 @@ func (m *mapEdit[K, V]) delete(k K) {
 	m.n--
 	delete(m.changed, k)
 	if _, ok := m.base[k]; ok {
+		if m.gone == nil {
+			m.gone = map[K]bool{}
+		}
 		m.gone[k] = true
 	}
 }
@@ -195,6 +205,19 @@ func (m *mapEdit[K, V]) all() iter.Seq2[K, V] {
 			}
 		}
 	}
+}
+
+// copied is a copy of the edited map, sized once.
+func (m *mapEdit[K, V]) copied() map[K]V {
+	out := maps.Clone(m.base)
+	if out == nil {
+		out = map[K]V{}
+	}
+	for k := range m.gone {
+		delete(out, k)
+	}
+	maps.Copy(out, m.changed)
+	return out
 }
 
 // done writes the changes into base and returns it; the edit must not be

@@ -36,7 +36,7 @@ type diff struct {
 	draining map[drainKey]time.Time
 	// applied and counts are the next applied objects and their counts,
 	// edited from the syncer's (a full sync starts them from none).
-	applied *mapEdit[state.ServicePortName, ServiceObjects]
+	applied mapEdit[state.ServicePortName, ServiceObjects]
 	counts  countsEdit
 	// kernel is what a full sync read, which the diff takes over: it
 	// deletes what it finds wanted, and what is left goes. Nil in a
@@ -126,20 +126,20 @@ func (d *diff) replace(name state.ServicePortName, old, updated ServiceObjects) 
 	}
 	o := &d.counts
 	for _, e := range updated.Entries {
-		if addCount(o.entries, e, 1) == 1 {
+		if addCount(&o.entries, e, 1) == 1 {
 			d.entry(e, false)
 		}
 	}
 	for _, e := range old.Entries {
-		if addCount(o.entries, e, -1) == 0 {
+		if addCount(&o.entries, e, -1) == 0 {
 			d.entry(e, true)
 		}
 	}
 	for _, r := range updated.OutFilter {
-		addCount(o.outFilter, r, 1)
+		addCount(&o.outFilter, r, 1)
 	}
 	for _, r := range old.OutFilter {
-		addCount(o.outFilter, r, -1)
+		addCount(&o.outFilter, r, -1)
 	}
 	if len(updated.Servers) == 0 && len(updated.Entries) == 0 {
 		d.applied.delete(name)

@@ -249,7 +249,7 @@ func (p *Syncer) run(d *diff, full bool) error {
 
 // syncResult is the syncer's state after a sync, as its diff decided it.
 type syncResult struct {
-	applied *mapEdit[state.ServicePortName, ServiceObjects]
+	applied mapEdit[state.ServicePortName, ServiceObjects]
 	counts  countsEdit
 	// snapshot is the next snapshot, unsettled; left what the sync left
 	// out of full sets.
