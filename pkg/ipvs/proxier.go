@@ -234,8 +234,8 @@ func (p *Syncer) fullSync(v state.View) error {
 // run ends a sync: it publishes the snapshot of what the diff decided as
 // unsettled (a drift check leaves out what it changes), applies the
 // plan, commits the state it leads to, then publishes that settled. A
-// failed full sync publishes none (FullSync): the kernel holds an unknown
-// part of it.
+// failed full sync withdraws it (kernelState.fullSyncEnded): the kernel
+// holds an unknown part of it.
 func (p *Syncer) run(d *diff, full bool) error {
 	pl := d.finish(full)
 	p.kernelState.publish(pl.next.snapshot, full)
