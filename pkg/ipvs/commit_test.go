@@ -29,9 +29,10 @@ func filtered(o ServiceObjects, addr string) ServiceObjects {
 	return o
 }
 
-// Planning a sync, partial or full, changes nothing of the syncer's: the
-// same inputs give the same plan again, and what the syncer applied and
-// counts is as before, entries waiting for room in a full set included.
+// Planning a sync, partial or full, changes nothing of the syncer's nor
+// of what the kernel was read to hold: the same inputs give the same plan
+// again, and what the syncer applied and counts is as before, entries
+// waiting for room in a full set included.
 func TestPlanningLeavesTheSyncerAsItWas(t *testing.T) {
 	tcp := v1.ProtocolTCP
 	web, dns, db := portName("web"), portName("dns"), portName("db")
@@ -46,13 +47,17 @@ func TestPlanningLeavesTheSyncerAsItWas(t *testing.T) {
 	if p.left == nil {
 		t.Fatal("with room for two entries a set, no entry of three service ports waits")
 	}
+	// A full sync's kernel: dns's server as applied, a leftover one.
 	kernel := func() *kernelObjects {
+		dnsServer := objects("10.96.0.11", tcp).Servers[0].VirtualServer
 		return &kernelObjects{
-			servers: map[ipvskernel.VirtualServerKey]ipvskernel.VirtualServer{key("10.96.0.99", tcp): {VirtualServerKey: key("10.96.0.99", tcp), Scheduler: "rr"}},
-			bound:   map[netip.Addr]bool{netip.MustParseAddr("10.96.0.99"): true},
-			entries: map[string]map[string]bool{"KUBE-IPVS-IPS": {"10.96.0.99": true}, "KUBE-CLUSTER-IP": {"10.96.0.12,tcp:80": true}},
+			servers: map[ipvskernel.VirtualServerKey]ipvskernel.VirtualServer{
+				key("10.96.0.99", tcp): {VirtualServerKey: key("10.96.0.99", tcp), Scheduler: "rr"}, dnsServer.VirtualServerKey: dnsServer},
+			bound:   map[netip.Addr]bool{netip.MustParseAddr("10.96.0.99"): true, netip.MustParseAddr("10.96.0.11"): true},
+			entries: map[string]map[string]bool{"KUBE-IPVS-IPS": {"10.96.0.99": true, "10.96.0.11": true}, "KUBE-CLUSTER-IP": {"10.96.0.12,tcp:80": true}},
 		}
 	}
+	read := kernel()
 	for _, tc := range []struct {
 		name string
 		plan func() *plan
@@ -70,8 +75,7 @@ func TestPlanningLeavesTheSyncerAsItWas(t *testing.T) {
 	}, {
 		name: "full",
 		plan: func() *plan {
-			k := kernel()
-			d := p.newDiff(k, k.reals)
+			d := p.newDiff(read, read.reals)
 			d.replace(db, ServiceObjects{}, objects("10.96.0.12", tcp, "10.244.1.8:8080"))
 			d.replace(dns, ServiceObjects{}, filtered(objects("10.96.0.11", tcp, "10.244.1.6:8080"), "10.96.0.11"))
 			return d.finish(true)
@@ -95,6 +99,9 @@ func TestPlanningLeavesTheSyncerAsItWas(t *testing.T) {
 			}
 			if p.last != last || p.left != left {
 				t.Error("planning changed the last snapshot or what was left out")
+			}
+			if !reflect.DeepEqual(read, kernel()) {
+				t.Errorf("planning changed what the kernel was read to hold: %+v", read)
 			}
 		})
 	}

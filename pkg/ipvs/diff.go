@@ -38,9 +38,8 @@ type diff struct {
 	// edited from the syncer's (a full sync starts them from none).
 	applied mapEdit[state.ServicePortName, ServiceObjects]
 	counts  countsEdit
-	// kernel is what a full sync read, which the diff takes over: it
-	// deletes what it finds wanted, and what is left goes. Nil in a
-	// partial sync, which trusts what it applied.
+	// kernel is what a full sync read: what of it no service port wants
+	// goes. Nil in a partial sync, which trusts what it applied.
 	kernel *kernelObjects
 	// listed are the real servers of the virtual servers that stay, as
 	// the kernel lists them (with their weights and connections).
@@ -175,7 +174,6 @@ func (d *diff) server(s *Server, old *Server) {
 	if d.kernel != nil {
 		have, ok := d.kernel.servers[s.VirtualServerKey]
 		exists, same = ok, have == s.VirtualServer
-		delete(d.kernel.servers, s.VirtualServerKey)
 	} else if old != nil {
 		exists, same = true, old.VirtualServer == s.VirtualServer
 	}
@@ -240,7 +238,6 @@ func (d *diff) bind(a netip.Addr) {
 		return
 	}
 	if d.kernel != nil && d.kernel.bound[a] {
-		delete(d.kernel.bound, a)
 		return
 	}
 	d.step(op{kind: opBind, real: netip.AddrPortFrom(a, 0)})
@@ -263,7 +260,6 @@ func (d *diff) entry(e SetEntry, remove bool) {
 		d.deleting[e] = false
 		o.resize(e.Set, 1)
 	case d.kernel != nil && d.kernel.entries[e.Set][e.Entry]:
-		delete(d.kernel.entries[e.Set], e.Entry)
 		o.resize(e.Set, 1)
 	default:
 		// Never given up in the same sync: a sync replaces each service
@@ -318,45 +314,14 @@ func (d *diff) finish(full bool) *plan {
 	pl := &d.plan
 	pl.full = full
 	d.admit()
-	// Deletions before additions, so that a full set has room for what
-	// admit let in; an entry never is in both. After a full sync the
-	// kernel's entries no service port wants go too.
-	pl.sets = make([]ipvskernel.SetChange, 0, len(d.adds)+len(d.deletes))
-	for _, e := range d.deletes {
-		if d.deleting[e] {
-			pl.sets = append(pl.sets, ipvskernel.SetChange{Set: e.Set, Entry: e.Entry, Delete: true})
-		}
-	}
-	if d.kernel != nil {
-		for _, set := range slices.Sorted(maps.Keys(d.kernel.entries)) {
-			for _, e := range slices.Sorted(maps.Keys(d.kernel.entries[set])) {
-				pl.sets = append(pl.sets, ipvskernel.SetChange{Set: set, Entry: e, Delete: true})
-			}
-		}
-	}
-	for _, e := range d.adds {
-		pl.sets = append(pl.sets, ipvskernel.SetChange{Set: e.Set, Entry: e.Entry})
-	}
+	pl.sets = d.setChanges()
 	nonEmpty := func(set string) bool {
 		n, _ := d.counts.setSizes.get(d.params.setName(set))
 		return n > 0
 	}
 	pl.chains = d.params.Chains(nonEmpty, slices.Sorted(d.counts.outFilter.keys()))
 	if d.kernel != nil {
-		// A bound address no service wants is one a previous run (ours
-		// or upstream's) bound if KUBE-IPVS-IPS lists it; another
-		// program's addresses on the link are left alone.
-		previous := d.kernel.entries[d.params.setName(setIPVSAddresses)]
-		for a := range d.kernel.bound {
-			if previous[a.String()] {
-				d.unbind[a] = true
-			}
-		}
-		for _, key := range slices.SortedFunc(maps.Keys(d.kernel.servers), ipvskernel.VirtualServerKey.Compare) {
-			if !excluded(d.exclude, key.Addr) {
-				pl.deleteServers = append(pl.deleteServers, key)
-			}
-		}
+		d.unwantedInKernel()
 	}
 	for _, a := range slices.SortedFunc(maps.Keys(d.unbind), netip.Addr.Compare) {
 		if d.unbind[a] {
@@ -370,6 +335,75 @@ func (d *diff) finish(full bool) *plan {
 	// set is full. They wait, and a later sync that frees room adds them.
 	pl.next = syncResult{applied: d.applied, counts: d.counts, left: d.leftOut(), snapshot: d.snapshot(full)}
 	return pl
+}
+
+// setChanges are the sync's set entry changes: deletions before
+// additions, so that a full set has room for what admit let in (an entry
+// never is in both). After a full sync the kernel's entries no service
+// port wants go too.
+func (d *diff) setChanges() []ipvskernel.SetChange {
+	sets := make([]ipvskernel.SetChange, 0, len(d.adds)+len(d.deletes))
+	for _, e := range d.deletes {
+		if d.deleting[e] {
+			sets = append(sets, ipvskernel.SetChange{Set: e.Set, Entry: e.Entry, Delete: true})
+		}
+	}
+	if d.kernel != nil {
+		for _, set := range slices.Sorted(maps.Keys(d.kernel.entries)) {
+			var unwanted []string
+			for e := range d.kernel.entries[set] {
+				if !d.wantsEntry(set, e) {
+					unwanted = append(unwanted, e)
+				}
+			}
+			slices.Sort(unwanted)
+			for _, e := range unwanted {
+				sets = append(sets, ipvskernel.SetChange{Set: set, Entry: e, Delete: true})
+			}
+		}
+	}
+	for _, e := range d.adds {
+		sets = append(sets, ipvskernel.SetChange{Set: e.Set, Entry: e.Entry})
+	}
+	return sets
+}
+
+// unwantedInKernel has a full sync unbind the addresses and delete the
+// virtual servers of ours the kernel held that no service port wants.
+func (d *diff) unwantedInKernel() {
+	// A bound address no service wants is one a previous run (ours or
+	// upstream's) bound if KUBE-IPVS-IPS lists it; another program's
+	// addresses on the link are left alone.
+	previous := d.kernel.entries[d.params.setName(setIPVSAddresses)]
+	for a := range d.kernel.bound {
+		if _, wanted := d.bound.get(a); !wanted && previous[a.String()] {
+			d.unbind[a] = true
+		}
+	}
+	var unwanted []ipvskernel.VirtualServerKey
+	for key := range d.kernel.servers {
+		if _, wanted := d.servers.get(key); !wanted && !excluded(d.exclude, key.Addr) {
+			unwanted = append(unwanted, key)
+		}
+	}
+	slices.SortFunc(unwanted, ipvskernel.VirtualServerKey.Compare)
+	d.plan.deleteServers = append(d.plan.deleteServers, unwanted...)
+}
+
+// wantsEntry tells whether a service port wants the entry of set that
+// the kernel holds: its address bound (KUBE-IPVS-IPS) or its count above
+// 0.
+func (d *diff) wantsEntry(set, entry string) bool {
+	if set == d.params.setName(setIPVSAddresses) {
+		a, err := netip.ParseAddr(entry)
+		if err != nil || a.String() != entry {
+			return false
+		}
+		_, bound := d.bound.get(a)
+		return bound
+	}
+	n, _ := d.counts.entries.get(SetEntry{Set: set, Entry: entry})
+	return n > 0
 }
 
 // leftOut names, set by set, the entries waiting for room and the service
