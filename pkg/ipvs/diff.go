@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/klog/v2"
@@ -19,15 +20,26 @@ import (
 
 // diff decides one sync, service port by service port, from what was
 // applied, what is wanted and what the kernel was read to hold, into a
-// plan (ops.go). It sends nothing: it keeps the syncer's counts of who
-// wants each shared object, and its plan keeps traffic flowing: a
-// virtual server with its real servers before its address, new real
-// servers before the removed ones go, set entries before the chains that
-// match them, and what is no longer wanted last.
+// plan (ops.go). It sends nothing and changes nothing of the syncer's: it
+// edits copies of the counts of who wants each shared object and of what
+// each service port applied, which the plan carries for commit. Its plan
+// keeps traffic flowing: a virtual server with its real servers before
+// its address, new real servers before the removed ones go, set entries
+// before the chains that match them, and what is no longer wanted last.
 type diff struct {
-	p *Syncer
-	// kernel is what a full sync read; nil in a partial sync, which
-	// trusts what it applied.
+	params *Params
+	// limits are the hash sets' maxelem, exclude the CIDRs of other
+	// programs' virtual servers, and draining the real servers the drain
+	// check follows; the diff only reads them.
+	limits   map[string]int
+	exclude  []netip.Prefix
+	draining map[drainKey]time.Time
+	// applied and counts are the next applied objects and their counts,
+	// edited from the syncer's (a full sync starts them from none).
+	applied mapEdit[state.ServicePortName, ServiceObjects]
+	counts  countsEdit
+	// kernel is what a full sync read: what of it no service port wants
+	// goes. Nil in a partial sync, which trusts what it applied.
 	kernel *kernelObjects
 	// listed are the real servers of the virtual servers that stay, as
 	// the kernel lists them (with their weights and connections).
@@ -41,7 +53,7 @@ type diff struct {
 	deletes  []SetEntry
 	deleting map[SetEntry]bool
 	// queued are the entries to add that this sync found, in order, for
-	// admit; only those it cannot add then wait in objectCounts (at a
+	// admit; only those it cannot add then wait in the counts (at a
 	// first sync, some 30,000 entries at 10,000 services).
 	queued []SetEntry
 	// unbind are the addresses to unbind at the end (false: taken up
@@ -61,10 +73,15 @@ func (p *Syncer) newDiff(kernel *kernelObjects, listed map[ipvskernel.VirtualSer
 	if last == nil {
 		last = emptySnapshot()
 	}
-	d := &diff{p: p, kernel: kernel, listed: listed, deleting: map[SetEntry]bool{}, unbind: map[netip.Addr]bool{},
+	d := &diff{params: &p.cfg.Params, limits: p.limits, exclude: p.cfg.ExcludeCIDRs, draining: p.draining,
+		kernel: kernel, listed: listed, deleting: map[SetEntry]bool{}, unbind: map[netip.Addr]bool{},
 		gen: last.gen + 1, last: last}
 	if kernel != nil {
+		// Everything is written against what the kernel holds, from none.
 		last = emptySnapshot()
+		d.applied, d.counts = fresh(map[state.ServicePortName]ServiceObjects{}), freshCounts()
+	} else {
+		d.applied, d.counts = overlay(p.applied), p.objects.edit()
 	}
 	d.servers, d.bound = last.servers.edit(), last.bound.edit()
 	return d
@@ -74,8 +91,6 @@ func (d *diff) step(o op) { d.plan.steps = append(d.plan.steps, o) }
 
 // replace turns one service port's objects from old into updated.
 func (d *diff) replace(name state.ServicePortName, old, updated ServiceObjects) {
-	p := d.p
-	o := &p.objects
 	wanted := map[ipvskernel.VirtualServerKey]bool{}
 	for i := range updated.Servers {
 		s := &updated.Servers[i]
@@ -106,31 +121,29 @@ func (d *diff) replace(name state.ServicePortName, old, updated ServiceObjects) 
 		}
 		d.bound.delete(a)
 		d.unbind[a] = true
-		d.entry(SetEntry{Set: p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, true)
+		d.entry(SetEntry{Set: d.params.setName(setIPVSAddresses), Entry: a.String()}, true)
 	}
+	o := &d.counts
 	for _, e := range updated.Entries {
-		if o.entries[e]++; o.entries[e] == 1 {
+		if addCount(&o.entries, e, 1) == 1 {
 			d.entry(e, false)
 		}
 	}
 	for _, e := range old.Entries {
-		if o.entries[e]--; o.entries[e] == 0 {
-			delete(o.entries, e)
+		if addCount(&o.entries, e, -1) == 0 {
 			d.entry(e, true)
 		}
 	}
 	for _, r := range updated.OutFilter {
-		o.outFilter[r]++
+		addCount(&o.outFilter, r, 1)
 	}
 	for _, r := range old.OutFilter {
-		if o.outFilter[r]--; o.outFilter[r] == 0 {
-			delete(o.outFilter, r)
-		}
+		addCount(&o.outFilter, r, -1)
 	}
 	if len(updated.Servers) == 0 && len(updated.Entries) == 0 {
-		delete(p.applied, name)
+		d.applied.delete(name)
 	} else {
-		p.applied[name] = updated
+		d.applied.set(name, updated)
 	}
 }
 
@@ -161,7 +174,6 @@ func (d *diff) server(s *Server, old *Server) {
 	if d.kernel != nil {
 		have, ok := d.kernel.servers[s.VirtualServerKey]
 		exists, same = ok, have == s.VirtualServer
-		delete(d.kernel.servers, s.VirtualServerKey)
 	} else if old != nil {
 		exists, same = true, old.VirtualServer == s.VirtualServer
 	}
@@ -205,7 +217,7 @@ func (d *diff) reals(s *Server) {
 // ends their flows, and a TCP one without connections), or drains a TCP
 // one: at weight 0 its connections finish while new ones go elsewhere.
 func (d *diff) removeReal(s *Server, rs ipvskernel.RealServer) {
-	if _, draining := d.p.draining[drainKey{s.VirtualServerKey, rs.AddrPort()}]; draining {
+	if _, draining := d.draining[drainKey{s.VirtualServerKey, rs.AddrPort()}]; draining {
 		return
 	}
 	switch {
@@ -219,14 +231,13 @@ func (d *diff) removeReal(s *Server, rs ipvskernel.RealServer) {
 }
 
 func (d *diff) bind(a netip.Addr) {
-	d.entry(SetEntry{Set: d.p.cfg.Params.setName(setIPVSAddresses), Entry: a.String()}, false)
+	d.entry(SetEntry{Set: d.params.setName(setIPVSAddresses), Entry: a.String()}, false)
 	if d.unbind[a] {
 		// Another service port gave it up in this sync: it is bound.
 		d.unbind[a] = false
 		return
 	}
 	if d.kernel != nil && d.kernel.bound[a] {
-		delete(d.kernel.bound, a)
 		return
 	}
 	d.step(op{kind: opBind, real: netip.AddrPortFrom(a, 0)})
@@ -236,8 +247,8 @@ func (d *diff) bind(a netip.Addr) {
 // and an entry given up and taken up again in one sync stays. An entry
 // to add waits until finish, which knows how much room its set has.
 func (d *diff) entry(e SetEntry, remove bool) {
-	o := &d.p.objects
-	_, waiting := o.waiting[e]
+	o := &d.counts
+	waiting := o.isWaiting(e)
 	switch {
 	case remove && waiting:
 		o.unwait(e) // never written
@@ -249,7 +260,6 @@ func (d *diff) entry(e SetEntry, remove bool) {
 		d.deleting[e] = false
 		o.resize(e.Set, 1)
 	case d.kernel != nil && d.kernel.entries[e.Set][e.Entry]:
-		delete(d.kernel.entries[e.Set], e.Entry)
 		o.resize(e.Set, 1)
 	default:
 		// Never given up in the same sync: a sync replaces each service
@@ -265,10 +275,11 @@ func (d *diff) entry(e SetEntry, remove bool) {
 // room: ipset would refuse them, and with them every later line of the
 // restore, other services' entries too.
 func (d *diff) admit() {
-	o := &d.p.objects
+	o := &d.counts
 	fits := func(set string) bool {
-		limit, ok := d.p.limits[set]
-		return !ok || o.setSizes[set] < limit
+		limit, ok := d.limits[set]
+		size, _ := o.setSizes.get(set)
+		return !ok || size < limit
 	}
 	add := func(e SetEntry) {
 		o.resize(e.Set, 1)
@@ -276,16 +287,14 @@ func (d *diff) admit() {
 	}
 	// What waited before this sync first, oldest first; then this sync's
 	// entries in the order it found them.
-	if len(o.waiting) > 0 {
-		older := slices.SortedFunc(maps.Keys(o.waiting), func(a, b SetEntry) int { return cmp.Compare(o.waiting[a], o.waiting[b]) })
+	if o.waiting.len() > 0 {
+		seq := func(e SetEntry) uint64 { n, _ := o.waiting.get(e); return n }
+		older := slices.SortedFunc(o.waiting.keys(), func(a, b SetEntry) int { return cmp.Compare(seq(a), seq(b)) })
 		for _, e := range older {
 			if fits(e.Set) {
 				o.unwait(e)
 				add(e)
 			}
-		}
-		if len(o.waiting) == 0 {
-			o.waiting = map[SetEntry]uint64{} // a map keeps its largest size
 		}
 	}
 	for _, e := range d.queued {
@@ -299,77 +308,116 @@ func (d *diff) admit() {
 }
 
 // finish decides the set changes, the chains and what goes (after a full
-// sync: whatever else of ours the kernel held), and returns the plan.
+// sync: whatever else of ours the kernel held), and returns the plan with
+// the syncer's next state for commit. The diff must not be used after.
 func (d *diff) finish(full bool) *plan {
-	p := d.p
 	pl := &d.plan
 	pl.full = full
 	d.admit()
-	// Deletions before additions, so that a full set has room for what
-	// admit let in; an entry never is in both. After a full sync the
-	// kernel's entries no service port wants go too.
-	pl.sets = make([]ipvskernel.SetChange, 0, len(d.adds)+len(d.deletes))
-	for _, e := range d.deletes {
-		if d.deleting[e] {
-			pl.sets = append(pl.sets, ipvskernel.SetChange{Set: e.Set, Entry: e.Entry, Delete: true})
-		}
+	pl.sets = d.setChanges()
+	nonEmpty := func(set string) bool {
+		n, _ := d.counts.setSizes.get(d.params.setName(set))
+		return n > 0
 	}
+	pl.chains = d.params.Chains(nonEmpty, slices.Sorted(d.counts.outFilter.keys()))
 	if d.kernel != nil {
-		for _, set := range slices.Sorted(maps.Keys(d.kernel.entries)) {
-			for _, e := range slices.Sorted(maps.Keys(d.kernel.entries[set])) {
-				pl.sets = append(pl.sets, ipvskernel.SetChange{Set: set, Entry: e, Delete: true})
-			}
-		}
-	}
-	for _, e := range d.adds {
-		pl.sets = append(pl.sets, ipvskernel.SetChange{Set: e.Set, Entry: e.Entry})
-	}
-	// Entries left out are not the sync's failure: the service ports that
-	// fit are written, and a failed sync would hold back what follows a
-	// sync (health-check servers, conntrack cleanup, the healthz update)
-	// and retry a full sync, reading the whole kernel, for as long as the
-	// set is full. They wait, and a later sync that frees room adds them.
-	if p.left = p.leftOut(); p.left != nil {
-		klog.ErrorS(p.left, "Set entries left out: the service ports named may not work until their set has room", "ipFamily", p.cfg.Family)
-	}
-	nonEmpty := func(set string) bool { return p.objects.setSizes[p.cfg.Params.setName(set)] > 0 }
-	pl.chains = p.cfg.Params.Chains(nonEmpty, slices.Sorted(maps.Keys(p.objects.outFilter)))
-	if d.kernel != nil {
-		// A bound address no service wants is one a previous run (ours
-		// or upstream's) bound if KUBE-IPVS-IPS lists it; another
-		// program's addresses on the link are left alone.
-		previous := d.kernel.entries[p.cfg.Params.setName(setIPVSAddresses)]
-		for a := range d.kernel.bound {
-			if previous[a.String()] {
-				d.unbind[a] = true
-			}
-		}
-		for _, key := range slices.SortedFunc(maps.Keys(d.kernel.servers), ipvskernel.VirtualServerKey.Compare) {
-			if !p.excluded(key.Addr) {
-				pl.deleteServers = append(pl.deleteServers, key)
-			}
-		}
+		d.unwantedInKernel()
 	}
 	for _, a := range slices.SortedFunc(maps.Keys(d.unbind), netip.Addr.Compare) {
 		if d.unbind[a] {
 			pl.unbind = append(pl.unbind, a)
 		}
 	}
+	// Entries left out are not the sync's failure: the service ports that
+	// fit are written, and a failed sync would hold back what follows a
+	// sync (health-check servers, conntrack cleanup, the healthz update)
+	// and retry a full sync, reading the whole kernel, for as long as the
+	// set is full. They wait, and a later sync that frees room adds them.
+	pl.next = syncResult{applied: d.applied, counts: d.counts, left: d.leftOut(), snapshot: d.snapshot(full)}
 	return pl
+}
+
+// setChanges are the sync's set entry changes: deletions before
+// additions, so that a full set has room for what admit let in (an entry
+// never is in both). After a full sync the kernel's entries no service
+// port wants go too.
+func (d *diff) setChanges() []ipvskernel.SetChange {
+	sets := make([]ipvskernel.SetChange, 0, len(d.adds)+len(d.deletes))
+	for _, e := range d.deletes {
+		if d.deleting[e] {
+			sets = append(sets, ipvskernel.SetChange{Set: e.Set, Entry: e.Entry, Delete: true})
+		}
+	}
+	if d.kernel != nil {
+		for _, set := range slices.Sorted(maps.Keys(d.kernel.entries)) {
+			var unwanted []string
+			for e := range d.kernel.entries[set] {
+				if !d.wantsEntry(set, e) {
+					unwanted = append(unwanted, e)
+				}
+			}
+			slices.Sort(unwanted)
+			for _, e := range unwanted {
+				sets = append(sets, ipvskernel.SetChange{Set: set, Entry: e, Delete: true})
+			}
+		}
+	}
+	for _, e := range d.adds {
+		sets = append(sets, ipvskernel.SetChange{Set: e.Set, Entry: e.Entry})
+	}
+	return sets
+}
+
+// unwantedInKernel has a full sync unbind the addresses and delete the
+// virtual servers of ours the kernel held that no service port wants.
+func (d *diff) unwantedInKernel() {
+	// A bound address no service wants is one a previous run (ours or
+	// upstream's) bound if KUBE-IPVS-IPS lists it; another program's
+	// addresses on the link are left alone.
+	previous := d.kernel.entries[d.params.setName(setIPVSAddresses)]
+	for a := range d.kernel.bound {
+		if _, wanted := d.bound.get(a); !wanted && previous[a.String()] {
+			d.unbind[a] = true
+		}
+	}
+	var unwanted []ipvskernel.VirtualServerKey
+	for key := range d.kernel.servers {
+		if _, wanted := d.servers.get(key); !wanted && !excluded(d.exclude, key.Addr) {
+			unwanted = append(unwanted, key)
+		}
+	}
+	slices.SortFunc(unwanted, ipvskernel.VirtualServerKey.Compare)
+	d.plan.deleteServers = append(d.plan.deleteServers, unwanted...)
+}
+
+// wantsEntry tells whether a service port wants the entry of set that
+// the kernel holds: its address bound (KUBE-IPVS-IPS) or its count above
+// 0.
+func (d *diff) wantsEntry(set, entry string) bool {
+	if set == d.params.setName(setIPVSAddresses) {
+		a, err := netip.ParseAddr(entry)
+		if err != nil || a.String() != entry {
+			return false
+		}
+		_, bound := d.bound.get(a)
+		return bound
+	}
+	n, _ := d.counts.entries.get(SetEntry{Set: set, Entry: entry})
+	return n > 0
 }
 
 // leftOut names, set by set, the entries waiting for room and the service
 // ports that want them; nil when none wait. It reads every service
 // port's objects, which it does only while some wait.
-func (p *Syncer) leftOut() error {
-	o := &p.objects
-	if len(o.waiting) == 0 {
+func (d *diff) leftOut() error {
+	o := &d.counts
+	if o.waiting.len() == 0 {
 		return nil
 	}
-	ipvsIPs := p.cfg.Params.setName(setIPVSAddresses)
+	ipvsIPs := d.params.setName(setIPVSAddresses)
 	wanting := map[string]map[state.ServicePortName]bool{}
 	want := func(e SetEntry, name state.ServicePortName) {
-		if _, ok := o.waiting[e]; !ok {
+		if !o.isWaiting(e) {
 			return
 		}
 		if wanting[e.Set] == nil {
@@ -377,18 +425,20 @@ func (p *Syncer) leftOut() error {
 		}
 		wanting[e.Set][name] = true
 	}
-	for name, objects := range p.applied {
+	ipsWaiting, _ := o.waitingIn.get(ipvsIPs)
+	for name, objects := range d.applied.all() {
 		for _, e := range objects.Entries {
 			want(e, name)
 		}
-		if o.waitingIn[ipvsIPs] > 0 {
+		if ipsWaiting > 0 {
 			for _, a := range objects.Bound {
 				want(SetEntry{Set: ipvsIPs, Entry: a.String()}, name)
 			}
 		}
 	}
 	var errs []error
-	for _, set := range slices.Sorted(maps.Keys(o.waitingIn)) {
+	for _, set := range slices.Sorted(o.waitingIn.keys()) {
+		waiting, _ := o.waitingIn.get(set)
 		names := slices.SortedFunc(maps.Keys(wanting[set]), state.ServicePortName.Compare)
 		var some []string
 		for _, n := range names[:min(len(names), 3)] {
@@ -397,8 +447,8 @@ func (p *Syncer) leftOut() error {
 		if len(names) > 3 {
 			some = append(some, "...")
 		}
-		errs = append(errs, fmt.Errorf("ipset %s is full (maxelem %d): %s of %s not added (%s)", set, p.limits[set],
-			count(o.waitingIn[set], "entry", "entries"), count(len(names), "service port", "service ports"), strings.Join(some, ", ")))
+		errs = append(errs, fmt.Errorf("ipset %s is full (maxelem %d): %s of %s not added (%s)", set, d.limits[set],
+			count(waiting, "entry", "entries"), count(len(names), "service port", "service ports"), strings.Join(some, ", ")))
 	}
 	return errors.Join(errs...)
 }

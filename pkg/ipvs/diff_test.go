@@ -153,8 +153,7 @@ func TestPartialSyncPlan(t *testing.T) {
 			}, state.ServicePortName.Compare) {
 				seed.replace(name, ServiceObjects{}, tc.applied[name])
 			}
-			seed.finish(false)
-			p.last = p.nextSnapshot(seed, false) // as if applied
+			p.commit(seed.finish(false).next) // as if applied
 			for _, d := range tc.draining {
 				p.draining[d] = p.now()
 			}

@@ -81,7 +81,7 @@ var errFullSync = errors.New("a full sync began during the check")
 // full sync that repairs it, and tells the listings' CPU time (in the
 // kernel too, where most of it goes). The caller keeps it on one thread.
 func (p *Syncer) checkDrift(listings bool) (string, time.Duration) {
-	start := p.snapshot.Load()
+	start := p.kernelState.published()
 	if start == nil {
 		return "", 0 // no full sync has succeeded: nothing to compare with
 	}
@@ -109,21 +109,21 @@ func (p *Syncer) checkDrift(listings bool) (string, time.Duration) {
 				errs = append(errs, "virtual servers unreadable: "+err.Error())
 			}
 		}
-		before = p.snapshot.Load()
+		before = p.kernelState.published()
 		var err error
 		if bound, err = p.cfg.Kernel.BoundAddresses(); err != nil {
 			quickErrs = append(quickErrs, "addresses unreadable: "+err.Error())
 		}
 		listingsCPU = threadCPU() - began
 	} else {
-		before = p.snapshot.Load()
+		before = p.kernelState.published()
 	}
 	sizes, err := p.cfg.Kernel.SetSizes(p.setNames())
 	if err != nil {
 		quickErrs = append(quickErrs, "ipsets unreadable: "+err.Error())
 	}
 	jumpFound := p.jumpPresent()
-	after := p.snapshot.Load()
+	after := p.kernelState.published()
 	if after == nil || after.fullSyncs != start.fullSyncs {
 		return "", listingsCPU
 	}
@@ -141,7 +141,7 @@ func (p *Syncer) checkDrift(listings bool) (string, time.Duration) {
 		drift = quickDrift(after, bound, listings, sizes, p.cfg.Params.Sets(), jumpFound)
 	}
 	if drift != "" {
-		p.drifted.Store(&drift)
+		p.kernelState.found(drift)
 	}
 	return drift, listingsCPU
 }
@@ -194,7 +194,7 @@ func (p *Syncer) serversDrift(start *appliedSnapshot) (string, error) {
 	var missingReal string
 	var missingIn ipvskernel.VirtualServerKey
 	err := p.cfg.Kernel.EachVirtualServer(func(key ipvskernel.VirtualServerKey, have []ipvskernel.RealServer) error {
-		now := p.snapshot.Load()
+		now := p.kernelState.published()
 		if now == nil || now.fullSyncs != start.fullSyncs {
 			return errFullSync
 		}
@@ -217,7 +217,7 @@ func (p *Syncer) serversDrift(start *appliedSnapshot) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	end := p.snapshot.Load()
+	end := p.kernelState.published()
 	if end == nil || end.fullSyncs != start.fullSyncs {
 		return "", errFullSync
 	}
@@ -251,16 +251,13 @@ func (p *Syncer) serversDrift(start *appliedSnapshot) (string, error) {
 func (p *Syncer) jumpPresent() bool {
 	jump := Jumps()[1]
 	generation, genErr := p.cfg.IPTables.Generation(string(jump.Table))
-	if genErr == nil && p.jumpSeen && generation == p.jumpSeenAt {
+	if p.jump.stillThere(generation, genErr) {
 		return true
 	}
 	rules, err := p.cfg.IPTables.ListRules(string(jump.Table), string(jump.From))
-	if err != nil || !slices.ContainsFunc(rules, func(r string) bool { return strings.HasSuffix(r, "-j "+string(chainServices)) }) {
-		p.jumpSeen = false
-		return false
-	}
-	p.jumpSeen, p.jumpSeenAt = genErr == nil, generation
-	return true
+	found := err == nil && slices.ContainsFunc(rules, func(r string) bool { return strings.HasSuffix(r, "-j "+string(chainServices)) })
+	p.jump.listed(found, generation, genErr)
+	return found
 }
 
 // threadCPU is the CPU time the calling thread has used, in the kernel

@@ -30,6 +30,9 @@ type plan struct {
 	// the service's traffic to the node's own sockets).
 	unbind        []netip.Addr
 	deleteServers []ipvskernel.VirtualServerKey
+	// next is the syncer's state once the plan is applied, for commit;
+	// it is no part of what the plan sends.
+	next syncResult
 }
 
 type opKind uint8
@@ -132,117 +135,157 @@ func (pl *plan) lines() []string {
 // none of whose added virtual servers could be. It keeps the draining
 // real servers' deadlines. The caller holds mu.
 func (p *Syncer) apply(pl *plan) error {
-	k := p.cfg.Kernel
-	var errs []error
-	fail := func(err error, format string, args ...any) {
-		errs = append(errs, fmt.Errorf(format+": %w", append(args, err)...))
-	}
-	bind := func(a netip.Addr) {
-		if err := k.Bind(a); err != nil {
-			fail(err, "binding %s to %s", a, ipvskernel.DummyLink)
-		}
-	}
-	var notAdded map[ipvskernel.VirtualServerKey]bool
-	// refused says, of each address a virtual server was refused on,
-	// whether every one since was too; kept only on a failure, as it is
-	// rare.
-	var refused map[netip.Addr]bool
-	var putOff []netip.Addr
+	a := &applying{p: p, k: p.cfg.Kernel}
 	for _, o := range pl.steps {
-		var key ipvskernel.VirtualServerKey
-		if o.server != nil {
-			key = o.server.VirtualServerKey
-		}
-		if notAdded[key] {
-			continue
-		}
-		switch o.kind {
-		case opAddServer:
-			if err := k.AddVirtualServer(o.server.VirtualServer); err != nil {
-				fail(err, "adding virtual server %s", key)
-				if notAdded == nil {
-					notAdded, refused = map[ipvskernel.VirtualServerKey]bool{}, map[netip.Addr]bool{}
-				}
-				notAdded[key] = true
-				if _, seen := refused[key.Addr]; !seen {
-					refused[key.Addr] = true
-				}
-				continue
-			}
-			if _, seen := refused[key.Addr]; seen {
-				refused[key.Addr] = false
-			}
-			for _, rs := range o.server.Reals {
-				delete(p.draining, drainKey{key, rs})
-				if err := k.AddRealServer(key, ipvskernel.RealServer{Addr: rs.Addr(), Port: rs.Port(), Weight: 1}); err != nil {
-					fail(err, "adding real server %s to %s", rs, key)
-				}
-			}
-		case opUpdateServer:
-			if err := k.UpdateVirtualServer(o.server.VirtualServer); err != nil {
-				fail(err, "updating virtual server %s", key)
-			}
-		case opAddReal, opRestoreReal:
-			delete(p.draining, drainKey{key, o.real})
-			real := ipvskernel.RealServer{Addr: o.real.Addr(), Port: o.real.Port(), Weight: 1}
-			var err error
-			if o.kind == opRestoreReal {
-				err = k.UpdateRealServer(key, real)
-			} else {
-				err = k.AddRealServer(key, real)
-			}
-			if err != nil {
-				fail(err, "adding real server %s to %s", o.real, key)
-			}
-		case opDrainReal, opWatchDrain:
-			if o.kind == opDrainReal {
-				if err := k.UpdateRealServer(key, ipvskernel.RealServer{Addr: o.real.Addr(), Port: o.real.Port(), Weight: 0}); err != nil {
-					fail(err, "draining real server %s of %s", o.real, key)
-					continue
-				}
-			}
-			p.draining[drainKey{key, o.real}] = p.now().Add(p.cfg.MaxDrain)
-		case opDeleteReal:
-			if err := k.DeleteRealServer(key, o.real); err != nil {
-				fail(err, "deleting real server %s of %s", o.real, key)
-			}
-		case opBind:
-			if refused[o.real.Addr()] {
-				putOff = append(putOff, o.real.Addr())
-				continue
-			}
-			bind(o.real.Addr())
-		}
+		a.step(o)
 	}
-	for _, a := range putOff {
+	for _, addr := range a.putOff {
 		// Unless another service port's virtual server was added on it
 		// since, left unbound, for the failed sync's repair.
-		if !refused[a] {
-			bind(a)
+		if !a.refused[addr] {
+			a.bind(addr)
 		}
 	}
 	if len(pl.sets) > 0 {
-		if err := k.ChangeSets(pl.sets); err != nil {
-			fail(err, "changing ipset entries")
+		if err := a.k.ChangeSets(pl.sets); err != nil {
+			a.fail(err, "changing ipset entries")
 		}
 	}
 	if err := p.chains.Sync(pl.chains, Jumps(), pl.full); err != nil {
-		fail(restoreError{err}, "writing the iptables chains")
+		a.fail(restoreError{err}, "writing the iptables chains")
 	}
-	for _, a := range pl.unbind {
-		if err := k.Unbind(a); err != nil {
-			fail(err, "unbinding %s from %s", a, ipvskernel.DummyLink)
+	for _, addr := range pl.unbind {
+		if err := a.k.Unbind(addr); err != nil {
+			a.fail(err, "unbinding %s from %s", addr, ipvskernel.DummyLink)
 		}
 	}
 	for _, key := range pl.deleteServers {
-		if err := k.DeleteVirtualServer(key); err != nil {
-			fail(err, "deleting virtual server %s", key)
+		a.deleteServer(key)
+	}
+	return errors.Join(a.errs...)
+}
+
+// applying is one apply under way: its errors so far, and what the steps
+// after a refused virtual server need to know.
+type applying struct {
+	p    *Syncer
+	k    ipvskernel.Interface
+	errs []error
+	// notAdded are the virtual servers the kernel refused, whose other
+	// steps are skipped.
+	notAdded map[ipvskernel.VirtualServerKey]bool
+	// refused says, of each address a virtual server was refused on,
+	// whether every one since was too; kept only on a failure, as it is
+	// rare. putOff are the bindings held back for it.
+	refused map[netip.Addr]bool
+	putOff  []netip.Addr
+}
+
+func (a *applying) fail(err error, format string, args ...any) {
+	a.errs = append(a.errs, fmt.Errorf(format+": %w", append(args, err)...))
+}
+
+// step sends one step, unless its virtual server was refused.
+func (a *applying) step(o op) {
+	var key ipvskernel.VirtualServerKey
+	if o.server != nil {
+		key = o.server.VirtualServerKey
+	}
+	if a.notAdded[key] {
+		return
+	}
+	switch o.kind {
+	case opAddServer:
+		a.addServer(o.server)
+	case opUpdateServer:
+		if err := a.k.UpdateVirtualServer(o.server.VirtualServer); err != nil {
+			a.fail(err, "updating virtual server %s", key)
 		}
-		for d := range p.draining {
-			if d.server == key {
-				delete(p.draining, d)
-			}
+	case opAddReal, opRestoreReal:
+		a.addReal(key, o.real, o.kind == opRestoreReal)
+	case opDrainReal, opWatchDrain:
+		a.drainReal(key, o.real, o.kind == opDrainReal)
+	case opDeleteReal:
+		if err := a.k.DeleteRealServer(key, o.real); err != nil {
+			a.fail(err, "deleting real server %s of %s", o.real, key)
+		}
+	case opBind:
+		if a.refused[o.real.Addr()] {
+			a.putOff = append(a.putOff, o.real.Addr())
+			return
+		}
+		a.bind(o.real.Addr())
+	}
+}
+
+// addServer adds a virtual server with its real servers; one refused is
+// noted, with its address.
+func (a *applying) addServer(s *Server) {
+	key := s.VirtualServerKey
+	if err := a.k.AddVirtualServer(s.VirtualServer); err != nil {
+		a.fail(err, "adding virtual server %s", key)
+		if a.notAdded == nil {
+			a.notAdded, a.refused = map[ipvskernel.VirtualServerKey]bool{}, map[netip.Addr]bool{}
+		}
+		a.notAdded[key] = true
+		if _, seen := a.refused[key.Addr]; !seen {
+			a.refused[key.Addr] = true
+		}
+		return
+	}
+	if _, seen := a.refused[key.Addr]; seen {
+		a.refused[key.Addr] = false
+	}
+	for _, rs := range s.Reals {
+		delete(a.p.draining, drainKey{key, rs})
+		if err := a.k.AddRealServer(key, ipvskernel.RealServer{Addr: rs.Addr(), Port: rs.Port(), Weight: 1}); err != nil {
+			a.fail(err, "adding real server %s to %s", rs, key)
 		}
 	}
-	return errors.Join(errs...)
+}
+
+// addReal adds a real server, or restores one at weight 0 to weight 1; it
+// drains no more.
+func (a *applying) addReal(key ipvskernel.VirtualServerKey, rs netip.AddrPort, restore bool) {
+	delete(a.p.draining, drainKey{key, rs})
+	real := ipvskernel.RealServer{Addr: rs.Addr(), Port: rs.Port(), Weight: 1}
+	var err error
+	if restore {
+		err = a.k.UpdateRealServer(key, real)
+	} else {
+		err = a.k.AddRealServer(key, real)
+	}
+	if err != nil {
+		a.fail(err, "adding real server %s to %s", rs, key)
+	}
+}
+
+// drainReal sets a real server to weight 0 (unless it is there already)
+// and gives it until MaxDrain to finish its connections.
+func (a *applying) drainReal(key ipvskernel.VirtualServerKey, rs netip.AddrPort, setWeight bool) {
+	if setWeight {
+		if err := a.k.UpdateRealServer(key, ipvskernel.RealServer{Addr: rs.Addr(), Port: rs.Port(), Weight: 0}); err != nil {
+			a.fail(err, "draining real server %s of %s", rs, key)
+			return
+		}
+	}
+	a.p.draining[drainKey{key, rs}] = a.p.now().Add(a.p.cfg.MaxDrain)
+}
+
+func (a *applying) bind(addr netip.Addr) {
+	if err := a.k.Bind(addr); err != nil {
+		a.fail(err, "binding %s to %s", addr, ipvskernel.DummyLink)
+	}
+}
+
+// deleteServer deletes a virtual server; its real servers drain no more.
+func (a *applying) deleteServer(key ipvskernel.VirtualServerKey) {
+	if err := a.k.DeleteVirtualServer(key); err != nil {
+		a.fail(err, "deleting virtual server %s", key)
+	}
+	for d := range a.p.draining {
+		if d.server == key {
+			delete(a.p.draining, d)
+		}
+	}
 }

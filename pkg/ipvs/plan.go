@@ -141,124 +141,178 @@ func (p *Params) Sets() []ipvskernel.SetSpec {
 // ServiceObjects decides what one service port puts into the kernel, from
 // its definition, all its endpoints (the local ones need hairpin SNAT
 // whether used or not, as upstream), the endpoints this node uses, and the
-// node's addresses.
+// node's addresses: path by path, each adding its entries, virtual
+// servers and addresses.
 func (p *Params) ServiceObjects(svc *state.ServicePort, endpoints []*state.Endpoint, sel state.Selection, addrs Addresses) ServiceObjects {
-	var out ServiceObjects
-	proto := strings.ToLower(string(svc.Protocol))
-	ipPort := func(ip netip.Addr, port int32) string {
-		return ip.String() + "," + proto + ":" + strconv.Itoa(int(port))
-	}
-	add := func(set, entry string) {
-		out.Entries = append(out.Entries, SetEntry{Set: p.setName(set), Entry: entry})
-	}
-	for _, ep := range endpoints {
-		if ep.IsLocal {
-			add(setLoopBack, ipPort(ep.IP, ep.Port)+","+ep.IP.String())
-		}
-	}
-
-	// A Local path with no local endpoint falls back, as upstream's does,
-	// to the cluster endpoints (empty for iTP=Local) so that pods on the
-	// node still reach the service.
-	reals := func(path state.Path) []netip.AddrPort {
-		eps := path.Endpoints
-		if len(eps) == 0 {
-			eps = sel.Cluster
-		}
-		out := make([]netip.AddrPort, 0, len(eps))
-		for _, ep := range eps {
-			out = append(out, ep.AddrPort())
-		}
-		return out
-	}
+	b := &objectsBuilder{p: p, svc: svc, addrs: addrs, proto: strings.ToLower(string(svc.Protocol))}
+	b.hairpin(endpoints)
 	paths := state.PathsOf(svc, sel)
-	internal, external := reals(paths.Internal), reals(paths.External)
-	server := func(ip netip.Addr, port int32, to []netip.AddrPort) {
-		vs := ipvskernel.VirtualServer{
-			VirtualServerKey: ipvskernel.VirtualServerKey{Addr: ip, Port: uint16(port), Protocol: svc.Protocol},
-			Scheduler:        p.Scheduler,
-		}
-		if svc.AffinityTimeoutSeconds > 0 {
-			vs.Flags |= ipvskernel.FlagPersistent
-			vs.Timeout = uint32(svc.AffinityTimeoutSeconds)
-		}
-		if p.Scheduler == "mh" {
-			vs.Flags |= ipvskernel.FlagSourceHash
-		}
-		out.Servers = append(out.Servers, Server{VirtualServer: vs, Reals: to})
-	}
-	bind := func(ip netip.Addr) {
-		if !slices.Contains(addrs.Node, ip) {
-			out.Bound = append(out.Bound, ip)
-		}
-	}
-
-	add(setClusterIP, ipPort(svc.ClusterIP, svc.Port))
-	server(svc.ClusterIP, svc.Port, internal)
-	out.Bound = append(out.Bound, svc.ClusterIP)
-
+	internal, external := pathReals(paths.Internal, sel), pathReals(paths.External, sel)
+	b.clusterIP(internal)
 	for _, ip := range svc.ExternalIPs {
-		if svc.ExternalPolicyLocal {
-			add(setExternalIPLocal, ipPort(ip, svc.Port))
-		} else {
-			add(setExternalIP, ipPort(ip, svc.Port))
-		}
-		server(ip, svc.Port, external)
-		bind(ip)
+		b.externalIP(ip, external)
 	}
-
 	for _, ip := range svc.LoadBalancerIPs {
-		entry := ipPort(ip, svc.Port)
-		add(setLoadBalancer, entry)
-		if svc.ExternalPolicyLocal {
-			add(setLoadBalancerLocal, entry)
-		}
-		if len(svc.LoadBalancerSourceRanges) > 0 {
-			add(setLoadBalancerFW, entry)
-			nodeAllowed := false
-			for _, cidr := range svc.LoadBalancerSourceRanges {
-				add(setLoadBalancerSourceNet, entry+","+cidr.String())
-				nodeAllowed = nodeAllowed || cidr.Contains(p.NodeIP)
-			}
-			if nodeAllowed {
-				add(setLoadBalancerSourceIP, entry+","+ip.String())
-			} else {
-				// Written as iptables-save prints it (the protocol by
-				// number, --vproto first), so that it compares equal.
-				out.OutFilter = append(out.OutFilter, iptables.Rule("-s "+netip.PrefixFrom(ip, ip.BitLen()).String()+
-					" -m ipvs --vproto "+protocolNumbers[svc.Protocol]+" --vaddr "+ip.String()+" --vport "+strconv.Itoa(int(svc.Port))+" -j DROP"))
-			}
-		}
-		server(ip, svc.Port, external)
-		bind(ip)
+		b.loadBalancer(ip, external)
 	}
-
 	if svc.NodePort != 0 && len(addrs.NodePort) > 0 {
-		set, local := setNodePortTCP, setNodePortLocalTCP
-		entries := []string{strconv.Itoa(int(svc.NodePort))}
-		switch svc.Protocol {
-		case v1.ProtocolUDP:
-			set, local = setNodePortUDP, setNodePortLocalUDP
-		case v1.ProtocolSCTP:
-			// The SCTP sets are hash:ip,port: one entry per address.
-			set, local = setNodePortSCTP, setNodePortLocalSCTP
-			entries = entries[:0]
-			for _, ip := range addrs.NodePort {
-				entries = append(entries, ipPort(ip, svc.NodePort))
-			}
-		}
-		for _, e := range entries {
-			add(set, e)
-			if svc.ExternalPolicyLocal {
-				add(local, e)
-			}
-		}
-		for _, ip := range addrs.NodePort {
-			server(ip, svc.NodePort, external)
-		}
+		b.nodePorts(external)
 	}
 	if svc.HealthCheckNodePort != 0 {
-		add(setHealthCheckNodePort, strconv.Itoa(int(svc.HealthCheckNodePort)))
+		b.add(setHealthCheckNodePort, strconv.Itoa(int(svc.HealthCheckNodePort)))
+	}
+	return b.out
+}
+
+// objectsBuilder collects one service port's objects in out.
+type objectsBuilder struct {
+	p     *Params
+	svc   *state.ServicePort
+	addrs Addresses
+	// proto is the protocol as set entries spell it.
+	proto string
+	out   ServiceObjects
+}
+
+// pathReals are the real servers of a traffic path. A Local path with no
+// local endpoint falls back, as upstream's does, to the cluster endpoints
+// (empty for iTP=Local) so that pods on the node still reach the service.
+func pathReals(path state.Path, sel state.Selection) []netip.AddrPort {
+	eps := path.Endpoints
+	if len(eps) == 0 {
+		eps = sel.Cluster
+	}
+	out := make([]netip.AddrPort, 0, len(eps))
+	for _, ep := range eps {
+		out = append(out, ep.AddrPort())
 	}
 	return out
+}
+
+// ipPort is a hash:ip,port entry of the service's protocol.
+func (b *objectsBuilder) ipPort(ip netip.Addr, port int32) string {
+	return ip.String() + "," + b.proto + ":" + strconv.Itoa(int(port))
+}
+
+func (b *objectsBuilder) add(set, entry string) {
+	b.out.Entries = append(b.out.Entries, SetEntry{Set: b.p.setName(set), Entry: entry})
+}
+
+// hairpin lets a local endpoint reach itself through the service.
+func (b *objectsBuilder) hairpin(endpoints []*state.Endpoint) {
+	for _, ep := range endpoints {
+		if ep.IsLocal {
+			b.add(setLoopBack, b.ipPort(ep.IP, ep.Port)+","+ep.IP.String())
+		}
+	}
+}
+
+// server adds a virtual server on ip:port to the real servers to.
+func (b *objectsBuilder) server(ip netip.Addr, port int32, to []netip.AddrPort) {
+	b.out.Servers = append(b.out.Servers, Server{VirtualServer: b.p.virtualServer(b.svc, ip, port), Reals: to})
+}
+
+// virtualServer is a virtual server of svc on ip:port, with its session
+// affinity and scheduler.
+func (p *Params) virtualServer(svc *state.ServicePort, ip netip.Addr, port int32) ipvskernel.VirtualServer {
+	vs := ipvskernel.VirtualServer{
+		VirtualServerKey: ipvskernel.VirtualServerKey{Addr: ip, Port: uint16(port), Protocol: svc.Protocol},
+		Scheduler:        p.Scheduler,
+	}
+	if svc.AffinityTimeoutSeconds > 0 {
+		vs.Flags |= ipvskernel.FlagPersistent
+		vs.Timeout = uint32(svc.AffinityTimeoutSeconds)
+	}
+	if p.Scheduler == "mh" {
+		vs.Flags |= ipvskernel.FlagSourceHash
+	}
+	return vs
+}
+
+// bind binds ip to kube-ipvs0 unless the node has it on another link.
+func (b *objectsBuilder) bind(ip netip.Addr) {
+	if !slices.Contains(b.addrs.Node, ip) {
+		b.out.Bound = append(b.out.Bound, ip)
+	}
+}
+
+// clusterIP is the path inside the cluster; its address is always bound.
+func (b *objectsBuilder) clusterIP(internal []netip.AddrPort) {
+	svc := b.svc
+	b.add(setClusterIP, b.ipPort(svc.ClusterIP, svc.Port))
+	b.server(svc.ClusterIP, svc.Port, internal)
+	b.out.Bound = append(b.out.Bound, svc.ClusterIP)
+}
+
+func (b *objectsBuilder) externalIP(ip netip.Addr, external []netip.AddrPort) {
+	if b.svc.ExternalPolicyLocal {
+		b.add(setExternalIPLocal, b.ipPort(ip, b.svc.Port))
+	} else {
+		b.add(setExternalIP, b.ipPort(ip, b.svc.Port))
+	}
+	b.server(ip, b.svc.Port, external)
+	b.bind(ip)
+}
+
+func (b *objectsBuilder) loadBalancer(ip netip.Addr, external []netip.AddrPort) {
+	entry := b.ipPort(ip, b.svc.Port)
+	b.add(setLoadBalancer, entry)
+	if b.svc.ExternalPolicyLocal {
+		b.add(setLoadBalancerLocal, entry)
+	}
+	if len(b.svc.LoadBalancerSourceRanges) > 0 {
+		b.sourceRanges(ip, entry)
+	}
+	b.server(ip, b.svc.Port, external)
+	b.bind(ip)
+}
+
+// sourceRanges let only the load balancer's source ranges through to ip
+// (entry); the node itself, if they leave it out, is dropped on output.
+func (b *objectsBuilder) sourceRanges(ip netip.Addr, entry string) {
+	b.add(setLoadBalancerFW, entry)
+	nodeAllowed := false
+	for _, cidr := range b.svc.LoadBalancerSourceRanges {
+		b.add(setLoadBalancerSourceNet, entry+","+cidr.String())
+		nodeAllowed = nodeAllowed || cidr.Contains(b.p.NodeIP)
+	}
+	if nodeAllowed {
+		b.add(setLoadBalancerSourceIP, entry+","+ip.String())
+		return
+	}
+	// Written as iptables-save prints it (the protocol by number,
+	// --vproto first), so that it compares equal.
+	b.out.OutFilter = append(b.out.OutFilter, iptables.Rule("-s "+netip.PrefixFrom(ip, ip.BitLen()).String()+
+		" -m ipvs --vproto "+protocolNumbers[b.svc.Protocol]+" --vaddr "+ip.String()+" --vport "+strconv.Itoa(int(b.svc.Port))+" -j DROP"))
+}
+
+// nodePorts are the NodePort's entries and a virtual server on each
+// NodePort address.
+func (b *objectsBuilder) nodePorts(external []netip.AddrPort) {
+	set, local, entries := b.nodePortEntries()
+	for _, e := range entries {
+		b.add(set, e)
+		if b.svc.ExternalPolicyLocal {
+			b.add(local, e)
+		}
+	}
+	for _, ip := range b.addrs.NodePort {
+		b.server(ip, b.svc.NodePort, external)
+	}
+}
+
+// nodePortEntries are the NodePort's sets (all, and Local) by protocol,
+// and its entries in them.
+func (b *objectsBuilder) nodePortEntries() (set, local string, entries []string) {
+	switch b.svc.Protocol {
+	case v1.ProtocolUDP:
+		return setNodePortUDP, setNodePortLocalUDP, []string{strconv.Itoa(int(b.svc.NodePort))}
+	case v1.ProtocolSCTP:
+		// The SCTP sets are hash:ip,port: one entry per address.
+		for _, ip := range b.addrs.NodePort {
+			entries = append(entries, b.ipPort(ip, b.svc.NodePort))
+		}
+		return setNodePortSCTP, setNodePortLocalSCTP, entries
+	}
+	return setNodePortTCP, setNodePortLocalTCP, []string{strconv.Itoa(int(b.svc.NodePort))}
 }

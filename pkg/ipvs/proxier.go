@@ -11,7 +11,6 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -88,28 +87,18 @@ type Syncer struct {
 	// connections end or their time is up.
 	draining map[drainKey]time.Time
 	now      func() time.Time
-	// written is true once a full sync succeeded: from then on the
-	// kernel should hold what objects says.
-	written bool
 	// limits are the hash sets' maxelem (the bitmap:port sets cannot
 	// overflow), and left what the last sync left out of full sets.
 	limits map[string]int
 	left   error
 	// prepared is the kernel as Prepare read it, for the first full sync.
 	prepared *preparedKernel
-	// last is the last snapshot published, which the next one is made
-	// from; snapshot is the one the drift check reads, nil while no full
-	// sync has succeeded.
-	last     *appliedSnapshot
-	snapshot atomic.Pointer[appliedSnapshot]
-	// drifted is what the last drift check found changed by another
-	// program, until a full sync has put it back.
-	drifted atomic.Pointer[string]
-	// jumpSeenAt is the nat table's generation when the drift check last
-	// saw the jump into KUBE-SERVICES (if jumpSeen); only the drift check
-	// uses them.
-	jumpSeenAt uint64
-	jumpSeen   bool
+	// last is the last snapshot made, which the next one is made from.
+	last *appliedSnapshot
+	// kernelState is what the syncs know of the kernel, with the
+	// snapshot the drift check reads; jump is the drift check's own.
+	kernelState kernelState
+	jump        jumpCache
 }
 
 type drainKey struct {
@@ -144,47 +133,6 @@ func New(cfg Config) *Syncer {
 		draining: map[drainKey]time.Time{},
 		now:      time.Now,
 		limits:   limits,
-	}
-}
-
-// objectCounts counts how many service ports want each set entry: an
-// entry stays while one still does (the snapshot counts the addresses and
-// owns the virtual servers).
-type objectCounts struct {
-	entries map[SetEntry]int
-	// setSizes count each set's entries in the kernel, and waiting the
-	// entries wanted but not there because their set was full (by the
-	// order they came in: seq), waitingIn by set.
-	setSizes  map[string]int
-	waiting   map[SetEntry]uint64
-	waitingIn map[string]int
-	seq       uint64
-	outFilter map[iptables.Rule]int
-}
-
-func newObjectCounts() objectCounts {
-	return objectCounts{
-		entries: map[SetEntry]int{}, setSizes: map[string]int{}, outFilter: map[iptables.Rule]int{},
-		waiting: map[SetEntry]uint64{}, waitingIn: map[string]int{},
-	}
-}
-
-func (o *objectCounts) wait(e SetEntry) {
-	o.seq++
-	o.waiting[e] = o.seq
-	o.waitingIn[e.Set]++
-}
-
-func (o *objectCounts) unwait(e SetEntry) {
-	delete(o.waiting, e)
-	if o.waitingIn[e.Set]--; o.waitingIn[e.Set] == 0 {
-		delete(o.waitingIn, e.Set)
-	}
-}
-
-func (o *objectCounts) resize(set string, by int) {
-	if o.setSizes[set] += by; o.setSizes[set] == 0 {
-		delete(o.setSizes, set)
 	}
 }
 
@@ -242,16 +190,11 @@ func (p *Syncer) FullSync(v state.View) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	err := p.fullSync(v)
-	p.written = err == nil
-	if err != nil {
-		p.snapshot.Store(nil)
-		return err
-	}
-	if drifted := p.drifted.Swap(nil); drifted != nil {
-		klog.InfoS("Restored the IPVS mode's kernel state another program had changed", "ipFamily", p.cfg.Family, "found", *drifted)
+	if repaired := p.kernelState.fullSyncEnded(err); repaired != nil {
+		klog.InfoS("Restored the IPVS mode's kernel state another program had changed", "ipFamily", p.cfg.Family, "found", *repaired)
 		metrics.IPVSRepairsTotal.WithLabelValues(string(p.cfg.Family)).Inc()
 	}
-	return nil
+	return err
 }
 
 func (p *Syncer) fullSync(v state.View) error {
@@ -273,10 +216,8 @@ func (p *Syncer) fullSync(v state.View) error {
 			return err
 		}
 	}
-	// Everything is written against what the kernel holds: the current
-	// objects stand in for what was applied, under one pseudo-owner.
-	p.applied = map[state.ServicePortName]ServiceObjects{}
-	p.objects = newObjectCounts()
+	// Everything is written against what the kernel holds: the diff
+	// starts from no applied objects and no counts.
 	d := p.newDiff(current, current.reals)
 	if len(current.servers) == 0 {
 		// Into an empty kernel: a virtual server and an address per
@@ -292,23 +233,42 @@ func (p *Syncer) fullSync(v state.View) error {
 
 // run ends a sync: it publishes the snapshot of what the diff decided as
 // unsettled (a drift check leaves out what it changes), applies the
-// plan, then publishes it settled. A failed full sync publishes none
-// (FullSync): the kernel holds an unknown part of it.
+// plan, commits the state it leads to, then publishes that settled. A
+// failed full sync withdraws it (kernelState.fullSyncEnded): the kernel
+// holds an unknown part of it.
 func (p *Syncer) run(d *diff, full bool) error {
 	pl := d.finish(full)
-	next := p.nextSnapshot(d, full)
-	publish := full || p.written
-	if publish {
-		p.snapshot.Store(next)
-	}
+	p.kernelState.publish(pl.next.snapshot, full)
 	err := p.apply(pl)
-	settled := *next
+	// Committed even when apply failed: a partial sync's failure leads to
+	// a full sync, which reads the kernel, and until then the counts are
+	// what the syncs meant to write.
+	p.kernelState.publish(p.commit(pl.next), full)
+	return err
+}
+
+// syncResult is the syncer's state after a sync, as its diff decided it.
+type syncResult struct {
+	applied mapEdit[state.ServicePortName, ServiceObjects]
+	counts  countsEdit
+	// snapshot is the next snapshot, unsettled; left what the sync left
+	// out of full sets.
+	snapshot *appliedSnapshot
+	left     error
+}
+
+// commit makes r the syncer's state, and returns the snapshot it settles
+// on. It is the one writer of applied, objects, left and last.
+func (p *Syncer) commit(r syncResult) *appliedSnapshot {
+	p.applied = r.applied.done()
+	p.objects = r.counts.done()
+	if p.left = r.left; p.left != nil {
+		klog.ErrorS(p.left, "Set entries left out: the service ports named may not work until their set has room", "ipFamily", p.cfg.Family)
+	}
+	settled := *r.snapshot
 	settled.settled = true
 	p.last = &settled
-	if publish {
-		p.snapshot.Store(&settled)
-	}
-	return err
+	return &settled
 }
 
 // restoreError is a sync's failed iptables-restore, the one failure of
@@ -334,8 +294,10 @@ func (p *Syncer) LeftOut() error {
 	return p.left
 }
 
-func (p *Syncer) excluded(a netip.Addr) bool {
-	for _, c := range p.cfg.ExcludeCIDRs {
+// excluded says whether a is in one of the CIDRs of other programs'
+// virtual servers.
+func excluded(cidrs []netip.Prefix, a netip.Addr) bool {
+	for _, c := range cidrs {
 		if c.Contains(a) {
 			return true
 		}

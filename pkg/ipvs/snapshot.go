@@ -54,10 +54,10 @@ func (s *appliedSnapshot) stableSince() uint64 {
 	return s.gen - 1
 }
 
-// nextSnapshot is the snapshot after a sync's diff, before its kernel
-// changes are made.
-func (p *Syncer) nextSnapshot(d *diff, full bool) *appliedSnapshot {
-	next := &appliedSnapshot{gen: d.gen, fullSyncs: d.last.fullSyncs, setSizes: maps.Clone(p.objects.setSizes),
+// snapshot is the snapshot after a sync's diff, before its kernel
+// changes are made; it ends the diff's edits of the snapshot's maps.
+func (d *diff) snapshot(full bool) *appliedSnapshot {
+	next := &appliedSnapshot{gen: d.gen, fullSyncs: d.last.fullSyncs, setSizes: d.counts.setSizes.copied(),
 		servers: d.servers.done(), bound: d.bound.done()}
 	if full {
 		next.fullSyncs++
