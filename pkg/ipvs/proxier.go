@@ -217,7 +217,10 @@ func (p *Syncer) fullSync(v state.View) error {
 		}
 	}
 	// Everything is written against what the kernel holds: the diff
-	// starts from no applied objects and no counts.
+	// starts from no applied objects and no counts. It reads neither the
+	// old ones, which go now rather than at commit, so that they are not
+	// held beside the next ones at the sync's peak.
+	p.applied, p.objects = nil, newObjectCounts()
 	d := p.newDiff(current, current.reals)
 	if len(current.servers) == 0 {
 		// Into an empty kernel: a virtual server and an address per
