@@ -252,7 +252,7 @@ func goHeapInUse(kp proxyProcess) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	v, ok := familyValue(m, "go_memstats_heap_inuse_bytes")
+	v, ok := m.Get("go_memstats_heap_inuse_bytes")
 	if !ok {
 		return 0, errors.New("no go_memstats_heap_inuse_bytes in the metrics")
 	}
