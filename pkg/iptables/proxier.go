@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/rapidproxy/rapidproxy/internal/readahead"
@@ -65,14 +64,9 @@ type Syncer struct {
 	ruleCounts map[iptableskernel.Table]int
 	watch      *flushWatch
 
-	// written is true once a full sync has written everything and no
-	// flush was seen since: before that there is nothing to lose.
-	// verifying is set when the watch asked for a full sync because
-	// another program changed a table we write to. probeTick counts the
-	// core's calls of Probe (from one goroutine).
-	writtenMu sync.Mutex
-	written   bool
-	verifying bool
+	// ruleState is what the full syncs and the watch know of our rules.
+	ruleState ruleState
+	// probeTick counts the core's calls of Probe (from one goroutine).
 	probeTick int
 
 	// prepared is the kernel as Prepare read it, for the first full sync.
@@ -124,18 +118,13 @@ func (p *Syncer) FullSync(v state.View) error {
 			return fmt.Errorf("%w: %w", errNFAcct, err)
 		}
 	}
-	p.writtenMu.Lock()
-	verifying := p.verifying
-	p.verifying = false
-	p.writtenMu.Unlock()
+	verifying := p.ruleState.takeRepair()
 	p.rewritten, p.repairs = p.rewritten[:0], 0
-	err := p.fullSync(verifying)
-	p.writtenMu.Lock()
-	p.written = err == nil
-	p.writtenMu.Unlock()
-	if err != nil {
+	if err := p.fullSync(verifying); err != nil {
+		p.ruleState.lost()
 		return err
 	}
+	p.ruleState.wrote()
 	if p.repairs > 0 {
 		klog.InfoS("Restored our iptables rules that another program had changed", "ipFamily", p.cfg.Family, "repairedChains", p.repairs, "rewritten", p.rewritten)
 		metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
