@@ -216,7 +216,7 @@ func (p *Syncer) partialSync(changed map[state.ServicePortName]bool) error {
 	for name, applied := range plan.applied {
 		p.setApplied(name, applied)
 	}
-	p.reportRuleCounts(in)
+	p.reportRuleCounts(in.Counts())
 	return nil
 }
 
@@ -280,16 +280,12 @@ func (p *Syncer) applyFullSync(plan *fullSyncPlan) error {
 }
 
 // accountFullSync records what a written full sync applied, and counts
-// its rules.
+// its rules: a full sync counts all of them as written.
 func (p *Syncer) accountFullSync(plan *fullSyncPlan) {
 	p.applied = plan.applied
 	p.rewritten, p.repairs = plan.rewrites.names, plan.rewrites.repairs
 	p.countAllRules(plan.static)
-	family := string(p.cfg.Family)
-	for _, t := range []iptableskernel.Table{iptableskernel.TableFilter, iptableskernel.TableNAT} {
-		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
-		metrics.IPTablesRulesLastSync.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
-	}
+	p.reportRuleCounts(p.ruleCounts)
 }
 
 // serviceOrder is every service port in a stable order, so that the same
@@ -396,9 +392,10 @@ func (p *Syncer) countAllRules(static StaticRules) {
 	}
 }
 
-func (p *Syncer) reportRuleCounts(in *iptableskernel.RestoreInput) {
+// reportRuleCounts sets the rule metrics: our rules in all, and those
+// the last sync wrote.
+func (p *Syncer) reportRuleCounts(written map[iptableskernel.Table]int) {
 	family := string(p.cfg.Family)
-	written := in.Counts()
 	for _, t := range []iptableskernel.Table{iptableskernel.TableFilter, iptableskernel.TableNAT} {
 		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
 		metrics.IPTablesRulesLastSync.WithLabelValues(string(t), family).Set(float64(written[t]))
