@@ -65,11 +65,7 @@ func (p *Syncer) flushed(probe flushProbe) bool {
 	if probe.rule == "" {
 		return false
 	}
-	have := make([]iptableskernel.Rule, len(rules))
-	for i, r := range rules {
-		have[i] = iptableskernel.Rule(r)
-	}
-	return !iptableskernel.ContainsRule(have, probe.rule)
+	return !iptableskernel.ContainsRule(asRules(rules), probe.rule)
 }
 
 // ProbeInterval is how often the core runs Probe.
