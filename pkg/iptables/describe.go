@@ -83,6 +83,7 @@ func chainDifferences(want iptableskernel.OwnChain, have []iptableskernel.Rule) 
 	return proxy.RuleDifferences(string(iptableskernel.TableNAT)+" "+string(want.Name), want.Rules, have, iptableskernel.CanonicalRule)
 }
 
+// asRules types the lines the kernel lists as rules.
 func asRules(lines []string) []iptableskernel.Rule {
 	out := make([]iptableskernel.Rule, len(lines))
 	for i, l := range lines {

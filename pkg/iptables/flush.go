@@ -65,11 +65,7 @@ func (p *Syncer) flushed(probe flushProbe) bool {
 	if probe.rule == "" {
 		return false
 	}
-	have := make([]iptableskernel.Rule, len(rules))
-	for i, r := range rules {
-		have[i] = iptableskernel.Rule(r)
-	}
-	return !iptableskernel.ContainsRule(have, probe.rule)
+	return !iptableskernel.ContainsRule(asRules(rules), probe.rule)
 }
 
 // ProbeInterval is how often the core runs Probe.
@@ -83,10 +79,7 @@ func (p *Syncer) ProbeInterval() time.Duration { return flushCheckInterval }
 func (p *Syncer) Probe(context.Context) (gone string, changed bool) {
 	tick := p.probeTick
 	p.probeTick++
-	p.writtenMu.Lock()
-	written := p.written
-	p.writtenMu.Unlock()
-	if !written {
+	if !p.ruleState.watched() {
 		return "", false
 	}
 	probe, flushed, changed := p.watch.check(tick)
@@ -100,9 +93,7 @@ func (p *Syncer) Probe(context.Context) (gone string, changed bool) {
 // RepairNext has the next full sync count what it rewrites as repairs,
 // and stops the probes until it has written everything.
 func (p *Syncer) RepairNext() {
-	p.writtenMu.Lock()
-	p.written, p.verifying = false, true
-	p.writtenMu.Unlock()
+	p.ruleState.askRepair()
 }
 
 // flushRecheckPeriod bounds how long a probe trusts that the generation

@@ -84,8 +84,10 @@ func (pl *fullSyncPlan) fixedChains() *iptableskernel.RestoreInput {
 			pl.rewrites.note(chainCanary, pl.verifying)
 		}
 	}
-	for t, chains := range pl.static.Chains {
-		for _, c := range chains {
+	// In table order, not the map's, so that the rewrites are named alike
+	// each time.
+	for _, t := range iptableskernel.KubeTables {
+		for _, c := range pl.static.Chains[t] {
 			if !pl.kernel[t].Holds(c) {
 				fixed.WriteChain(t, c)
 				pl.rewrites.note(c.Name, pl.verifying)

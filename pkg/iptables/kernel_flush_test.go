@@ -79,9 +79,9 @@ func TestForeignChangesToOurChainsAreRepairedAndCounted(t *testing.T) {
 	var before []iptableskernel.TableGeneration
 	fullSync := func(verifying bool) int {
 		t.Helper()
-		p.writtenMu.Lock()
-		p.verifying = verifying
-		p.writtenMu.Unlock()
+		if verifying {
+			p.ruleState.askRepair()
+		}
 		p.RequestFullSync()
 		if err := p.sync(); err != nil {
 			t.Fatal(err)

@@ -130,12 +130,6 @@ func (sp servicePlan) render(in *iptableskernel.RestoreInput) {
 	}
 }
 
-// diffService adds to in what turns old into updated for one service port:
-// planService's plan, rendered at once.
-func diffService(in *iptableskernel.RestoreInput, old, updated appliedService, rules ServiceRules) {
-	planService(old, updated, rules).render(in)
-}
-
 // diffSharedChain adds to in what turns the kernel's content of a shared
 // chain (current, the fingerprints of its rules) into want, whose last
 // tail rules are fixed and must stay last: rule insertions when the tail

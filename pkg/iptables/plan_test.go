@@ -140,7 +140,7 @@ func TestCountedLocalhostNodePortRuleGoesFirst(t *testing.T) {
 	}
 
 	partial := iptableskernel.NewRestoreInput()
-	diffService(partial, appliedService{}, summarize(rules[0]), rules[0])
+	planService(appliedService{}, summarize(rules[0]), rules[0]).render(partial)
 	if got, expect := partial.String(), "-A KUBE-NODEPORTS "+string(want[0])+"\n-A KUBE-NODEPORTS "+string(want[1])+"\n"; !strings.Contains(got, expect) {
 		t.Errorf("a new service's NodePort rules:\n%s\nwant, in this order:\n%s", got, expect)
 	}

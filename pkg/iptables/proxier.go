@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/rapidproxy/rapidproxy/internal/readahead"
@@ -65,14 +64,9 @@ type Syncer struct {
 	ruleCounts map[iptableskernel.Table]int
 	watch      *flushWatch
 
-	// written is true once a full sync has written everything and no
-	// flush was seen since: before that there is nothing to lose.
-	// verifying is set when the watch asked for a full sync because
-	// another program changed a table we write to. probeTick counts the
-	// core's calls of Probe (from one goroutine).
-	writtenMu sync.Mutex
-	written   bool
-	verifying bool
+	// ruleState is what the full syncs and the watch know of our rules.
+	ruleState ruleState
+	// probeTick counts the core's calls of Probe (from one goroutine).
 	probeTick int
 
 	// prepared is the kernel as Prepare read it, for the first full sync.
@@ -124,18 +118,13 @@ func (p *Syncer) FullSync(v state.View) error {
 			return fmt.Errorf("%w: %w", errNFAcct, err)
 		}
 	}
-	p.writtenMu.Lock()
-	verifying := p.verifying
-	p.verifying = false
-	p.writtenMu.Unlock()
+	verifying := p.ruleState.takeRepair()
 	p.rewritten, p.repairs = p.rewritten[:0], 0
-	err := p.fullSync(verifying)
-	p.writtenMu.Lock()
-	p.written = err == nil
-	p.writtenMu.Unlock()
-	if err != nil {
+	if err := p.fullSync(verifying); err != nil {
+		p.ruleState.lost()
 		return err
 	}
+	p.ruleState.wrote()
 	if p.repairs > 0 {
 		klog.InfoS("Restored our iptables rules that another program had changed", "ipFamily", p.cfg.Family, "repairedChains", p.repairs, "rewritten", p.rewritten)
 		metrics.IPTablesFlushRecoveriesTotal.WithLabelValues(string(p.cfg.Family)).Inc()
@@ -227,7 +216,7 @@ func (p *Syncer) partialSync(changed map[state.ServicePortName]bool) error {
 	for name, applied := range plan.applied {
 		p.setApplied(name, applied)
 	}
-	p.reportRuleCounts(in)
+	p.reportRuleCounts(in.Counts())
 	return nil
 }
 
@@ -291,16 +280,12 @@ func (p *Syncer) applyFullSync(plan *fullSyncPlan) error {
 }
 
 // accountFullSync records what a written full sync applied, and counts
-// its rules.
+// its rules: a full sync counts all of them as written.
 func (p *Syncer) accountFullSync(plan *fullSyncPlan) {
 	p.applied = plan.applied
 	p.rewritten, p.repairs = plan.rewrites.names, plan.rewrites.repairs
 	p.countAllRules(plan.static)
-	family := string(p.cfg.Family)
-	for _, t := range []iptableskernel.Table{iptableskernel.TableFilter, iptableskernel.TableNAT} {
-		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
-		metrics.IPTablesRulesLastSync.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
-	}
+	p.reportRuleCounts(p.ruleCounts)
 }
 
 // serviceOrder is every service port in a stable order, so that the same
@@ -407,9 +392,10 @@ func (p *Syncer) countAllRules(static StaticRules) {
 	}
 }
 
-func (p *Syncer) reportRuleCounts(in *iptableskernel.RestoreInput) {
+// reportRuleCounts sets the rule metrics: our rules in all, and those
+// the last sync wrote.
+func (p *Syncer) reportRuleCounts(written map[iptableskernel.Table]int) {
 	family := string(p.cfg.Family)
-	written := in.Counts()
 	for _, t := range []iptableskernel.Table{iptableskernel.TableFilter, iptableskernel.TableNAT} {
 		metrics.IPTablesRulesTotal.WithLabelValues(string(t), family).Set(float64(p.ruleCounts[t]))
 		metrics.IPTablesRulesLastSync.WithLabelValues(string(t), family).Set(float64(written[t]))
