@@ -126,10 +126,18 @@ func comment(rule, c string) string { return rule + " comment " + strconv.Quote(
 // Layout is the fixed part of the table for these parameters; base chain
 // priorities are written as nft prints them.
 func (p *Params) Layout() Layout {
-	ip, addr := p.ipX(), p.addrType()
-	const newConn = "ct state new "
 	l := Layout{Table: knftables.Table{Comment: knftables.PtrTo("rules for kube-proxy")}}
-	l.Chains = []Chain{
+	l.Chains = append(p.baseChains(), p.fixedChains()...)
+	l.Sets = p.fixedSets()
+	p.addLocalhostRejects(&l)
+	p.addNodePortIPs(&l)
+	return l
+}
+
+// baseChains hook the fixed chains into netfilter.
+func (p *Params) baseChains() []Chain {
+	const newConn = "ct state new "
+	return []Chain{
 		baseChain(chainFilterPreroutingPreDNAT, knftables.FilterType, knftables.PreroutingHook, "dstnat - 10", newConn+"jump "+chainFirewallCheck),
 		baseChain(chainFilterOutputPreDNAT, knftables.FilterType, knftables.OutputHook, "-110", newConn+"jump "+chainFirewallCheck),
 		baseChain(chainFilterInput, knftables.FilterType, knftables.InputHook, knftables.FilterPriority,
@@ -142,56 +150,99 @@ func (p *Params) Layout() Layout {
 		baseChain(chainNATOutput, knftables.NATType, knftables.OutputHook, "-100", "jump "+chainServices),
 		baseChain(chainNATPostrouting, knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, "jump "+chainMasquerading),
 	}
+}
 
-	daddrPort := ip + " daddr . meta l4proto . th dport vmap @"
-	// Upstream writes no NodePort on localhost addresses.
-	noLocalhost := ip + " daddr != 127.0.0.0/8"
+// fixedChains are the chains the base chains lead to, in upstream's order.
+func (p *Params) fixedChains() []Chain {
+	reject := chain(chainReject, "reject")
+	reject.Comment = knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")
+	return []Chain{
+		p.nodePortEndpointsCheck(),
+		chain(chainServiceEndpointsCheck, p.destinationVmap(mapNoEndpointServices)),
+		chain(chainFirewallCheck, p.destinationVmap(mapFirewallIPs)),
+		chain(chainServices, p.servicesRules()...),
+		chain(chainMasquerading,
+			"meta mark & "+p.mark()+" != 0x00000000 meta mark set meta mark ^ "+p.mark()+" masquerade fully-random",
+			"ct status dnat "+p.ipX()+" saddr . "+p.ipX()+" daddr . meta l4proto . th dport @"+setHairpinConnections+" masquerade fully-random"),
+		chain(chainClusterIPsCheck, p.clusterIPsCheckRules()...),
+		reject,
+	}
+}
+
+// destinationVmap sends traffic to the verdict its destination address,
+// protocol and port have in the map m.
+func (p *Params) destinationVmap(m string) string {
+	return p.ipX() + " daddr . meta l4proto . th dport vmap @" + m
+}
+
+// loopback is localhost as nft prints it.
+func (p *Params) loopback() string {
 	if p.IPv6 {
-		noLocalhost = ip + " daddr != ::1"
+		return "::1"
 	}
-	nodePorts, nodePortChecks := ip+" daddr @"+setNodePortIPs, ip+" daddr @"+setNodePortIPs
-	if p.matchAllNodePorts() {
-		nodePorts, nodePortChecks = "fib daddr type local "+noLocalhost, noLocalhost
+	return "127.0.0.0/8"
+}
+
+// nodePortDestinations matches traffic to an address NodePorts answer
+// on: one of nodeport-ips, or any local address but localhost, on which
+// upstream writes no NodePort. Only the services chain needs to check
+// that the address is local: the filter chains that check NodePorts run
+// on input.
+func (p *Params) nodePortDestinations(checkLocal bool) string {
+	if !p.matchAllNodePorts() {
+		return p.ipX() + " daddr @" + setNodePortIPs
 	}
-	var services []string
+	noLocalhost := p.ipX() + " daddr != " + p.loopback()
+	if checkLocal {
+		return "fib daddr type local " + noLocalhost
+	}
+	return noLocalhost
+}
+
+// servicesRules DNAT traffic to a service address or a NodePort, through
+// the service-ips and service-nodeports maps; ClusterIP traffic that may
+// leave the node again is marked for masquerading first.
+func (p *Params) servicesRules() []string {
+	clusterIPs := p.ipX() + " daddr @" + setClusterIPs + " "
+	var rules []string
 	switch {
 	case p.MasqueradeAll:
-		services = append(services, comment(ip+" daddr @"+setClusterIPs+" "+p.masquerade(), "masquerade all clusterIP traffic"))
+		rules = append(rules, comment(clusterIPs+p.masquerade(), "masquerade all clusterIP traffic"))
 	case p.LocalDetector.Implemented():
 		// Off-cluster traffic to a ClusterIP (through a static route to
 		// a node) may leave the node again: masquerade it.
-		services = append(services, comment(ip+" daddr @"+setClusterIPs+" "+p.LocalDetector.IfNotLocalNFT()+" "+p.masquerade(), "masquerade clusterIP traffic from outside cluster"))
+		rules = append(rules, comment(clusterIPs+p.LocalDetector.IfNotLocalNFT()+" "+p.masquerade(), "masquerade clusterIP traffic from outside cluster"))
 	}
-	services = append(services, daddrPort+mapServiceIPs, nodePorts+" meta l4proto . th dport vmap @"+mapServiceNodePorts)
+	return append(rules, p.destinationVmap(mapServiceIPs),
+		p.nodePortDestinations(true)+" meta l4proto . th dport vmap @"+mapServiceNodePorts)
+}
 
-	clusterIPsCheck := []string{comment(ip+" daddr @"+setClusterIPs+" reject", "Reject traffic to invalid ports of ClusterIPs")}
+// clusterIPsCheckRules reject traffic to a ClusterIP's other ports and
+// drop it to the service CIDRs' unallocated addresses.
+func (p *Params) clusterIPsCheckRules() []string {
+	ip := p.ipX()
+	rules := []string{comment(ip+" daddr @"+setClusterIPs+" reject", "Reject traffic to invalid ports of ClusterIPs")}
 	if len(p.ServiceCIDRs) > 0 {
-		clusterIPsCheck = append(clusterIPsCheck, comment(ip+" daddr "+addressSet(p.ServiceCIDRs)+" drop", "Drop traffic to unallocated ClusterIPs"))
+		rules = append(rules, comment(ip+" daddr "+addressSet(p.ServiceCIDRs)+" drop", "Drop traffic to unallocated ClusterIPs"))
 	}
-	reject := chain(chainReject, "reject")
-	reject.Comment = knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")
-	nodePortCheck := chain(chainNodePortEndpointsCheck, nodePortChecks+" meta l4proto . th dport vmap @"+mapNoEndpointNodePorts)
-	rejected := p.rejectedLocalhostProtocols()
-	if len(rejected) > 0 {
-		localhost := ip + " daddr 127.0.0.0/8"
-		if p.IPv6 {
-			localhost = ip + " daddr ::1"
-		}
-		nodePortCheck.Rules = append(nodePortCheck.Rules, localhost+" meta l4proto . th dport vmap @"+mapLocalhostRejects)
-	}
-	l.Chains = append(l.Chains,
-		nodePortCheck,
-		chain(chainServiceEndpointsCheck, daddrPort+mapNoEndpointServices),
-		chain(chainFirewallCheck, daddrPort+mapFirewallIPs),
-		chain(chainServices, services...),
-		chain(chainMasquerading,
-			"meta mark & "+p.mark()+" != 0x00000000 meta mark set meta mark ^ "+p.mark()+" masquerade fully-random",
-			"ct status dnat "+ip+" saddr . "+ip+" daddr . meta l4proto . th dport @"+setHairpinConnections+" masquerade fully-random"),
-		chain(chainClusterIPsCheck, clusterIPsCheck...),
-		reject,
-	)
+	return rules
+}
 
-	l.Sets = []Set{
+// nodePortEndpointsCheck drops or rejects NodePort traffic with no
+// endpoint, and sends localhost NodePort traffic to be rejected when it
+// is.
+func (p *Params) nodePortEndpointsCheck() Chain {
+	c := chain(chainNodePortEndpointsCheck, p.nodePortDestinations(false)+" meta l4proto . th dport vmap @"+mapNoEndpointNodePorts)
+	if len(p.rejectedLocalhostProtocols()) > 0 {
+		c.Rules = append(c.Rules, p.ipX()+" daddr "+p.loopback()+" meta l4proto . th dport vmap @"+mapLocalhostRejects)
+	}
+	return c
+}
+
+// fixedSets are the sets and maps every table has.
+func (p *Params) fixedSets() []Set {
+	addr := p.addrType()
+	return []Set{
 		{Name: setHairpinConnections, Type: addr + " . " + addr + " . inet_proto . inet_service", Comment: "service hairpin connections"},
 		{Name: setClusterIPs, Type: addr, Comment: "Active ClusterIPs"},
 		{Name: mapNoEndpointServices, Map: true, Type: addr + " . inet_proto . inet_service : verdict", Comment: "vmap to drop or reject packets to services with no endpoints"},
@@ -200,25 +251,38 @@ func (p *Params) Layout() Layout {
 		{Name: mapServiceIPs, Map: true, Type: addr + " . inet_proto . inet_service : verdict", Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
 		{Name: mapServiceNodePorts, Map: true, Type: "inet_proto . inet_service : verdict", Comment: "NodePort traffic"},
 	}
-	if len(rejected) > 0 {
-		l.Sets = append(l.Sets, Set{Name: mapLocalhostRejects, Map: true, Type: "inet_proto . inet_service : verdict", Comment: "localhost NodePorts rejected by kube-proxy"})
-		for _, proto := range rejected {
-			counter := LocalhostRejectedCounter(proto)
-			l.Counters = append(l.Counters, counter)
-			l.Chains = append(l.Chains, chain(localhostRejectChain(proto), "counter name "+strconv.Quote(counter)+" reject"))
-		}
+}
+
+// addLocalhostRejects adds, when localhost NodePorts of some protocol
+// are rejected, the map of those NodePorts and each protocol's counter
+// and the chain that counts and rejects.
+func (p *Params) addLocalhostRejects(l *Layout) {
+	rejected := p.rejectedLocalhostProtocols()
+	if len(rejected) == 0 {
+		return
 	}
-	if !p.matchAllNodePorts() {
-		l.Sets = append(l.Sets, Set{Name: setNodePortIPs, Type: addr, Comment: "IPs that accept NodePort traffic"})
-		for _, a := range p.NodePortAddresses {
-			// Upstream does not do localhost NodePorts; the wiring logs it.
-			if a.IsLoopback() {
-				continue
-			}
-			l.Elements = append(l.Elements, knftables.Element{Set: setNodePortIPs, Key: []string{a.String()}})
-		}
+	l.Sets = append(l.Sets, Set{Name: mapLocalhostRejects, Map: true, Type: "inet_proto . inet_service : verdict", Comment: "localhost NodePorts rejected by kube-proxy"})
+	for _, proto := range rejected {
+		counter := LocalhostRejectedCounter(proto)
+		l.Counters = append(l.Counters, counter)
+		l.Chains = append(l.Chains, chain(localhostRejectChain(proto), "counter name "+strconv.Quote(counter)+" reject"))
 	}
-	return l
+}
+
+// addNodePortIPs adds, unless every local address takes NodePorts, the
+// set of those that do.
+func (p *Params) addNodePortIPs(l *Layout) {
+	if p.matchAllNodePorts() {
+		return
+	}
+	l.Sets = append(l.Sets, Set{Name: setNodePortIPs, Type: p.addrType(), Comment: "IPs that accept NodePort traffic"})
+	for _, a := range p.NodePortAddresses {
+		// Upstream does not do localhost NodePorts; the wiring logs it.
+		if a.IsLoopback() {
+			continue
+		}
+		l.Elements = append(l.Elements, knftables.Element{Set: setNodePortIPs, Key: []string{a.String()}})
+	}
 }
 
 // cascadeLimit is the most endpoints spread spreads over with a cascade
