@@ -369,60 +369,94 @@ func verdict(code int32, chain string) (string, error) {
 // fill formats the elements: into Elements for a named set, into the
 // text a rule prints for an anonymous one.
 func (s *setInfo) fill(elems []rawElement) error {
-	type item struct {
-		key        []byte
-		text, cmnt string
-	}
-	var items []item
+	var items []setItem
+	var err error
 	if s.interval {
-		if s.Map || len(s.keyTypes) != 1 {
-			return errors.New("an interval map or concatenation")
-		}
-		ranges, err := intervals(s.keyTypes[0], s.keyLen, elems)
-		if err != nil {
-			return err
-		}
-		for _, r := range ranges {
-			items = append(items, item{key: r.start, text: r.text})
-		}
+		items, err = s.intervalItems(elems)
 	} else {
-		for _, e := range elems {
-			if e.end {
-				return errors.New("an interval end in a set without intervals")
-			}
-			key, err := format(s.keyTypes, e.key, s.hostKey)
-			if err != nil {
-				return err
-			}
-			it := item{key: e.key, text: key, cmnt: e.comment}
-			if s.Map {
-				value := e.verdict
-				if s.dataTypes[0] != typeVerdict {
-					if value, err = format(s.dataTypes, e.data, false); err != nil {
-						return err
-					}
-				} else if value == "" {
-					return errors.New("a verdict map element without a verdict")
-				}
-				it.text += " : " + value
-				s.Elements = append(s.Elements, Element{Key: key, Value: value, Comment: e.comment})
-			} else {
-				s.Elements = append(s.Elements, Element{Key: key, Comment: e.comment})
-			}
+		items, err = s.plainItems(elems)
+	}
+	if err != nil {
+		return err
+	}
+	if s.anonymous {
+		return s.anonymousText(items)
+	}
+	if s.interval {
+		for _, it := range items {
+			s.Elements = append(s.Elements, Element{Key: it.text})
+		}
+	}
+	return nil
+}
+
+// setItem is an element as a rule prints it, with its key as the kernel
+// holds it, to sort by.
+type setItem struct {
+	key        []byte
+	text, cmnt string
+}
+
+// intervalItems are the ranges of an interval set's elements.
+func (s *setInfo) intervalItems(elems []rawElement) ([]setItem, error) {
+	if s.Map || len(s.keyTypes) != 1 {
+		return nil, errors.New("an interval map or concatenation")
+	}
+	ranges, err := intervals(s.keyTypes[0], s.keyLen, elems)
+	if err != nil {
+		return nil, err
+	}
+	items := make([]setItem, 0, len(ranges))
+	for _, r := range ranges {
+		items = append(items, setItem{key: r.start, text: r.text})
+	}
+	return items, nil
+}
+
+// plainItems are the elements of a set without intervals, "key" or
+// "key : value"; each is added to Elements too.
+func (s *setInfo) plainItems(elems []rawElement) ([]setItem, error) {
+	var items []setItem
+	for _, e := range elems {
+		if e.end {
+			return nil, errors.New("an interval end in a set without intervals")
+		}
+		key, err := format(s.keyTypes, e.key, s.hostKey)
+		if err != nil {
+			return nil, err
+		}
+		it := setItem{key: e.key, text: key, cmnt: e.comment}
+		if !s.Map {
+			s.Elements = append(s.Elements, Element{Key: key, Comment: e.comment})
 			items = append(items, it)
+			continue
 		}
-	}
-	if !s.anonymous {
-		if s.interval {
-			for _, it := range items {
-				s.Elements = append(s.Elements, Element{Key: it.text})
-			}
+		value, err := s.mapValue(e)
+		if err != nil {
+			return nil, err
 		}
-		return nil
+		it.text += " : " + value
+		s.Elements = append(s.Elements, Element{Key: key, Value: value, Comment: e.comment})
+		items = append(items, it)
 	}
-	// A rule lists an anonymous set's elements sorted by key (integers
-	// in host byte order by value).
-	slices.SortFunc(items, func(a, b item) int {
+	return items, nil
+}
+
+// mapValue is a map element's value: its verdict, or its data formatted.
+func (s *setInfo) mapValue(e rawElement) (string, error) {
+	if s.dataTypes[0] != typeVerdict {
+		return format(s.dataTypes, e.data, false)
+	}
+	if e.verdict == "" {
+		return "", errors.New("a verdict map element without a verdict")
+	}
+	return e.verdict, nil
+}
+
+// anonymousText is the anonymous set as a rule lists it: "{ a, b }",
+// sorted by key (integers in host byte order by value).
+func (s *setInfo) anonymousText(items []setItem) error {
+	slices.SortFunc(items, func(a, b setItem) int {
 		if s.hostKey {
 			return cmp.Compare(hostValue(a.key), hostValue(b.key))
 		}
