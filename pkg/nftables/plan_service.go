@@ -30,7 +30,8 @@ func (p *Params) ServiceObjects(svc *state.ServicePort, sel state.Selection) Ser
 }
 
 // svcBuilder builds one service port's objects, one traffic path at a
-// time, each adding to out in the order the table lists them.
+// time; ServiceObjects runs the steps in the order their objects come
+// out (Describe lists them so).
 type svcBuilder struct {
 	p     *Params
 	svc   *state.ServicePort
