@@ -13,24 +13,13 @@ import (
 
 // selector reads one selector.
 func (e *ruleEncoder) selector(s *stream) (*field, error) {
-	payload := func(base expr.PayloadBase, offset uint32, size int) func(uint32) expr.Any {
-		return func(r uint32) expr.Any {
-			return &expr.Payload{OperationType: expr.PayloadLoad, DestRegister: r, Base: base, Offset: offset, Len: uint32(size)}
-		}
-	}
 	meta := func(key expr.MetaKey) func(uint32) expr.Any {
 		return func(r uint32) expr.Any { return &expr.Meta{Key: key, Register: r} }
 	}
 	t := s.next()
 	switch {
 	case (t == "ip" && e.family == unix.NFPROTO_IPV4 || t == "ip6" && e.family == unix.NFPROTO_IPV6) && (s.peek(0) == "saddr" || s.peek(0) == "daddr"):
-		which := s.next()
-		offsets := map[string]uint32{"ipsaddr": 12, "ipdaddr": 16, "ip6saddr": 8, "ip6daddr": 24}
-		typ, size := uint32(typeIPv4), 4
-		if t == "ip6" {
-			typ, size = typeIPv6, 16
-		}
-		return &field{text: t + " " + which, typ: typ, size: size, load: payload(expr.PayloadBaseNetworkHeader, offsets[t+which], size)}, nil
+		return addressSelector(t, s.next()), nil
 	case t == "meta" && s.peek(0) == "l4proto":
 		s.next()
 		return &field{text: "meta l4proto", typ: typeInetProto, size: 1, load: meta(expr.MetaKeyL4PROTO)}, nil
@@ -43,7 +32,7 @@ func (e *ruleEncoder) selector(s *stream) (*field, error) {
 		return &field{text: t, typ: typeIfname, size: 16, load: meta(expr.MetaKeyOIFNAME)}, nil
 	case t == "th" && s.peek(0) == "dport" && !e.l4proto:
 		s.next()
-		return &field{text: "th dport", typ: typeInetService, size: 2, load: payload(expr.PayloadBaseTransportHeader, 2, 2)}, nil
+		return &field{text: "th dport", typ: typeInetService, size: 2, load: payloadLoad(expr.PayloadBaseTransportHeader, 2, 2)}, nil
 	case t == "ct" && s.peek(0) == "state":
 		s.next()
 		return &field{text: "ct state", size: 4, load: func(r uint32) expr.Any { return &expr.Ct{Key: expr.CtKeySTATE, Register: r} },
@@ -61,22 +50,44 @@ func (e *ruleEncoder) selector(s *stream) (*field, error) {
 	case t == "numgen" && s.peek(0) == "random" && s.peek(1) == "mod":
 		s.next()
 		s.next()
-		mod, err := strconv.ParseUint(s.next(), 10, 32)
-		if err != nil || mod == 0 {
-			return nil, unsupported("numgen modulus: %v", err)
-		}
-		var offset uint64
-		if s.peek(0) == "offset" {
-			s.next()
-			if offset, err = strconv.ParseUint(s.next(), 10, 32); err != nil {
-				return nil, unsupported("numgen offset: %v", err)
-			}
-		}
-		return &field{text: "numgen", typ: typeInteger, size: 4, load: func(r uint32) expr.Any {
-			return &expr.Numgen{Register: r, Modulus: uint32(mod), Type: unix.NFT_NG_RANDOM, Offset: uint32(offset)}
-		}}, nil
+		return numgenSelector(s)
 	}
 	return nil, unsupported("selector %q", t)
+}
+
+// payloadLoad loads size bytes of a header from offset.
+func payloadLoad(base expr.PayloadBase, offset uint32, size int) func(uint32) expr.Any {
+	return func(r uint32) expr.Any {
+		return &expr.Payload{OperationType: expr.PayloadLoad, DestRegister: r, Base: base, Offset: offset, Len: uint32(size)}
+	}
+}
+
+// addressSelector is "ip|ip6 saddr|daddr".
+func addressSelector(ip, which string) *field {
+	offsets := map[string]uint32{"ipsaddr": 12, "ipdaddr": 16, "ip6saddr": 8, "ip6daddr": 24}
+	typ, size := uint32(typeIPv4), 4
+	if ip == "ip6" {
+		typ, size = typeIPv6, 16
+	}
+	return &field{text: ip + " " + which, typ: typ, size: size, load: payloadLoad(expr.PayloadBaseNetworkHeader, offsets[ip+which], size)}
+}
+
+// numgenSelector reads "N [offset M]" after "numgen random mod".
+func numgenSelector(s *stream) (*field, error) {
+	mod, err := strconv.ParseUint(s.next(), 10, 32)
+	if err != nil || mod == 0 {
+		return nil, unsupported("numgen modulus: %v", err)
+	}
+	var offset uint64
+	if s.peek(0) == "offset" {
+		s.next()
+		if offset, err = strconv.ParseUint(s.next(), 10, 32); err != nil {
+			return nil, unsupported("numgen offset: %v", err)
+		}
+	}
+	return &field{text: "numgen", typ: typeInteger, size: 4, load: func(r uint32) expr.Any {
+		return &expr.Numgen{Register: r, Modulus: uint32(mod), Type: unix.NFT_NG_RANDOM, Offset: uint32(offset)}
+	}}, nil
 }
 
 // key reads a selector or a concatenation of them.
