@@ -13,24 +13,13 @@ import (
 
 // selector reads one selector.
 func (e *ruleEncoder) selector(s *stream) (*field, error) {
-	payload := func(base expr.PayloadBase, offset uint32, size int) func(uint32) expr.Any {
-		return func(r uint32) expr.Any {
-			return &expr.Payload{OperationType: expr.PayloadLoad, DestRegister: r, Base: base, Offset: offset, Len: uint32(size)}
-		}
-	}
 	meta := func(key expr.MetaKey) func(uint32) expr.Any {
 		return func(r uint32) expr.Any { return &expr.Meta{Key: key, Register: r} }
 	}
 	t := s.next()
 	switch {
 	case (t == "ip" && e.family == unix.NFPROTO_IPV4 || t == "ip6" && e.family == unix.NFPROTO_IPV6) && (s.peek(0) == "saddr" || s.peek(0) == "daddr"):
-		which := s.next()
-		offsets := map[string]uint32{"ipsaddr": 12, "ipdaddr": 16, "ip6saddr": 8, "ip6daddr": 24}
-		typ, size := uint32(typeIPv4), 4
-		if t == "ip6" {
-			typ, size = typeIPv6, 16
-		}
-		return &field{text: t + " " + which, typ: typ, size: size, load: payload(expr.PayloadBaseNetworkHeader, offsets[t+which], size)}, nil
+		return addressSelector(t, s.next()), nil
 	case t == "meta" && s.peek(0) == "l4proto":
 		s.next()
 		return &field{text: "meta l4proto", typ: typeInetProto, size: 1, load: meta(expr.MetaKeyL4PROTO)}, nil
@@ -43,7 +32,7 @@ func (e *ruleEncoder) selector(s *stream) (*field, error) {
 		return &field{text: t, typ: typeIfname, size: 16, load: meta(expr.MetaKeyOIFNAME)}, nil
 	case t == "th" && s.peek(0) == "dport" && !e.l4proto:
 		s.next()
-		return &field{text: "th dport", typ: typeInetService, size: 2, load: payload(expr.PayloadBaseTransportHeader, 2, 2)}, nil
+		return &field{text: "th dport", typ: typeInetService, size: 2, load: payloadLoad(expr.PayloadBaseTransportHeader, 2, 2)}, nil
 	case t == "ct" && s.peek(0) == "state":
 		s.next()
 		return &field{text: "ct state", size: 4, load: func(r uint32) expr.Any { return &expr.Ct{Key: expr.CtKeySTATE, Register: r} },
@@ -61,22 +50,44 @@ func (e *ruleEncoder) selector(s *stream) (*field, error) {
 	case t == "numgen" && s.peek(0) == "random" && s.peek(1) == "mod":
 		s.next()
 		s.next()
-		mod, err := strconv.ParseUint(s.next(), 10, 32)
-		if err != nil || mod == 0 {
-			return nil, unsupported("numgen modulus: %v", err)
-		}
-		var offset uint64
-		if s.peek(0) == "offset" {
-			s.next()
-			if offset, err = strconv.ParseUint(s.next(), 10, 32); err != nil {
-				return nil, unsupported("numgen offset: %v", err)
-			}
-		}
-		return &field{text: "numgen", typ: typeInteger, size: 4, load: func(r uint32) expr.Any {
-			return &expr.Numgen{Register: r, Modulus: uint32(mod), Type: unix.NFT_NG_RANDOM, Offset: uint32(offset)}
-		}}, nil
+		return numgenSelector(s)
 	}
 	return nil, unsupported("selector %q", t)
+}
+
+// payloadLoad loads size bytes of a header from offset.
+func payloadLoad(base expr.PayloadBase, offset uint32, size int) func(uint32) expr.Any {
+	return func(r uint32) expr.Any {
+		return &expr.Payload{OperationType: expr.PayloadLoad, DestRegister: r, Base: base, Offset: offset, Len: uint32(size)}
+	}
+}
+
+// addressSelector is "ip|ip6 saddr|daddr".
+func addressSelector(ip, which string) *field {
+	offsets := map[string]uint32{"ipsaddr": 12, "ipdaddr": 16, "ip6saddr": 8, "ip6daddr": 24}
+	typ, size := uint32(typeIPv4), 4
+	if ip == "ip6" {
+		typ, size = typeIPv6, 16
+	}
+	return &field{text: ip + " " + which, typ: typ, size: size, load: payloadLoad(expr.PayloadBaseNetworkHeader, offsets[ip+which], size)}
+}
+
+// numgenSelector reads "N [offset M]" after "numgen random mod".
+func numgenSelector(s *stream) (*field, error) {
+	mod, err := strconv.ParseUint(s.next(), 10, 32)
+	if err != nil || mod == 0 {
+		return nil, unsupported("numgen modulus: %v", err)
+	}
+	var offset uint64
+	if s.peek(0) == "offset" {
+		s.next()
+		if offset, err = strconv.ParseUint(s.next(), 10, 32); err != nil {
+			return nil, unsupported("numgen offset: %v", err)
+		}
+	}
+	return &field{text: "numgen", typ: typeInteger, size: 4, load: func(r uint32) expr.Any {
+		return &expr.Numgen{Register: r, Modulus: uint32(mod), Type: unix.NFT_NG_RANDOM, Offset: uint32(offset)}
+	}}, nil
 }
 
 // key reads a selector or a concatenation of them.
@@ -119,11 +130,7 @@ func (e *ruleEncoder) match(s *stream) error {
 	}
 	if s.peek(0) == "vmap" {
 		s.next()
-		types, err := e.loadKey(fields)
-		if err != nil {
-			return err
-		}
-		return e.lookup(s.next(), types, []uint32{typeVerdict}, false, true, unix.NFT_REG_VERDICT)
+		return e.lookupKey(fields, s.next(), []uint32{typeVerdict}, false, true, unix.NFT_REG_VERDICT)
 	}
 	neg := s.peek(0) == "!="
 	if neg {
@@ -131,48 +138,34 @@ func (e *ruleEncoder) match(s *stream) error {
 	}
 	if t := s.peek(0); strings.HasPrefix(t, "@") || strings.HasPrefix(t, "{") {
 		s.next()
-		types, err := e.loadKey(fields)
-		if err != nil {
-			return err
-		}
-		return e.lookup(t, types, nil, neg, false, 0)
+		return e.lookupKey(fields, t, nil, neg, false, 0)
 	}
 	if len(fields) != 1 {
 		return unsupported("a concatenation compared with a constant")
 	}
-	f := fields[0]
+	return e.compare(fields[0], neg, s)
+}
+
+// lookupKey loads the key's fields and looks them up in target (see
+// lookup).
+func (e *ruleEncoder) lookupKey(fields []*field, target string, dataTypes []uint32, invert, isMap bool, dreg uint32) error {
+	types, err := e.loadKey(fields)
+	if err != nil {
+		return err
+	}
+	return e.lookup(target, types, dataTypes, invert, isMap, dreg)
+}
+
+// compare writes a field compared with the constant that follows: a ct
+// flag, a masked mark, an address or prefix, or a value of the field's
+// type.
+func (e *ruleEncoder) compare(f *field, neg bool, s *stream) error {
 	switch {
 	case f.ct != nil:
-		flag, ok := f.ct[s.next()]
-		if !ok || neg {
-			return unsupported("%s match", f.text)
-		}
-		e.exprs = append(e.exprs, f.load(reg(0)),
-			&expr.Bitwise{SourceRegister: reg(0), DestRegister: reg(0), Len: 4, Mask: native(flag), Xor: native(0)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg(0), Data: native(0)})
-		return nil
+		return e.ctFlag(f, neg, s.next())
 	case f.typ == typeMark && s.peek(0) == "&":
 		s.next()
-		mask, err := parseUint32(s.next())
-		if err != nil || neg {
-			return unsupported("meta mark & %v", err)
-		}
-		op := expr.CmpOpEq
-		switch s.next() {
-		case "!=":
-			op = expr.CmpOpNeq
-		case "==":
-		default:
-			return unsupported("meta mark & without a comparison")
-		}
-		value, err := parseUint32(s.next())
-		if err != nil {
-			return err
-		}
-		e.exprs = append(e.exprs, f.load(reg(0)),
-			&expr.Bitwise{SourceRegister: reg(0), DestRegister: reg(0), Len: 4, Mask: native(mask), Xor: native(0)},
-			&expr.Cmp{Op: op, Register: reg(0), Data: native(value)})
-		return nil
+		return e.maskedMark(f, neg, s)
 	}
 	op := expr.CmpOpEq
 	if neg {
@@ -180,63 +173,116 @@ func (e *ruleEncoder) match(s *stream) error {
 	}
 	text := s.next()
 	if f.typ == typeIPv4 || f.typ == typeIPv6 {
-		// A prefix of whole bytes loads just those; any other loads the
-		// address and masks it, as nft does (nft lists a shorter load
-		// masked as a raw payload).
-		p, err := parsePrefix(text, f.size)
-		if err != nil {
-			return err
-		}
-		n := f.size
-		if p.Bits()%8 == 0 {
-			n = p.Bits() / 8
-		}
-		load := f.load(reg(0)).(*expr.Payload)
-		load.Len = uint32(n)
-		e.exprs = append(e.exprs, load)
-		if p.Bits()%8 != 0 {
-			mask := make([]byte, n)
-			for i := range p.Bits() {
-				mask[i/8] |= 0x80 >> (i % 8)
-			}
-			e.exprs = append(e.exprs, &expr.Bitwise{SourceRegister: reg(0), DestRegister: reg(0), Len: uint32(n), Mask: mask, Xor: make([]byte, n)})
-		}
-		e.exprs = append(e.exprs, &expr.Cmp{Op: op, Register: reg(0), Data: p.Addr().AsSlice()[:n]})
-		return nil
+		return e.address(f, op, text)
 	}
-	var data []byte
-	switch {
-	case f.fib:
-		names := map[string]uint32{"unicast": 1, "local": 2, "broadcast": 3, "anycast": 4, "multicast": 5, "blackhole": 6, "unreachable": 7, "prohibit": 8}
-		v, ok := names[text]
-		if !ok {
-			return unsupported("fib type %q", text)
-		}
-		data = native(v)
-	case f.typ == typeIfname:
-		name, err := unquote(text)
-		if err != nil {
-			return err
-		}
-		if prefix, ok := strings.CutSuffix(name, "*"); ok {
-			data = []byte(prefix)
-		} else {
-			data = make([]byte, 16)
-			if len(name) >= 16 {
-				return unsupported("interface name %q", name)
-			}
-			copy(data, name)
-		}
-	default:
-		if data, err = encodeOne(f.typ, text, 4, true); err != nil {
-			return err
-		}
+	data, err := constantData(f, text)
+	if err != nil {
+		return err
 	}
 	if f.typ == typeInetProto && !neg {
 		e.l4proto = true
 	}
 	e.exprs = append(e.exprs, f.load(reg(0)), &expr.Cmp{Op: op, Register: reg(0), Data: data})
 	return nil
+}
+
+// ctFlag writes "ct state|status <flag>": the flag is set.
+func (e *ruleEncoder) ctFlag(f *field, neg bool, text string) error {
+	flag, ok := f.ct[text]
+	if !ok || neg {
+		return unsupported("%s match", f.text)
+	}
+	e.exprs = append(e.exprs, f.load(reg(0)),
+		&expr.Bitwise{SourceRegister: reg(0), DestRegister: reg(0), Len: 4, Mask: native(flag), Xor: native(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg(0), Data: native(0)})
+	return nil
+}
+
+// maskedMark writes "meta mark & MASK ==|!= VALUE", after the "&".
+func (e *ruleEncoder) maskedMark(f *field, neg bool, s *stream) error {
+	mask, err := parseUint32(s.next())
+	if err != nil || neg {
+		return unsupported("meta mark & %v", err)
+	}
+	op := expr.CmpOpEq
+	switch s.next() {
+	case "!=":
+		op = expr.CmpOpNeq
+	case "==":
+	default:
+		return unsupported("meta mark & without a comparison")
+	}
+	value, err := parseUint32(s.next())
+	if err != nil {
+		return err
+	}
+	e.exprs = append(e.exprs, f.load(reg(0)),
+		&expr.Bitwise{SourceRegister: reg(0), DestRegister: reg(0), Len: 4, Mask: native(mask), Xor: native(0)},
+		&expr.Cmp{Op: op, Register: reg(0), Data: native(value)})
+	return nil
+}
+
+// address writes an address field compared with an address or prefix.
+// A prefix of whole bytes loads just those; any other loads the address
+// and masks it, as nft does (nft lists a shorter load masked as a raw
+// payload).
+func (e *ruleEncoder) address(f *field, op expr.CmpOp, text string) error {
+	p, err := parsePrefix(text, f.size)
+	if err != nil {
+		return err
+	}
+	n := f.size
+	if p.Bits()%8 == 0 {
+		n = p.Bits() / 8
+	}
+	load := f.load(reg(0)).(*expr.Payload)
+	load.Len = uint32(n)
+	e.exprs = append(e.exprs, load)
+	if p.Bits()%8 != 0 {
+		mask := make([]byte, n)
+		for i := range p.Bits() {
+			mask[i/8] |= 0x80 >> (i % 8)
+		}
+		e.exprs = append(e.exprs, &expr.Bitwise{SourceRegister: reg(0), DestRegister: reg(0), Len: uint32(n), Mask: mask, Xor: make([]byte, n)})
+	}
+	e.exprs = append(e.exprs, &expr.Cmp{Op: op, Register: reg(0), Data: p.Addr().AsSlice()[:n]})
+	return nil
+}
+
+// fibTypes are the address types "fib ... type" compares with.
+var fibTypes = map[string]uint32{"unicast": 1, "local": 2, "broadcast": 3, "anycast": 4, "multicast": 5, "blackhole": 6, "unreachable": 7, "prohibit": 8}
+
+// constantData is text as the value a field of its type is compared with.
+func constantData(f *field, text string) ([]byte, error) {
+	switch {
+	case f.fib:
+		v, ok := fibTypes[text]
+		if !ok {
+			return nil, unsupported("fib type %q", text)
+		}
+		return native(v), nil
+	case f.typ == typeIfname:
+		return ifnameData(text)
+	}
+	return encodeOne(f.typ, text, 4, true)
+}
+
+// ifnameData is a quoted interface name as compared with: the bytes of a
+// "prefix*", or the whole name padded with NULs.
+func ifnameData(text string) ([]byte, error) {
+	name, err := unquote(text)
+	if err != nil {
+		return nil, err
+	}
+	if prefix, ok := strings.CutSuffix(name, "*"); ok {
+		return []byte(prefix), nil
+	}
+	if len(name) >= 16 {
+		return nil, unsupported("interface name %q", name)
+	}
+	data := make([]byte, 16)
+	copy(data, name)
+	return data, nil
 }
 
 // lookup looks the key loaded from word 0 up in a named set ("@name") or

@@ -3,7 +3,6 @@ package nftnl
 import (
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -199,149 +198,134 @@ func (d *decoder) decodeExpr(name string, data []byte) (expr.Any, error) {
 	return e, nil
 }
 
+// apply decodes one expression: a load into registers, a bitwise
+// operation on one, a relation that prints what it takes from them, or a
+// statement.
 func (d *decoder) apply(e expr.Any) error {
 	switch e := e.(type) {
 	case *expr.Payload:
-		if e.OperationType != expr.PayloadLoad {
-			return errors.New("a payload write")
-		}
-		op, err := d.payload(e)
-		if err != nil {
-			return err
-		}
-		return d.put(e.DestRegister, op)
+		return d.loadPayload(e)
 	case *expr.Meta:
 		if e.SourceRegister {
-			if e.Key != expr.MetaKeyMARK {
-				return fmt.Errorf("meta %d set", e.Key)
-			}
-			op, err := d.take(e.Register)
-			if err != nil {
-				return err
-			}
-			v, err := markValue(op)
-			if err != nil {
-				return err
-			}
-			d.out = append(d.out, "meta mark set "+v)
-			return nil
+			return d.setMark(e)
 		}
-		op, ok := map[expr.MetaKey]*operand{
-			expr.MetaKeyL4PROTO: {text: "meta l4proto", kind: kindProto, size: 1},
-			expr.MetaKeyMARK:    {text: "meta mark", kind: kindMark, size: 4},
-			expr.MetaKeyIIFNAME: {text: "iifname", kind: kindIfname, size: 16},
-			expr.MetaKeyOIFNAME: {text: "oifname", kind: kindIfname, size: 16},
-		}[e.Key]
-		if !ok {
-			return fmt.Errorf("meta key %d", e.Key)
-		}
-		return d.put(e.Register, op)
+		return d.loadMeta(e)
 	case *expr.Ct:
-		switch e.Key {
-		case expr.CtKeySTATE:
-			return d.put(e.Register, &operand{text: "ct state", kind: kindCtState, size: 4})
-		case expr.CtKeySTATUS:
-			return d.put(e.Register, &operand{text: "ct status", kind: kindCtStatus, size: 4})
-		}
-		return fmt.Errorf("ct key %d", e.Key)
+		return d.loadCt(e)
 	case *expr.Fib:
-		if !e.ResultADDRTYPE || e.ResultOIF || e.ResultOIFNAME || e.FlagSADDR == e.FlagDADDR ||
-			e.FlagMARK || e.FlagIIF || e.FlagOIF || e.FlagPRESENT {
-			return fmt.Errorf("fib %+v", *e)
-		}
-		text := "fib daddr type"
-		if e.FlagSADDR {
-			text = "fib saddr type"
-		}
-		return d.put(e.Register, &operand{text: text, kind: kindFibType, size: 4})
+		return d.loadFib(e)
 	case *expr.Numgen:
-		if e.Type != unix.NFT_NG_RANDOM {
-			return fmt.Errorf("numgen type %d", e.Type)
-		}
-		text := fmt.Sprintf("numgen random mod %d", e.Modulus)
-		if e.Offset != 0 {
-			text += fmt.Sprintf(" offset %d", e.Offset)
-		}
-		return d.put(e.Register, &operand{text: text, kind: kindInteger, size: 4})
-	case *expr.Bitwise:
-		op, ok := d.regs[word(e.SourceRegister)]
-		if !ok || e.DestRegister != e.SourceRegister || op.mask != nil || int(e.Len) != op.size ||
-			len(e.Mask) != op.size || len(e.Xor) != op.size {
-			return fmt.Errorf("bitwise %+v", *e)
-		}
-		op.mask, op.xor = e.Mask, e.Xor
-		return nil
-	case *expr.Cmp:
-		op, err := d.take(e.Register)
-		if err != nil {
-			return err
-		}
-		rel, err := d.relation(op, e.Op, e.Data)
-		if err != nil {
-			return err
-		}
-		d.out = append(d.out, rel)
-		return nil
-	case *expr.Lookup:
-		return d.lookup(e)
+		return d.loadNumgen(e)
 	case *expr.Immediate:
 		return d.put(e.Register, &operand{text: "a constant", kind: kindConst, size: len(e.Data), data: e.Data})
+	case *expr.Bitwise:
+		return d.bitwise(e)
+	case *expr.Cmp:
+		return d.compare(e)
+	case *expr.Lookup:
+		return d.lookup(e)
 	case *expr.Verdict:
-		v, err := verdict(int32(e.Kind), e.Chain)
-		if err != nil {
-			return err
-		}
-		d.out = append(d.out, v)
-		return nil
+		return d.verdictStatement(e)
 	case *expr.NAT:
 		return d.nat(e)
 	case *expr.Masq:
-		if e.ToPorts || e.Random || e.Persistent {
-			return fmt.Errorf("masquerade %+v", *e)
-		}
-		s := "masquerade"
-		if e.FullyRandom {
-			s += " fully-random"
-		}
-		d.out = append(d.out, s)
-		return nil
+		return d.masquerade(e)
 	case *expr.Reject:
-		// nft's default: ICMP(v6) port unreachable.
-		port := map[byte]uint8{unix.NFPROTO_IPV4: 3, unix.NFPROTO_IPV6: 4}[d.family]
-		if e.Type != unix.NFT_REJECT_ICMP_UNREACH || e.Code != port {
-			return fmt.Errorf("reject type %d code %d", e.Type, e.Code)
-		}
-		d.out = append(d.out, "reject")
-		return nil
+		return d.reject(e)
 	case *expr.Objref:
-		if e.Type != objectCounter {
-			return fmt.Errorf("objref of object type %d", e.Type)
-		}
-		d.out = append(d.out, "counter name "+strconv.Quote(e.Name))
-		return nil
+		return d.counter(e)
 	case *expr.Dynset:
-		if e.Operation != unix.NFT_DYNSET_OP_UPDATE || e.SrcRegData != 0 || e.Invert || len(e.Exprs) > 0 {
-			return fmt.Errorf("dynset %+v", *e)
-		}
-		s, err := d.set(e.SetName)
-		if err != nil {
-			return err
-		}
-		if s.anonymous {
-			return fmt.Errorf("dynset of set %q", e.SetName)
-		}
-		key, err := d.key(e.SrcRegKey, s)
-		if err != nil {
-			return err
-		}
-		stmt := "update @" + e.SetName + " { " + key
-		if e.Timeout != 0 {
-			stmt += " timeout " + Duration(e.Timeout)
-		}
-		d.out = append(d.out, stmt+" }")
-		return nil
+		return d.update(e)
 	}
 	return fmt.Errorf("expression %T", e)
+}
+
+func (d *decoder) loadPayload(e *expr.Payload) error {
+	if e.OperationType != expr.PayloadLoad {
+		return errors.New("a payload write")
+	}
+	op, err := d.payload(e)
+	if err != nil {
+		return err
+	}
+	return d.put(e.DestRegister, op)
+}
+
+// metaKeys are the meta keys a rule may load, as nft prints them.
+var metaKeys = map[expr.MetaKey]operand{
+	expr.MetaKeyL4PROTO: {text: "meta l4proto", kind: kindProto, size: 1},
+	expr.MetaKeyMARK:    {text: "meta mark", kind: kindMark, size: 4},
+	expr.MetaKeyIIFNAME: {text: "iifname", kind: kindIfname, size: 16},
+	expr.MetaKeyOIFNAME: {text: "oifname", kind: kindIfname, size: 16},
+}
+
+func (d *decoder) loadMeta(e *expr.Meta) error {
+	op, ok := metaKeys[e.Key]
+	if !ok {
+		return fmt.Errorf("meta key %d", e.Key)
+	}
+	return d.put(e.Register, &op)
+}
+
+func (d *decoder) loadCt(e *expr.Ct) error {
+	switch e.Key {
+	case expr.CtKeySTATE:
+		return d.put(e.Register, &operand{text: "ct state", kind: kindCtState, size: 4})
+	case expr.CtKeySTATUS:
+		return d.put(e.Register, &operand{text: "ct status", kind: kindCtStatus, size: 4})
+	}
+	return fmt.Errorf("ct key %d", e.Key)
+}
+
+// loadFib loads the address type of the source or destination: "fib
+// saddr type", "fib daddr type".
+func (d *decoder) loadFib(e *expr.Fib) error {
+	if !e.ResultADDRTYPE || e.ResultOIF || e.ResultOIFNAME || e.FlagSADDR == e.FlagDADDR ||
+		e.FlagMARK || e.FlagIIF || e.FlagOIF || e.FlagPRESENT {
+		return fmt.Errorf("fib %+v", *e)
+	}
+	text := "fib daddr type"
+	if e.FlagSADDR {
+		text = "fib saddr type"
+	}
+	return d.put(e.Register, &operand{text: text, kind: kindFibType, size: 4})
+}
+
+func (d *decoder) loadNumgen(e *expr.Numgen) error {
+	if e.Type != unix.NFT_NG_RANDOM {
+		return fmt.Errorf("numgen type %d", e.Type)
+	}
+	text := fmt.Sprintf("numgen random mod %d", e.Modulus)
+	if e.Offset != 0 {
+		text += fmt.Sprintf(" offset %d", e.Offset)
+	}
+	return d.put(e.Register, &operand{text: text, kind: kindInteger, size: 4})
+}
+
+// bitwise masks and flips an operand in place, once: what it does is
+// printed with the relation or statement that takes the operand.
+func (d *decoder) bitwise(e *expr.Bitwise) error {
+	op, ok := d.regs[word(e.SourceRegister)]
+	if !ok || e.DestRegister != e.SourceRegister || op.mask != nil || int(e.Len) != op.size ||
+		len(e.Mask) != op.size || len(e.Xor) != op.size {
+		return fmt.Errorf("bitwise %+v", *e)
+	}
+	op.mask, op.xor = e.Mask, e.Xor
+	return nil
+}
+
+// compare prints an operand compared with a constant.
+func (d *decoder) compare(e *expr.Cmp) error {
+	op, err := d.take(e.Register)
+	if err != nil {
+		return err
+	}
+	rel, err := d.relation(op, e.Op, e.Data)
+	if err != nil {
+		return err
+	}
+	d.out = append(d.out, rel)
+	return nil
 }
 
 // Duration prints a time as nft lists it ("3h", "1h30m", "10s").

@@ -1,4 +1,5 @@
-// The decoder's statements that take operands: meta mark set and dnat.
+// The decoder's statements: meta mark set and dnat, which take operands,
+// the verdicts, masquerade, reject, a named counter and a set update.
 
 package nftnl
 
@@ -7,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strconv"
 
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
@@ -87,5 +89,87 @@ func (d *decoder) nat(e *expr.NAT) error {
 		return errors.New("nat to a port range without a port")
 	}
 	d.out = append(d.out, "dnat to "+text)
+	return nil
+}
+
+// setMark prints "meta mark set <value>".
+func (d *decoder) setMark(e *expr.Meta) error {
+	if e.Key != expr.MetaKeyMARK {
+		return fmt.Errorf("meta %d set", e.Key)
+	}
+	op, err := d.take(e.Register)
+	if err != nil {
+		return err
+	}
+	v, err := markValue(op)
+	if err != nil {
+		return err
+	}
+	d.out = append(d.out, "meta mark set "+v)
+	return nil
+}
+
+func (d *decoder) verdictStatement(e *expr.Verdict) error {
+	v, err := verdict(int32(e.Kind), e.Chain)
+	if err != nil {
+		return err
+	}
+	d.out = append(d.out, v)
+	return nil
+}
+
+func (d *decoder) masquerade(e *expr.Masq) error {
+	if e.ToPorts || e.Random || e.Persistent {
+		return fmt.Errorf("masquerade %+v", *e)
+	}
+	s := "masquerade"
+	if e.FullyRandom {
+		s += " fully-random"
+	}
+	d.out = append(d.out, s)
+	return nil
+}
+
+// reject prints nft's default reject only: ICMP(v6) port unreachable.
+func (d *decoder) reject(e *expr.Reject) error {
+	port := map[byte]uint8{unix.NFPROTO_IPV4: 3, unix.NFPROTO_IPV6: 4}[d.family]
+	if e.Type != unix.NFT_REJECT_ICMP_UNREACH || e.Code != port {
+		return fmt.Errorf("reject type %d code %d", e.Type, e.Code)
+	}
+	d.out = append(d.out, "reject")
+	return nil
+}
+
+// counter prints a named counter, the only object a rule may refer to.
+func (d *decoder) counter(e *expr.Objref) error {
+	if e.Type != objectCounter {
+		return fmt.Errorf("objref of object type %d", e.Type)
+	}
+	d.out = append(d.out, "counter name "+strconv.Quote(e.Name))
+	return nil
+}
+
+// update prints "update @set { key [timeout T] }": the key added to a
+// named set, or its timeout refreshed.
+func (d *decoder) update(e *expr.Dynset) error {
+	if e.Operation != unix.NFT_DYNSET_OP_UPDATE || e.SrcRegData != 0 || e.Invert || len(e.Exprs) > 0 {
+		return fmt.Errorf("dynset %+v", *e)
+	}
+	s, err := d.set(e.SetName)
+	if err != nil {
+		return err
+	}
+	if s.anonymous {
+		return fmt.Errorf("dynset of set %q", e.SetName)
+	}
+	key, err := d.key(e.SrcRegKey, s)
+	if err != nil {
+		return err
+	}
+	stmt := "update @" + e.SetName + " { " + key
+	if e.Timeout != 0 {
+		stmt += " timeout " + Duration(e.Timeout)
+	}
+	d.out = append(d.out, stmt+" }")
 	return nil
 }

@@ -108,41 +108,69 @@ func (r *reader) readElements(s *setInfo) error {
 	return nil
 }
 
+// parseSet reads one set of the kernel's answer to NFT_MSG_GETSET.
 func parseSet(m []byte) (*setInfo, error) {
-	ad, err := attrs(m)
+	s := &setInfo{}
+	a, err := s.readAttributes(m)
 	if err != nil {
 		return nil, err
 	}
-	s := &setInfo{}
-	var flags, keyType, dataType uint32
-	var udata []byte
+	if err := s.setFlags(a.flags); err != nil {
+		return nil, err
+	}
+	if err := s.readUserdata(a.udata); err != nil {
+		return nil, err
+	}
+	if err := s.setTypes(a.keyType, a.dataType); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// setAttributes are the attributes of a set that parseSet reads after
+// the others.
+type setAttributes struct {
+	flags, keyType, dataType uint32
+	udata                    []byte
+}
+
+// readAttributes reads name, lengths and timeout into s, and returns the
+// rest; a set with objects or expressions is an error.
+func (s *setInfo) readAttributes(m []byte) (setAttributes, error) {
+	var a setAttributes
+	ad, err := attrs(m)
+	if err != nil {
+		return a, err
+	}
 	for ad.Next() {
 		switch ad.Type() {
 		case unix.NFTA_SET_NAME:
 			s.Name = ad.String()
 		case unix.NFTA_SET_FLAGS:
-			flags = ad.Uint32()
+			a.flags = ad.Uint32()
 		case unix.NFTA_SET_KEY_TYPE:
-			keyType = ad.Uint32()
+			a.keyType = ad.Uint32()
 		case unix.NFTA_SET_KEY_LEN:
 			s.keyLen = int(ad.Uint32())
 		case unix.NFTA_SET_DATA_TYPE:
-			dataType = ad.Uint32()
+			a.dataType = ad.Uint32()
 		case unix.NFTA_SET_DATA_LEN:
 			s.dataLen = int(ad.Uint32())
 		case unix.NFTA_SET_TIMEOUT:
 			s.Timeout = time.Duration(ad.Uint64()) * time.Millisecond
 		case unix.NFTA_SET_USERDATA:
-			udata = ad.Bytes()
+			a.udata = ad.Bytes()
 		case unix.NFTA_SET_OBJ_TYPE, nftaSetExpr, nftaSetExpressions:
-			return nil, fmt.Errorf("set %s: attribute %d", s.Name, ad.Type())
+			return a, fmt.Errorf("set %s: attribute %d", s.Name, ad.Type())
 		}
 	}
-	if err := ad.Err(); err != nil {
-		return nil, err
-	}
+	return a, ad.Err()
+}
+
+// setFlags reads the set's kind and the flags nft lists from its flags.
+func (s *setInfo) setFlags(flags uint32) error {
 	if flags&(setObject|setExpr) != 0 {
-		return nil, fmt.Errorf("set %s: flags %#x", s.Name, flags)
+		return fmt.Errorf("set %s: flags %#x", s.Name, flags)
 	}
 	s.anonymous, s.interval, s.dynamic = flags&setAnonymous != 0, flags&setInterval != 0, flags&(setEval|setTimeout) != 0
 	s.Map = flags&setMap != 0
@@ -154,9 +182,15 @@ func parseSet(m []byte) (*setInfo, error) {
 			s.Flags = append(s.Flags, f.name)
 		}
 	}
+	return nil
+}
+
+// readUserdata reads the key's byte order and the comment; userdata
+// that nft would list otherwise is an error.
+func (s *setInfo) readUserdata(udata []byte) error {
 	for len(udata) > 0 {
 		if len(udata) < 2 || len(udata) < 2+int(udata[1]) {
-			return nil, fmt.Errorf("set %s: malformed userdata", s.Name)
+			return fmt.Errorf("set %s: malformed userdata", s.Name)
 		}
 		typ, value := udata[0], udata[2:2+int(udata[1])]
 		switch {
@@ -168,30 +202,37 @@ func parseSet(m []byte) (*setInfo, error) {
 			// expressions it can rebuild from their data (of named
 			// sets: an anonymous set's type is never listed).
 			if !s.anonymous && typeofData(value) {
-				return nil, fmt.Errorf("set %s: declared with typeof", s.Name)
+				return fmt.Errorf("set %s: declared with typeof", s.Name)
 			}
 		case typ == udataSetDataByteorder, typ == udataSetMergeElements, typ == udataSetDataInterval && allZero(value):
 		case typ == udataSetComment:
 			s.Comment = string(trimNUL(value))
 		default:
 			// typeof, set expressions, interval data: nft lists them.
-			return nil, fmt.Errorf("set %s: userdata of type %d", s.Name, typ)
+			return fmt.Errorf("set %s: userdata of type %d", s.Name, typ)
 		}
 		udata = udata[2+len(value):]
 	}
+	return nil
+}
+
+// setTypes reads the key's types and a map's value types, and the type
+// nft lists of them.
+func (s *setInfo) setTypes(keyType, dataType uint32) error {
+	var err error
 	if s.keyTypes, err = types(keyType); err != nil {
-		return nil, fmt.Errorf("set %s: key: %w", s.Name, err)
+		return fmt.Errorf("set %s: key: %w", s.Name, err)
 	}
 	s.Type = typeNames(s.keyTypes)
 	if s.Map {
 		if dataType == verdictData {
 			s.dataTypes = []uint32{typeVerdict}
 		} else if s.dataTypes, err = types(dataType); err != nil {
-			return nil, fmt.Errorf("set %s: data: %w", s.Name, err)
+			return fmt.Errorf("set %s: data: %w", s.Name, err)
 		}
 		s.Type += " : " + typeNames(s.dataTypes)
 	}
-	return s, nil
+	return nil
 }
 
 // typeofData tells whether a set's typeof userdata holds an expression's
@@ -328,60 +369,94 @@ func verdict(code int32, chain string) (string, error) {
 // fill formats the elements: into Elements for a named set, into the
 // text a rule prints for an anonymous one.
 func (s *setInfo) fill(elems []rawElement) error {
-	type item struct {
-		key        []byte
-		text, cmnt string
-	}
-	var items []item
+	var items []setItem
+	var err error
 	if s.interval {
-		if s.Map || len(s.keyTypes) != 1 {
-			return errors.New("an interval map or concatenation")
-		}
-		ranges, err := intervals(s.keyTypes[0], s.keyLen, elems)
-		if err != nil {
-			return err
-		}
-		for _, r := range ranges {
-			items = append(items, item{key: r.start, text: r.text})
-		}
+		items, err = s.intervalItems(elems)
 	} else {
-		for _, e := range elems {
-			if e.end {
-				return errors.New("an interval end in a set without intervals")
-			}
-			key, err := format(s.keyTypes, e.key, s.hostKey)
-			if err != nil {
-				return err
-			}
-			it := item{key: e.key, text: key, cmnt: e.comment}
-			if s.Map {
-				value := e.verdict
-				if s.dataTypes[0] != typeVerdict {
-					if value, err = format(s.dataTypes, e.data, false); err != nil {
-						return err
-					}
-				} else if value == "" {
-					return errors.New("a verdict map element without a verdict")
-				}
-				it.text += " : " + value
-				s.Elements = append(s.Elements, Element{Key: key, Value: value, Comment: e.comment})
-			} else {
-				s.Elements = append(s.Elements, Element{Key: key, Comment: e.comment})
-			}
+		items, err = s.plainItems(elems)
+	}
+	if err != nil {
+		return err
+	}
+	if s.anonymous {
+		return s.anonymousText(items)
+	}
+	if s.interval {
+		for _, it := range items {
+			s.Elements = append(s.Elements, Element{Key: it.text})
+		}
+	}
+	return nil
+}
+
+// setItem is an element as a rule prints it, with its key as the kernel
+// holds it, to sort by.
+type setItem struct {
+	key        []byte
+	text, cmnt string
+}
+
+// intervalItems are the ranges of an interval set's elements.
+func (s *setInfo) intervalItems(elems []rawElement) ([]setItem, error) {
+	if s.Map || len(s.keyTypes) != 1 {
+		return nil, errors.New("an interval map or concatenation")
+	}
+	ranges, err := intervals(s.keyTypes[0], s.keyLen, elems)
+	if err != nil {
+		return nil, err
+	}
+	items := make([]setItem, 0, len(ranges))
+	for _, r := range ranges {
+		items = append(items, setItem{key: r.start, text: r.text})
+	}
+	return items, nil
+}
+
+// plainItems are the elements of a set without intervals, "key" or
+// "key : value"; each is added to Elements too.
+func (s *setInfo) plainItems(elems []rawElement) ([]setItem, error) {
+	var items []setItem
+	for _, e := range elems {
+		if e.end {
+			return nil, errors.New("an interval end in a set without intervals")
+		}
+		key, err := format(s.keyTypes, e.key, s.hostKey)
+		if err != nil {
+			return nil, err
+		}
+		it := setItem{key: e.key, text: key, cmnt: e.comment}
+		if !s.Map {
+			s.Elements = append(s.Elements, Element{Key: key, Comment: e.comment})
 			items = append(items, it)
+			continue
 		}
-	}
-	if !s.anonymous {
-		if s.interval {
-			for _, it := range items {
-				s.Elements = append(s.Elements, Element{Key: it.text})
-			}
+		value, err := s.mapValue(e)
+		if err != nil {
+			return nil, err
 		}
-		return nil
+		it.text += " : " + value
+		s.Elements = append(s.Elements, Element{Key: key, Value: value, Comment: e.comment})
+		items = append(items, it)
 	}
-	// A rule lists an anonymous set's elements sorted by key (integers
-	// in host byte order by value).
-	slices.SortFunc(items, func(a, b item) int {
+	return items, nil
+}
+
+// mapValue is a map element's value: its verdict, or its data formatted.
+func (s *setInfo) mapValue(e rawElement) (string, error) {
+	if s.dataTypes[0] != typeVerdict {
+		return format(s.dataTypes, e.data, false)
+	}
+	if e.verdict == "" {
+		return "", errors.New("a verdict map element without a verdict")
+	}
+	return e.verdict, nil
+}
+
+// anonymousText is the anonymous set as a rule lists it: "{ a, b }",
+// sorted by key (integers in host byte order by value).
+func (s *setInfo) anonymousText(items []setItem) error {
+	slices.SortFunc(items, func(a, b setItem) int {
 		if s.hostKey {
 			return cmp.Compare(hostValue(a.key), hostValue(b.key))
 		}

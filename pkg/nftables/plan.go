@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"sigs.k8s.io/knftables"
-
-	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
 // TableName is the table of each family, as upstream names it.
@@ -128,10 +126,18 @@ func comment(rule, c string) string { return rule + " comment " + strconv.Quote(
 // Layout is the fixed part of the table for these parameters; base chain
 // priorities are written as nft prints them.
 func (p *Params) Layout() Layout {
-	ip, addr := p.ipX(), p.addrType()
-	const newConn = "ct state new "
 	l := Layout{Table: knftables.Table{Comment: knftables.PtrTo("rules for kube-proxy")}}
-	l.Chains = []Chain{
+	l.Chains = append(p.baseChains(), p.fixedChains()...)
+	l.Sets = p.fixedSets()
+	p.addLocalhostRejects(&l)
+	p.addNodePortIPs(&l)
+	return l
+}
+
+// baseChains hook the fixed chains into netfilter.
+func (p *Params) baseChains() []Chain {
+	const newConn = "ct state new "
+	return []Chain{
 		baseChain(chainFilterPreroutingPreDNAT, knftables.FilterType, knftables.PreroutingHook, "dstnat - 10", newConn+"jump "+chainFirewallCheck),
 		baseChain(chainFilterOutputPreDNAT, knftables.FilterType, knftables.OutputHook, "-110", newConn+"jump "+chainFirewallCheck),
 		baseChain(chainFilterInput, knftables.FilterType, knftables.InputHook, knftables.FilterPriority,
@@ -144,56 +150,99 @@ func (p *Params) Layout() Layout {
 		baseChain(chainNATOutput, knftables.NATType, knftables.OutputHook, "-100", "jump "+chainServices),
 		baseChain(chainNATPostrouting, knftables.NATType, knftables.PostroutingHook, knftables.SNATPriority, "jump "+chainMasquerading),
 	}
+}
 
-	daddrPort := ip + " daddr . meta l4proto . th dport vmap @"
-	// Upstream writes no NodePort on localhost addresses.
-	noLocalhost := ip + " daddr != 127.0.0.0/8"
+// fixedChains are the chains the base chains lead to, in upstream's order.
+func (p *Params) fixedChains() []Chain {
+	reject := chain(chainReject, "reject")
+	reject.Comment = knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")
+	return []Chain{
+		p.nodePortEndpointsCheck(),
+		chain(chainServiceEndpointsCheck, p.destinationVmap(mapNoEndpointServices)),
+		chain(chainFirewallCheck, p.destinationVmap(mapFirewallIPs)),
+		chain(chainServices, p.servicesRules()...),
+		chain(chainMasquerading,
+			"meta mark & "+p.mark()+" != 0x00000000 meta mark set meta mark ^ "+p.mark()+" masquerade fully-random",
+			"ct status dnat "+p.ipX()+" saddr . "+p.ipX()+" daddr . meta l4proto . th dport @"+setHairpinConnections+" masquerade fully-random"),
+		chain(chainClusterIPsCheck, p.clusterIPsCheckRules()...),
+		reject,
+	}
+}
+
+// destinationVmap sends traffic to the verdict its destination address,
+// protocol and port have in the map m.
+func (p *Params) destinationVmap(m string) string {
+	return p.ipX() + " daddr . meta l4proto . th dport vmap @" + m
+}
+
+// loopback is localhost as nft prints it.
+func (p *Params) loopback() string {
 	if p.IPv6 {
-		noLocalhost = ip + " daddr != ::1"
+		return "::1"
 	}
-	nodePorts, nodePortChecks := ip+" daddr @"+setNodePortIPs, ip+" daddr @"+setNodePortIPs
-	if p.matchAllNodePorts() {
-		nodePorts, nodePortChecks = "fib daddr type local "+noLocalhost, noLocalhost
+	return "127.0.0.0/8"
+}
+
+// nodePortDestinations matches traffic to an address NodePorts answer
+// on: one of nodeport-ips, or any local address but localhost, on which
+// upstream writes no NodePort. Only the services chain needs to check
+// that the address is local: the filter chains that check NodePorts run
+// on input.
+func (p *Params) nodePortDestinations(checkLocal bool) string {
+	if !p.matchAllNodePorts() {
+		return p.ipX() + " daddr @" + setNodePortIPs
 	}
-	var services []string
+	noLocalhost := p.ipX() + " daddr != " + p.loopback()
+	if checkLocal {
+		return "fib daddr type local " + noLocalhost
+	}
+	return noLocalhost
+}
+
+// servicesRules DNAT traffic to a service address or a NodePort, through
+// the service-ips and service-nodeports maps; ClusterIP traffic that may
+// leave the node again is marked for masquerading first.
+func (p *Params) servicesRules() []string {
+	clusterIPs := p.ipX() + " daddr @" + setClusterIPs + " "
+	var rules []string
 	switch {
 	case p.MasqueradeAll:
-		services = append(services, comment(ip+" daddr @"+setClusterIPs+" "+p.masquerade(), "masquerade all clusterIP traffic"))
+		rules = append(rules, comment(clusterIPs+p.masquerade(), "masquerade all clusterIP traffic"))
 	case p.LocalDetector.Implemented():
 		// Off-cluster traffic to a ClusterIP (through a static route to
 		// a node) may leave the node again: masquerade it.
-		services = append(services, comment(ip+" daddr @"+setClusterIPs+" "+p.LocalDetector.IfNotLocalNFT()+" "+p.masquerade(), "masquerade clusterIP traffic from outside cluster"))
+		rules = append(rules, comment(clusterIPs+p.LocalDetector.IfNotLocalNFT()+" "+p.masquerade(), "masquerade clusterIP traffic from outside cluster"))
 	}
-	services = append(services, daddrPort+mapServiceIPs, nodePorts+" meta l4proto . th dport vmap @"+mapServiceNodePorts)
+	return append(rules, p.destinationVmap(mapServiceIPs),
+		p.nodePortDestinations(true)+" meta l4proto . th dport vmap @"+mapServiceNodePorts)
+}
 
-	clusterIPsCheck := []string{comment(ip+" daddr @"+setClusterIPs+" reject", "Reject traffic to invalid ports of ClusterIPs")}
+// clusterIPsCheckRules reject traffic to a ClusterIP's other ports and
+// drop it to the service CIDRs' unallocated addresses.
+func (p *Params) clusterIPsCheckRules() []string {
+	ip := p.ipX()
+	rules := []string{comment(ip+" daddr @"+setClusterIPs+" reject", "Reject traffic to invalid ports of ClusterIPs")}
 	if len(p.ServiceCIDRs) > 0 {
-		clusterIPsCheck = append(clusterIPsCheck, comment(ip+" daddr "+addressSet(p.ServiceCIDRs)+" drop", "Drop traffic to unallocated ClusterIPs"))
+		rules = append(rules, comment(ip+" daddr "+addressSet(p.ServiceCIDRs)+" drop", "Drop traffic to unallocated ClusterIPs"))
 	}
-	reject := chain(chainReject, "reject")
-	reject.Comment = knftables.PtrTo("helper for @no-endpoint-services / @no-endpoint-nodeports")
-	nodePortCheck := chain(chainNodePortEndpointsCheck, nodePortChecks+" meta l4proto . th dport vmap @"+mapNoEndpointNodePorts)
-	rejected := p.rejectedLocalhostProtocols()
-	if len(rejected) > 0 {
-		localhost := ip + " daddr 127.0.0.0/8"
-		if p.IPv6 {
-			localhost = ip + " daddr ::1"
-		}
-		nodePortCheck.Rules = append(nodePortCheck.Rules, localhost+" meta l4proto . th dport vmap @"+mapLocalhostRejects)
-	}
-	l.Chains = append(l.Chains,
-		nodePortCheck,
-		chain(chainServiceEndpointsCheck, daddrPort+mapNoEndpointServices),
-		chain(chainFirewallCheck, daddrPort+mapFirewallIPs),
-		chain(chainServices, services...),
-		chain(chainMasquerading,
-			"meta mark & "+p.mark()+" != 0x00000000 meta mark set meta mark ^ "+p.mark()+" masquerade fully-random",
-			"ct status dnat "+ip+" saddr . "+ip+" daddr . meta l4proto . th dport @"+setHairpinConnections+" masquerade fully-random"),
-		chain(chainClusterIPsCheck, clusterIPsCheck...),
-		reject,
-	)
+	return rules
+}
 
-	l.Sets = []Set{
+// nodePortEndpointsCheck drops or rejects NodePort traffic with no
+// endpoint, and sends localhost NodePort traffic to be rejected when it
+// is.
+func (p *Params) nodePortEndpointsCheck() Chain {
+	c := chain(chainNodePortEndpointsCheck, p.nodePortDestinations(false)+" meta l4proto . th dport vmap @"+mapNoEndpointNodePorts)
+	if len(p.rejectedLocalhostProtocols()) > 0 {
+		c.Rules = append(c.Rules, p.ipX()+" daddr "+p.loopback()+" meta l4proto . th dport vmap @"+mapLocalhostRejects)
+	}
+	return c
+}
+
+// fixedSets are the sets and maps every table has.
+func (p *Params) fixedSets() []Set {
+	addr := p.addrType()
+	return []Set{
 		{Name: setHairpinConnections, Type: addr + " . " + addr + " . inet_proto . inet_service", Comment: "service hairpin connections"},
 		{Name: setClusterIPs, Type: addr, Comment: "Active ClusterIPs"},
 		{Name: mapNoEndpointServices, Map: true, Type: addr + " . inet_proto . inet_service : verdict", Comment: "vmap to drop or reject packets to services with no endpoints"},
@@ -202,203 +251,38 @@ func (p *Params) Layout() Layout {
 		{Name: mapServiceIPs, Map: true, Type: addr + " . inet_proto . inet_service : verdict", Comment: "ClusterIP, ExternalIP and LoadBalancer IP traffic"},
 		{Name: mapServiceNodePorts, Map: true, Type: "inet_proto . inet_service : verdict", Comment: "NodePort traffic"},
 	}
-	if len(rejected) > 0 {
-		l.Sets = append(l.Sets, Set{Name: mapLocalhostRejects, Map: true, Type: "inet_proto . inet_service : verdict", Comment: "localhost NodePorts rejected by kube-proxy"})
-		for _, proto := range rejected {
-			counter := LocalhostRejectedCounter(proto)
-			l.Counters = append(l.Counters, counter)
-			l.Chains = append(l.Chains, chain(localhostRejectChain(proto), "counter name "+strconv.Quote(counter)+" reject"))
-		}
-	}
-	if !p.matchAllNodePorts() {
-		l.Sets = append(l.Sets, Set{Name: setNodePortIPs, Type: addr, Comment: "IPs that accept NodePort traffic"})
-		for _, a := range p.NodePortAddresses {
-			// Upstream does not do localhost NodePorts; the wiring logs it.
-			if a.IsLoopback() {
-				continue
-			}
-			l.Elements = append(l.Elements, knftables.Element{Set: setNodePortIPs, Key: []string{a.String()}})
-		}
-	}
-	return l
 }
 
-// ServiceObjects decides what one service port puts into the table, from
-// its definition and the endpoints this node uses for it, as upstream
-// v1.36 does: no endpoint chains but with affinity, one numgen DNAT rule
-// per policy chain, hairpin traffic masqueraded through a set.
-func (p *Params) ServiceObjects(svc *state.ServicePort, sel state.Selection) ServiceObjects {
-	var out ServiceObjects
-	ip := p.ipX()
-	n := namesFor(svc.Name)
-	proto := strings.ToLower(string(svc.Protocol))
-	port := itoa(svc.Port)
-	affinity := svc.AffinityTimeoutSeconds > 0
-	// Sized for the most it may hold: applied keeps it until the next sync.
-	local := 0
-	for _, ep := range sel.All {
-		if ep.IsLocal {
-			local++
-		}
+// addLocalhostRejects adds, when localhost NodePorts of some protocol
+// are rejected, the map of those NodePorts and each protocol's counter
+// and the chain that counts and rejects.
+func (p *Params) addLocalhostRejects(l *Layout) {
+	rejected := p.rejectedLocalhostProtocols()
+	if len(rejected) == 0 {
+		return
 	}
-	most := 2 + 2*len(svc.ExternalIPs) + 3*len(svc.LoadBalancerIPs) + local
-	if svc.NodePort != 0 {
-		most += 3
+	l.Sets = append(l.Sets, Set{Name: mapLocalhostRejects, Map: true, Type: "inet_proto . inet_service : verdict", Comment: "localhost NodePorts rejected by kube-proxy"})
+	for _, proto := range rejected {
+		counter := LocalhostRejectedCounter(proto)
+		l.Counters = append(l.Counters, counter)
+		l.Chains = append(l.Chains, chain(localhostRejectChain(proto), "counter name "+strconv.Quote(counter)+" reject"))
 	}
-	out.Elements = make([]knftables.Element, 0, most)
-	element := func(container string, isMap bool, key []string, value string, cmt string) {
-		e := knftables.Element{Key: key}
-		if isMap {
-			e.Map, e.Value = container, []string{value}
-		} else {
-			e.Set = container
-		}
-		if cmt != "" {
-			// nft refuses a longer comment, failing the whole transaction:
-			// "ns/name:port" of valid names may reach 143 bytes.
-			cmt = cmt[:min(len(cmt), knftables.CommentLengthMax)]
-			e.Comment = &cmt
-		}
-		out.Elements = append(out.Elements, e)
-	}
+}
 
-	hasEndpoints := sel.HasAny
-	paths := state.PathsOf(svc, sel)
-	internalChain, hasInternal := n.policyChain(paths.Internal), paths.Internal.Served
-	externalPolicyChain, hasExternal := n.policyChain(paths.External), paths.External.Served
-	// The external chain is there whenever there are endpoints anywhere:
-	// its short-circuits for pod and node traffic need no local ones.
-	usesExternal := hasEndpoints && svc.HasExternal()
-	internalVerdict, externalVerdict := "drop", "drop"
-	if !hasEndpoints {
-		internalVerdict, externalVerdict = "goto "+chainReject, "goto "+chainReject
+// addNodePortIPs adds, unless every local address takes NodePorts, the
+// set of those that do.
+func (p *Params) addNodePortIPs(l *Layout) {
+	if p.matchAllNodePorts() {
+		return
 	}
-	name := svc.Name.String()
-	key := func(a netip.Addr) []string { return []string{a.String(), proto, port} }
-
-	element(setClusterIPs, false, []string{svc.ClusterIP.String()}, "", "")
-	if hasInternal {
-		element(mapServiceIPs, true, key(svc.ClusterIP), "goto "+internalChain, "")
-	} else {
-		element(mapNoEndpointServices, true, key(svc.ClusterIP), internalVerdict, name)
+	l.Sets = append(l.Sets, Set{Name: setNodePortIPs, Type: p.addrType(), Comment: "IPs that accept NodePort traffic"})
+	for _, a := range p.NodePortAddresses {
+		// Upstream does not do localhost NodePorts; the wiring logs it.
+		if a.IsLoopback() {
+			continue
+		}
+		l.Elements = append(l.Elements, knftables.Element{Set: setNodePortIPs, Key: []string{a.String()}})
 	}
-	for _, a := range svc.ExternalIPs {
-		if hasEndpoints {
-			element(mapServiceIPs, true, key(a), "goto "+n.external, "")
-		}
-		if !hasExternal {
-			element(mapNoEndpointServices, true, key(a), externalVerdict, name)
-		}
-	}
-	usesFirewall := len(svc.LoadBalancerIPs) > 0 && len(svc.LoadBalancerSourceRanges) > 0
-	for _, a := range svc.LoadBalancerIPs {
-		if hasEndpoints {
-			element(mapServiceIPs, true, key(a), "goto "+n.external, "")
-		}
-		if usesFirewall {
-			element(mapFirewallIPs, true, key(a), "goto "+n.firewall, "")
-		}
-	}
-	if !hasExternal {
-		for _, a := range svc.LoadBalancerIPs {
-			element(mapNoEndpointServices, true, key(a), externalVerdict, name)
-		}
-	}
-	if svc.NodePort != 0 {
-		np := []string{proto, itoa(svc.NodePort)}
-		if hasEndpoints {
-			element(mapServiceNodePorts, true, np, "goto "+n.external, "")
-		}
-		if !hasExternal {
-			element(mapNoEndpointNodePorts, true, np, externalVerdict, name)
-		}
-		if p.rejectsLocalhost(svc.Protocol) {
-			element(mapLocalhostRejects, true, np, "goto "+localhostRejectChain(svc.Protocol), "")
-		}
-	}
-	for _, ep := range sel.All {
-		if ep.IsLocal {
-			a := ep.IP.String()
-			element(setHairpinConnections, false, []string{a, a, proto, itoa(ep.Port)}, "", "")
-		}
-	}
-
-	if usesExternal {
-		ext := chain(n.external)
-		if !svc.ExternalPolicyLocal {
-			// Cluster endpoints may be on other nodes: masquerade.
-			ext.Rules = append(ext.Rules, comment(p.masquerade(), "masquerade"))
-		} else {
-			// Pods and the node itself reach external addresses as if
-			// from outside and back in, so they get every endpoint; the
-			// node's traffic is masqueraded, its source being local.
-			if p.LocalDetector.Implemented() {
-				ext.Rules = append(ext.Rules, comment(p.LocalDetector.IfLocalNFT()+" goto "+n.cluster, "short-circuit pod traffic"))
-			}
-			ext.Rules = append(ext.Rules,
-				comment("fib saddr type local "+p.masquerade(), "masquerade local traffic"),
-				comment("fib saddr type local goto "+n.cluster, "short-circuit local traffic"))
-		}
-		if hasExternal {
-			ext.Rules = append(ext.Rules, "goto "+externalPolicyChain)
-		}
-		out.Chains = append(out.Chains, ext)
-	}
-	if usesFirewall {
-		allowed := slices.Clone(svc.LoadBalancerSourceRanges)
-		if slices.ContainsFunc(allowed, func(r netip.Prefix) bool { return r.Contains(p.NodeIP) }) {
-			// A node reaching its own LB IP (bound locally) comes from
-			// the LB IP itself.
-			for _, a := range svc.LoadBalancerIPs {
-				allowed = append(allowed, netip.PrefixFrom(a, a.BitLen()))
-			}
-		}
-		out.Chains = append(out.Chains, chain(n.firewall, ip+" saddr != "+addressSet(allowed)+" drop"))
-	}
-
-	policyChain := func(name string, eps []*state.Endpoint) {
-		c := chain(name)
-		if !affinity {
-			dnats, mapped := make([]string, len(eps)), make([]string, len(eps))
-			for i, ep := range eps {
-				dnats[i] = "dnat to " + ep.String()
-				mapped[i] = ep.IP.String() + " . " + itoa(ep.Port)
-			}
-			c.Rules, c.Upstream = spread("meta l4proto "+proto+" ", dnats,
-				"meta l4proto "+proto+" dnat "+ip+" to numgen random mod %d map { %s }", mapped)
-		} else {
-			var checks []string
-			gotos := make([]string, len(eps))
-			for i, ep := range eps {
-				b := endpointBase(svc.Name, ep)
-				checks = append(checks, ip+" saddr @"+prefixAffinity+b+" goto "+prefixEndpoint+b)
-				gotos[i] = "goto " + prefixEndpoint + b
-			}
-			rules, upstream := spread("", gotos, "numgen random mod %d vmap { %s }", gotos)
-			c.Rules = append(slices.Clip(checks), rules...)
-			if upstream != nil {
-				c.Upstream = append(checks, upstream...)
-			}
-		}
-		out.Chains = append(out.Chains, c)
-	}
-	if paths.ClusterUsed {
-		policyChain(n.cluster, sel.Cluster)
-	}
-	if paths.LocalUsed {
-		policyChain(n.local, sel.Local)
-	}
-	if affinity {
-		for _, ep := range sel.All {
-			b := endpointBase(svc.Name, ep)
-			out.Sets = append(out.Sets, Set{Name: prefixAffinity + b, Type: p.addrType(),
-				Flags: []knftables.SetFlag{knftables.DynamicFlag, knftables.TimeoutFlag}, Timeout: time.Duration(svc.AffinityTimeoutSeconds) * time.Second})
-			out.Chains = append(out.Chains, chain(prefixEndpoint+b,
-				"update @"+prefixAffinity+b+" { "+ip+" saddr }",
-				"meta l4proto "+proto+" dnat to "+ep.String()))
-		}
-	}
-	return out
 }
 
 // cascadeLimit is the most endpoints spread spreads over with a cascade

@@ -121,115 +121,195 @@ func (t *traceTable) Rules(chain string) ([]string, bool) {
 // and what it does. It knows the expressions and statements this mode
 // writes; any other is an error rather than a guess.
 func (t *traceTable) Eval(chain, rule string) (bool, trace.Effect, error) {
-	pkt := t.packet
-	tokens := tokenize(rule)
-	var e trace.Effect
-	ip := t.params.ipX()
-	next := func(i int) string {
-		if i < len(tokens) {
-			return tokens[i]
+	r := &ruleEval{t: t, pkt: t.packet, ip: t.params.ipX(), tokens: tokenize(rule)}
+	for r.i < len(r.tokens) {
+		step, err := r.step()
+		if err != nil {
+			return false, r.e, err
 		}
-		return ""
-	}
-	for i := 0; i < len(tokens); {
-		rest := strings.Join(tokens[i:], " ")
-		switch {
-		case tokens[i] == "comment":
-			return true, e, nil
-		case strings.HasPrefix(rest, "ct state new"):
-			i += 3
-		case strings.HasPrefix(rest, ip+" daddr . meta l4proto . th dport vmap @"):
-			return t.lookup(strings.TrimPrefix(tokens[i+9], "@"), []string{pkt.Destination.String(), packetProto(pkt), packetPort(pkt)})
-		case strings.HasPrefix(rest, "meta l4proto . th dport vmap @"):
-			return t.lookup(strings.TrimPrefix(tokens[i+6], "@"), []string{packetProto(pkt), packetPort(pkt)})
-		case tokens[i] == ip && (next(i+1) == "daddr" || next(i+1) == "saddr"):
-			addr := pkt.Destination
-			if next(i+1) == "saddr" {
-				addr = pkt.Source
-			}
-			i += 2
-			negate := next(i) == "!="
-			if negate {
-				i++
-			}
-			in, n, err := t.member(tokens[i:], addr)
-			if err != nil {
-				return false, e, err
-			}
-			i += n
-			if in == negate {
-				return false, e, nil
-			}
-		case strings.HasPrefix(rest, "fib daddr type local"):
-			if !pkt.LocalDestination {
-				return false, e, nil
-			}
-			i += 4
-		case strings.HasPrefix(rest, "fib saddr type local"):
-			if pkt.From != trace.FromNode {
-				return false, e, nil
-			}
-			i += 4
-		case tokens[i] == "iifname":
-			// Only the local-traffic detector matches interfaces: those
-			// of this node's pods.
-			negate := next(i+1) == "!="
-			if negate {
-				i++
-			}
-			i += 2
-			if (pkt.From == trace.FromPod) == negate {
-				return false, e, nil
-			}
-		case strings.HasPrefix(rest, "meta l4proto ") && !strings.HasPrefix(rest, "meta l4proto ."):
-			if !strings.EqualFold(next(i+2), string(pkt.Protocol)) {
-				return false, e, nil
-			}
-			i += 3
-		case strings.HasPrefix(rest, "numgen random mod ") && next(i+4) != "map" && next(i+4) != "vmap":
-			n, err := strconv.Atoi(next(i + 3))
-			if err != nil || n < 1 || next(i+4) != "0" {
-				return false, e, fmt.Errorf("numgen %q", rest)
-			}
-			e.Share = 1 / float64(n)
-			i += 5
-		case strings.HasPrefix(rest, "meta mark set meta mark | "):
-			e.Masquerade = true
-			i += 7
-		case tokens[i] == "update":
-			// Adds the client to an affinity set: nothing a trace follows.
-			for i < len(tokens) && tokens[i] != "}" {
-				i++
-			}
-			i++
-		case tokens[i] == "goto" || tokens[i] == "jump":
-			e.Verdict, e.Chain = trace.Goto, next(i+1)
-			if tokens[i] == "jump" {
-				e.Verdict = trace.Jump
-			}
-			i += 2
-		case tokens[i] == "drop" || tokens[i] == "reject" || tokens[i] == "accept" || tokens[i] == "return":
-			e.Verdict = map[string]trace.Verdict{"drop": trace.Drop, "reject": trace.Reject, "accept": trace.Accept, "return": trace.Return}[tokens[i]]
-			i++
-		case tokens[i] == "dnat":
-			return t.dnat(tokens[i:], e)
-		case tokens[i] == "numgen":
-			// numgen random mod N vmap { 0 : goto a, 1 : goto b }
-			entries, err := mapEntries(tokens[i+5:])
-			if err != nil {
-				return false, e, err
-			}
-			for _, v := range entries {
-				f := e
-				f.Verdict, f.Chain = trace.Goto, strings.TrimPrefix(v, "goto ")
-				e.Fork = append(e.Fork, f)
-			}
-			return true, e, nil
-		default:
-			return false, e, fmt.Errorf("the trace does not know %q", rest)
+		if step != evalNext {
+			return step == evalMatch, r.e, nil
 		}
 	}
-	return true, e, nil
+	return true, r.e, nil
+}
+
+// ruleEval reads one rule, an expression or statement at a time, from
+// tokens[i], gathering what it does in e.
+type ruleEval struct {
+	t      *traceTable
+	pkt    trace.Packet
+	ip     string
+	tokens []string
+	i      int
+	e      trace.Effect
+}
+
+// evalStep is what reading an expression or statement gave: go on with
+// the next, or the rule matched, or it did not.
+type evalStep int
+
+const (
+	evalNext evalStep = iota
+	evalMatch
+	evalNoMatch
+)
+
+// matchedIf ends the rule: matched or not.
+func matchedIf(matched bool) evalStep {
+	if matched {
+		return evalMatch
+	}
+	return evalNoMatch
+}
+
+// next is the token n after the current one; "" past the end.
+func (r *ruleEval) next(n int) string {
+	if r.i+n < len(r.tokens) {
+		return r.tokens[r.i+n]
+	}
+	return ""
+}
+
+// skip goes past n tokens.
+func (r *ruleEval) skip(n int) (evalStep, error) {
+	r.i += n
+	return evalNext, nil
+}
+
+// step reads the expression or statement at tokens[i].
+func (r *ruleEval) step() (evalStep, error) {
+	token, rest := r.tokens[r.i], strings.Join(r.tokens[r.i:], " ")
+	switch {
+	case token == "comment":
+		return evalMatch, nil
+	case strings.HasPrefix(rest, "ct state new"):
+		return r.skip(3)
+	case strings.HasPrefix(rest, r.ip+" daddr . meta l4proto . th dport vmap @"):
+		return r.vmap(9, []string{r.pkt.Destination.String(), packetProto(r.pkt), packetPort(r.pkt)})
+	case strings.HasPrefix(rest, "meta l4proto . th dport vmap @"):
+		return r.vmap(6, []string{packetProto(r.pkt), packetPort(r.pkt)})
+	case token == r.ip && (r.next(1) == "daddr" || r.next(1) == "saddr"):
+		return r.address()
+	case strings.HasPrefix(rest, "fib daddr type local"):
+		return r.when(r.pkt.LocalDestination, 4)
+	case strings.HasPrefix(rest, "fib saddr type local"):
+		return r.when(r.pkt.From == trace.FromNode, 4)
+	case token == "iifname":
+		return r.iifname()
+	case strings.HasPrefix(rest, "meta l4proto ") && !strings.HasPrefix(rest, "meta l4proto ."):
+		return r.when(strings.EqualFold(r.next(2), string(r.pkt.Protocol)), 3)
+	case strings.HasPrefix(rest, "numgen random mod ") && r.next(4) != "map" && r.next(4) != "vmap":
+		return r.share(rest)
+	case strings.HasPrefix(rest, "meta mark set meta mark | "):
+		r.e.Masquerade = true
+		return r.skip(7)
+	case token == "update":
+		return r.update()
+	case token == "goto" || token == "jump":
+		return r.jump()
+	case verdicts[token] != "":
+		r.e.Verdict = verdicts[token]
+		return r.skip(1)
+	case token == "dnat":
+		matched, e, err := r.t.dnat(r.tokens[r.i:], r.e)
+		r.e = e
+		return matchedIf(matched), err
+	case token == "numgen":
+		return r.numgenVmap()
+	}
+	return evalNoMatch, fmt.Errorf("the trace does not know %q", rest)
+}
+
+// verdicts are the verdict statements that name no chain.
+var verdicts = map[string]trace.Verdict{"drop": trace.Drop, "reject": trace.Reject, "accept": trace.Accept, "return": trace.Return}
+
+// when goes past a match of n tokens if it holds, and ends the rule
+// otherwise.
+func (r *ruleEval) when(holds bool, n int) (evalStep, error) {
+	if !holds {
+		return evalNoMatch, nil
+	}
+	return r.skip(n)
+}
+
+// vmap ends the rule with the verdict the map named at token at holds
+// for key.
+func (r *ruleEval) vmap(at int, key []string) (evalStep, error) {
+	matched, e, err := r.t.lookup(strings.TrimPrefix(r.tokens[r.i+at], "@"), key)
+	r.e = e
+	return matchedIf(matched), err
+}
+
+// address reads "ip saddr|daddr [!=] value".
+func (r *ruleEval) address() (evalStep, error) {
+	addr := r.pkt.Destination
+	if r.next(1) == "saddr" {
+		addr = r.pkt.Source
+	}
+	r.i += 2
+	negate := r.next(0) == "!="
+	if negate {
+		r.i++
+	}
+	in, n, err := r.t.member(r.tokens[r.i:], addr)
+	if err != nil {
+		return evalNoMatch, err
+	}
+	return r.when(in != negate, n)
+}
+
+// iifname reads "iifname [!=] name". Only the local-traffic detector
+// matches interfaces: those of this node's pods.
+func (r *ruleEval) iifname() (evalStep, error) {
+	negate := r.next(1) == "!="
+	if negate {
+		r.i++
+	}
+	return r.when((r.pkt.From == trace.FromPod) != negate, 2)
+}
+
+// share reads "numgen random mod N 0": the rule takes 1/N of what
+// reaches it.
+func (r *ruleEval) share(rest string) (evalStep, error) {
+	n, err := strconv.Atoi(r.next(3))
+	if err != nil || n < 1 || r.next(4) != "0" {
+		return evalNoMatch, fmt.Errorf("numgen %q", rest)
+	}
+	r.e.Share = 1 / float64(n)
+	return r.skip(5)
+}
+
+// update adds the client to an affinity set: nothing a trace follows.
+func (r *ruleEval) update() (evalStep, error) {
+	for r.i < len(r.tokens) && r.tokens[r.i] != "}" {
+		r.i++
+	}
+	return r.skip(1)
+}
+
+// jump reads "goto|jump chain".
+func (r *ruleEval) jump() (evalStep, error) {
+	r.e.Verdict, r.e.Chain = trace.Goto, r.next(1)
+	if r.tokens[r.i] == "jump" {
+		r.e.Verdict = trace.Jump
+	}
+	return r.skip(2)
+}
+
+// numgenVmap reads "numgen random mod N vmap { 0 : goto a, 1 : goto b }":
+// a fork to each chain.
+func (r *ruleEval) numgenVmap() (evalStep, error) {
+	entries, err := mapEntries(r.tokens[r.i+5:])
+	if err != nil {
+		return evalNoMatch, err
+	}
+	for _, v := range entries {
+		f := r.e
+		f.Verdict, f.Chain = trace.Goto, strings.TrimPrefix(v, "goto ")
+		r.e.Fork = append(r.e.Fork, f)
+	}
+	return evalMatch, nil
 }
 
 // dnat reads "dnat to A:P", or "dnat ip to numgen random mod N map {
