@@ -90,8 +90,9 @@ func (r *cmdReader) Close() error {
 }
 
 // readTable reads what `nft list` prints of the table or of one object in
-// it (see Config.List), line by line: an empty table when there is no such
-// object.
+// it (see Kernel.List), line by line, through list: an empty table when
+// there is no such object (an error wrapping fs.ErrNotExist from list or
+// from its reader's Close).
 func readTable(ctx context.Context, list func(ctx context.Context, kind, name string) (io.ReadCloser, error), kind, name string) (*table, error) {
 	r, err := list(ctx, kind, name)
 	if err != nil {

@@ -11,11 +11,12 @@ import (
 	"github.com/rapidproxy/rapidproxy/internal/nftnl"
 )
 
-// netlinkTx is a transaction's operations encoded for the netlink writer,
-// or an error wrapping nftnl.ErrUnsupported, before anything is sent,
-// for one it does not encode.
-func (s *Syncer) netlinkTx(p txPlan) (*nftnl.Writer, error) {
-	w, err := nftnl.NewWriter(string(Family(s.cfg.Family)), TableName, s.setType)
+// netlinkTx is a transaction's operations on the family's table t
+// encoded for the netlink writer, or an error wrapping
+// nftnl.ErrUnsupported, before anything is sent, for one it does not
+// encode.
+func netlinkTx(family knftables.Family, p txPlan, t *table) (*nftnl.Writer, error) {
+	w, err := nftnl.NewWriter(string(family), TableName, t.setType)
 	if err != nil {
 		return nil, err
 	}
@@ -31,8 +32,8 @@ func (s *Syncer) netlinkTx(p txPlan) (*nftnl.Writer, error) {
 
 // setType is the type and flags of a set the table holds, as the
 // writer's elements are typed by.
-func (s *Syncer) setType(name string) (string, []string, bool) {
-	ts, ok := s.table.kernel.sets[name]
+func (t *table) setType(name string) (string, []string, bool) {
+	ts, ok := t.sets[name]
 	if !ok {
 		return "", nil, false
 	}

@@ -96,17 +96,3 @@ func (s *tableState) takeRepair() bool {
 	s.repairDue = false
 	return due
 }
-
-// logOnce keeps a log line about a fallback from repeating; nothing
-// decides on these.
-type logOnce struct {
-	// generation: the watch cannot read the ruleset generation and lists
-	// the table every time instead.
-	generation bool
-	// netlinkRead: a full sync could not read the table over netlink and
-	// listed it with nft.
-	netlinkRead bool
-	// netlinkEncode: a sync could not encode a transaction for netlink
-	// and wrote it with nft.
-	netlinkEncode bool
-}

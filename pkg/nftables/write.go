@@ -321,7 +321,7 @@ func (w *write) run() error {
 	// Held no longer than needed: a first sync's run is its peak.
 	w.touched, w.seenChains, w.seenSets = nil, nil, nil
 	for _, plan := range w.transactions() {
-		if err := w.s.run(func() error { return w.s.send(plan) }); err != nil {
+		if err := w.s.run(plan); err != nil {
 			// nft -f applies all or nothing, but earlier transactions of
 			// a split sync went through: what we think the table holds
 			// is wrong now, and the next sync reads it again.
