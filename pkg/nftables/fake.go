@@ -50,7 +50,7 @@ func (f *Fake) List(ctx context.Context, kind, name string) (*table, error) {
 	return readTable(ctx, listFake(f.Fake), kind, name)
 }
 
-func (f *Fake) Run(ctx context.Context, tx txPlan, _ *table) error {
+func (f *Fake) Run(ctx context.Context, tx txPlan, _ tableSets) error {
 	if err := f.nft.Run(ctx, tx.transaction(f.nft)); err != nil {
 		return err
 	}

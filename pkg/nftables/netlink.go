@@ -11,12 +11,12 @@ import (
 	"github.com/rapidproxy/rapidproxy/internal/nftnl"
 )
 
-// netlinkTx is a transaction's operations on the family's table t
-// encoded for the netlink writer, or an error wrapping
-// nftnl.ErrUnsupported, before anything is sent, for one it does not
-// encode.
-func netlinkTx(family knftables.Family, p txPlan, t *table) (*nftnl.Writer, error) {
-	w, err := nftnl.NewWriter(string(family), TableName, t.setType)
+// netlinkTx is a transaction's operations on the family's table, which
+// holds sets after it, encoded for the netlink writer, or an error
+// wrapping nftnl.ErrUnsupported, before anything is sent, for one it
+// does not encode.
+func netlinkTx(family knftables.Family, p txPlan, sets tableSets) (*nftnl.Writer, error) {
+	w, err := nftnl.NewWriter(string(family), TableName, setType(sets))
 	if err != nil {
 		return nil, err
 	}
@@ -32,16 +32,18 @@ func netlinkTx(family knftables.Family, p txPlan, t *table) (*nftnl.Writer, erro
 
 // setType is the type and flags of a set the table holds, as the
 // writer's elements are typed by.
-func (t *table) setType(name string) (string, []string, bool) {
-	ts, ok := t.sets[name]
-	if !ok {
-		return "", nil, false
+func setType(sets tableSets) func(name string) (string, []string, bool) {
+	return func(name string) (string, []string, bool) {
+		ts := sets.set(name)
+		if ts == nil {
+			return "", nil, false
+		}
+		flags := make([]string, len(ts.Flags))
+		for i, f := range ts.Flags {
+			flags[i] = string(f)
+		}
+		return ts.Type, flags, true
 	}
-	flags := make([]string, len(ts.Flags))
-	for i, f := range ts.Flags {
-		flags[i] = string(f)
-	}
-	return ts.Type, flags, true
 }
 
 func unsupportedOp(v verb, obj knftables.Object) error {

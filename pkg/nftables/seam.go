@@ -30,9 +30,9 @@ import (
 //   - List reads what `nft list` prints of the table (kind "table", name
 //     "") or of one chain, set or map in it: an empty table when there
 //     is no such object.
-//   - Run runs one transaction of ours, all or nothing. t is what the
-//     table holds after it (the syncer's mirror): its sets' types encode
-//     the elements.
+//   - Run runs one transaction of ours, all or nothing. sets are the
+//     table's sets and maps as it leaves them (the sync's plan of the
+//     table): their types encode the elements.
 //   - Generation is the ruleset generation, which every transaction
 //     (ours or another program's) moves by one, less our own transactions
 //     where the kernel can tell them apart.
@@ -44,7 +44,7 @@ type Kernel interface {
 	ReadTable(ctx context.Context) (*table, error)
 	ReadObjects(ctx context.Context, chains, sets []string) (*table, error)
 	List(ctx context.Context, kind, name string) (*table, error)
-	Run(ctx context.Context, tx txPlan, t *table) error
+	Run(ctx context.Context, tx txPlan, sets tableSets) error
 	Generation() (uint64, error)
 	ListRules(ctx context.Context, chain string) ([]*knftables.Rule, error)
 }
@@ -131,11 +131,11 @@ func (k *realKernel) List(ctx context.Context, kind, name string) (*table, error
 }
 
 // Run runs the transaction through writeTx: see send.
-func (k *realKernel) Run(ctx context.Context, tx txPlan, t *table) error {
+func (k *realKernel) Run(ctx context.Context, tx txPlan, sets tableSets) error {
 	if k.writeTx == nil {
-		return k.send(ctx, tx, t)
+		return k.send(ctx, tx, sets)
 	}
-	return k.writeTx(func() error { return k.send(ctx, tx, t) })
+	return k.writeTx(func() error { return k.send(ctx, tx, sets) })
 }
 
 // maxNetlinkOps bounds the transactions sent over netlink: a batch is
@@ -149,9 +149,9 @@ const maxNetlinkOps = 10000
 // encodes every operation (else logged once, at -v=2); else written to
 // nft as it is made when nft takes it so (a Streamer), or made whole and
 // run.
-func (k *realKernel) send(ctx context.Context, tx txPlan, t *table) error {
+func (k *realKernel) send(ctx context.Context, tx txPlan, sets tableSets) error {
 	if k.netlinkSend != nil && tx.len() <= maxNetlinkOps {
-		w, err := netlinkTx(Family(k.family), tx, t)
+		w, err := netlinkTx(Family(k.family), tx, sets)
 		if err == nil {
 			return k.netlinkSend(w)
 		}

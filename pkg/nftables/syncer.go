@@ -143,19 +143,12 @@ func (s *Syncer) FullSync(v state.View) error {
 		return fmt.Errorf("reading the %s table: %w", TableName, err)
 	}
 	s.table.read(t, gen, genErr)
-	s.layout, s.applied, s.wanted = Layout{}, map[state.ServicePortName]ServiceObjects{}, map[elemID]wantedElem{}
 	for name := range s.stale {
 		if _, ok := t.chains[name]; !ok {
 			delete(s.stale, name)
 		}
 	}
-	w := s.newWrite(true)
-	w.applied = applied
-	w.replaceLayout(s.cfg.Params.Layout())
-	for _, name := range slices.SortedFunc(maps.Keys(v.Services), state.ServicePortName.Compare) {
-		w.replace(name, s.objectsFor(v, name))
-	}
-	w.removeUnwanted()
+	w := s.planFull(v, applied)
 	if err := w.run(); err != nil {
 		return err
 	}
@@ -165,6 +158,22 @@ func (s *Syncer) FullSync(v state.View) error {
 		metrics.NFTablesRepairsTotal.WithLabelValues(string(s.cfg.Family)).Inc()
 	}
 	return nil
+}
+
+// planFull plans a full sync over the table just read, against no
+// layout and no service port applied: every port's objects, and the
+// removal of what no one wants. repair, if not nil, are the rules each
+// chain had, to tell what the sync restores.
+func (s *Syncer) planFull(v state.View, repair map[string][]string) *write {
+	w := s.newWrite(true)
+	w.repair = repair
+	w.replaceLayout(s.cfg.Params.Layout())
+	for _, name := range slices.SortedFunc(maps.Keys(v.Services), state.ServicePortName.Compare) {
+		w.replace(name, s.objectsFor(v, name))
+	}
+	w.removeUnwanted()
+	w.planElements()
+	return w
 }
 
 // appliedChains are the rules of every chain the last syncs wrote.
@@ -189,17 +198,24 @@ func (s *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]boo
 	if s.table.phase() == phaseUnknown {
 		return proxy.ErrFullSyncNeeded
 	}
+	if err := s.planPartial(v, changed).run(); err != nil {
+		return err
+	}
+	s.syncLocalhostProxy(v)
+	return nil
+}
+
+// planPartial plans a partial sync: the layout, and the changed service
+// ports' objects.
+func (s *Syncer) planPartial(v state.View, changed map[state.ServicePortName]bool) *write {
 	w := s.newWrite(false)
 	// A handful of chains, compared in memory: catches new ServiceCIDRs.
 	w.replaceLayout(s.cfg.Params.Layout())
 	for _, name := range slices.SortedFunc(maps.Keys(changed), state.ServicePortName.Compare) {
 		w.replace(name, s.objectsFor(v, name))
 	}
-	if err := w.run(); err != nil {
-		return err
-	}
-	s.syncLocalhostProxy(v)
-	return nil
+	w.planElements()
+	return w
 }
 
 // syncLocalhostProxy has the localhost NodePort proxy serve the state's
@@ -289,12 +305,12 @@ func (s *Syncer) tableGone(ctx context.Context) string {
 	return ""
 }
 
-// run runs one transaction of ours; when it alone moved the generation
-// from one the table was known in place at, the table is known in place
-// at the new one.
-func (s *Syncer) run(tx txPlan) error {
+// run runs one transaction of ours, after which the table holds sets;
+// when it alone moved the generation from one the table was known in
+// place at, the table is known in place at the new one.
+func (s *Syncer) run(tx txPlan, sets tableSets) error {
 	before, errBefore := s.cfg.Kernel.Generation()
-	if err := s.cfg.Kernel.Run(context.TODO(), tx, s.table.kernel); err != nil {
+	if err := s.cfg.Kernel.Run(context.TODO(), tx, sets); err != nil {
 		return err
 	}
 	after, errAfter := s.cfg.Kernel.Generation()

@@ -261,7 +261,7 @@ func (s *Syncer) deleteStaleChains() {
 		// Adding first makes the delete succeed when another program
 		// deleted the chain already.
 		plan := txPlan{{objectOps(addOp, chains), 0, len(chains)}, {objectOps(deleteOp, chains), 0, len(chains)}}
-		if err := s.run(plan); err != nil {
+		if err := s.run(plan, s.table.kernel); err != nil {
 			klog.ErrorS(err, "Deleting stale nftables chains failed; retrying at a later sync", "ipFamily", s.cfg.Family, "chains", names)
 			metrics.NFTablesCleanupFailuresTotal.WithLabelValues(string(s.cfg.Family)).Inc()
 			for _, name := range names {
