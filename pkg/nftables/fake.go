@@ -103,16 +103,51 @@ func onlyObject(t *knftables.FakeTable, kind, name string) *knftables.FakeTable 
 	return only
 }
 
+// renderFake prints t as `nft list table` does.
 func renderFake(t *knftables.FakeTable) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table %s %s {\n", t.Family, t.Name)
 	if t.Comment != nil {
 		fmt.Fprintf(&b, "\tcomment %q\n", *t.Comment)
 	}
-	elements := func(els []*knftables.Element) {
-		if len(els) == 0 {
-			return
+	for _, name := range sortedKeys(t.Counters) {
+		fmt.Fprintf(&b, "\tcounter %s {\n\t\tpackets 0 bytes 0\n\t}\n\n", name)
+	}
+	for _, name := range sortedKeys(t.Sets) {
+		s := t.Sets[name]
+		timeout := ""
+		if s.Timeout != nil {
+			timeout = nftnl.Duration(*s.Timeout)
 		}
+		renderSet(&b, "set", name, s.Type, s.Flags, timeout, s.Comment, s.Elements)
+	}
+	for _, name := range sortedKeys(t.Maps) {
+		m := t.Maps[name]
+		renderSet(&b, "map", name, m.Type, m.Flags, "", m.Comment, m.Elements)
+	}
+	for _, name := range sortedKeys(t.Chains) {
+		renderChain(&b, name, t.Chains[name])
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+func renderSet(b *strings.Builder, kind, name, typ string, flags []knftables.SetFlag, timeout string, cmt *string, els []*knftables.Element) {
+	fmt.Fprintf(b, "\t%s %s {\n\t\ttype %s\n", kind, name, typ)
+	if len(flags) > 0 {
+		fs := make([]string, len(flags))
+		for i, f := range flags {
+			fs[i] = string(f)
+		}
+		fmt.Fprintf(b, "\t\tsize 65535\n\t\tflags %s\n", strings.Join(fs, ","))
+	}
+	if timeout != "" {
+		fmt.Fprintf(b, "\t\ttimeout %s\n", timeout)
+	}
+	if cmt != nil {
+		fmt.Fprintf(b, "\t\tcomment %q\n", *cmt)
+	}
+	if len(els) > 0 {
 		var out []string
 		for _, e := range els {
 			s := strings.Join(e.Key, " . ")
@@ -124,62 +159,28 @@ func renderFake(t *knftables.FakeTable) string {
 			}
 			out = append(out, s)
 		}
-		fmt.Fprintf(&b, "\t\telements = { %s }\n", strings.Join(out, ",\n\t\t\t     "))
+		fmt.Fprintf(b, "\t\telements = { %s }\n", strings.Join(out, ",\n\t\t\t     "))
 	}
-	set := func(kind, name, typ string, flags []knftables.SetFlag, timeout any, cmt *string, els []*knftables.Element) {
-		fmt.Fprintf(&b, "\t%s %s {\n\t\ttype %s\n", kind, name, typ)
-		if len(flags) > 0 {
-			fs := make([]string, len(flags))
-			for i, f := range flags {
-				fs[i] = string(f)
-			}
-			fmt.Fprintf(&b, "\t\tsize 65535\n\t\tflags %s\n", strings.Join(fs, ","))
-		}
-		if timeout != "" {
-			fmt.Fprintf(&b, "\t\ttimeout %s\n", timeout)
-		}
-		if cmt != nil {
-			fmt.Fprintf(&b, "\t\tcomment %q\n", *cmt)
-		}
-		elements(els)
-		b.WriteString("\t}\n\n")
+	b.WriteString("\t}\n\n")
+}
+
+func renderChain(b *strings.Builder, name string, c *knftables.FakeChain) {
+	fmt.Fprintf(b, "\tchain %s {\n", name)
+	if c.Hook != nil {
+		fmt.Fprintf(b, "\t\ttype %s hook %s priority %s; policy accept;\n", *c.Type, *c.Hook, *c.Priority)
 	}
-	for _, name := range sortedKeys(t.Counters) {
-		fmt.Fprintf(&b, "\tcounter %s {\n\t\tpackets 0 bytes 0\n\t}\n\n", name)
+	if c.Comment != nil {
+		fmt.Fprintf(b, "\t\tcomment %q\n", *c.Comment)
 	}
-	for _, name := range sortedKeys(t.Sets) {
-		s := t.Sets[name]
-		timeout := ""
-		if s.Timeout != nil {
-			timeout = nftnl.Duration(*s.Timeout)
+	for _, r := range c.Rules {
+		// nft prints a verdict map's items as "a, b".
+		line := strings.ReplaceAll(r.Rule, " , ", ", ")
+		if r.Comment != nil {
+			line += fmt.Sprintf(" comment %q", *r.Comment)
 		}
-		set("set", name, s.Type, s.Flags, timeout, s.Comment, s.Elements)
+		fmt.Fprintf(b, "\t\t%s\n", line)
 	}
-	for _, name := range sortedKeys(t.Maps) {
-		m := t.Maps[name]
-		set("map", name, m.Type, m.Flags, "", m.Comment, m.Elements)
-	}
-	for _, name := range sortedKeys(t.Chains) {
-		c := t.Chains[name]
-		fmt.Fprintf(&b, "\tchain %s {\n", name)
-		if c.Hook != nil {
-			fmt.Fprintf(&b, "\t\ttype %s hook %s priority %s; policy accept;\n", *c.Type, *c.Hook, *c.Priority)
-		}
-		if c.Comment != nil {
-			fmt.Fprintf(&b, "\t\tcomment %q\n", *c.Comment)
-		}
-		for _, r := range c.Rules {
-			// nft prints a verdict map's items as "a, b".
-			line := strings.ReplaceAll(r.Rule, " , ", ", ")
-			if r.Comment != nil {
-				line += fmt.Sprintf(" comment %q", *r.Comment)
-			}
-			fmt.Fprintf(&b, "\t\t%s\n", line)
-		}
-		b.WriteString("\t}\n\n")
-	}
-	b.WriteString("}\n")
-	return b.String()
+	b.WriteString("\t}\n\n")
 }
 
 func sortedKeys[V any](m map[string]V) []string {
