@@ -96,9 +96,10 @@ func NewKernel(family v1.IPFamily, nft knftables.Interface, nftOnly bool) Kernel
 	return k
 }
 
-// ReadTable reads over netlink, or with `nft list table` when that
-// fails (a rule of a shape the reader does not decode, say), whose rule
-// dump is quadratic in the kernel.
+// ReadTable reads over netlink, which costs time linear in the table's
+// size, or with `nft list table` when that fails (a rule of a shape the
+// reader does not decode, say), whose rule dump is quadratic in the
+// kernel.
 func (k *realKernel) ReadTable(ctx context.Context) (*table, error) {
 	if k.netlinkRead != nil {
 		nt, err := k.netlinkRead(ctx)

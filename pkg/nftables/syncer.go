@@ -131,9 +131,9 @@ func (s *Syncer) SetServiceCIDRs(cidrs []netip.Prefix) {
 func (s *Syncer) FullSync(v state.View) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var applied map[string][]string
+	var repair map[string][]string
 	if s.table.takeRepair() {
-		applied = s.appliedChains()
+		repair = s.appliedChains()
 	}
 	// What the listing shows is the table at this generation or later.
 	gen, genErr := s.cfg.Kernel.Generation()
@@ -148,7 +148,7 @@ func (s *Syncer) FullSync(v state.View) error {
 			delete(s.stale, name)
 		}
 	}
-	w := s.planFull(v, applied)
+	w := s.planFull(v, repair)
 	if err := w.run(); err != nil {
 		return err
 	}
