@@ -36,7 +36,7 @@ func BenchmarkSync(b *testing.B) {
 		null := &nullNFT{Interface: knftables.NewFake(knftables.IPv4Family, TableName)}
 		b.Run(fmt.Sprintf("full-%d", n), func(b *testing.B) {
 			for b.Loop() {
-				s, _ := New(Config{Family: v1.IPv4Protocol, NFT: null, List: listFake(knftables.NewFake(knftables.IPv4Family, TableName)), Params: h.syncer.cfg.Params})
+				s, _ := New(Config{Family: v1.IPv4Protocol, Kernel: listingKernel(v1.IPv4Protocol, null, listFake(knftables.NewFake(knftables.IPv4Family, TableName))), Params: h.syncer.cfg.Params})
 				if err := s.FullSync(h.view()); err != nil {
 					b.Fatal(err)
 				}
@@ -44,7 +44,7 @@ func BenchmarkSync(b *testing.B) {
 			b.ReportMetric(float64(null.ops), "ops")
 		})
 		b.Run(fmt.Sprintf("one-change-%d", n), func(b *testing.B) {
-			s, _ := New(Config{Family: v1.IPv4Protocol, NFT: null, List: listFake(knftables.NewFake(knftables.IPv4Family, TableName)), Params: h.syncer.cfg.Params})
+			s, _ := New(Config{Family: v1.IPv4Protocol, Kernel: listingKernel(v1.IPv4Protocol, null, listFake(knftables.NewFake(knftables.IPv4Family, TableName))), Params: h.syncer.cfg.Params})
 			if err := s.FullSync(h.view()); err != nil {
 				b.Fatal(err)
 			}

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -130,38 +131,38 @@ func (s *Syncer) verify(name state.ServicePortName, want ServiceObjects) ([]stri
 var serviceMaps = []string{mapServiceIPs, mapServiceNodePorts, mapNoEndpointServices, mapNoEndpointNodePorts, mapFirewallIPs}
 
 // reader reads one chain, set or map for verify: from one read of the
-// port's chains, its sets and the containers of its elements over netlink
-// (Config.ReadObjects), which costs what they hold; or, when that fails,
-// with nft: alone, or from one listing of the whole table when the port
-// has several chains. To list any chain nft (1.0.6) fetches every
-// anonymous set of the table, the numgen maps of all services: at 10k
-// services one chain costs nearly what the whole table does (2.8 s
-// against 3.3 s), while a set or map alone costs little (0.15 s for
-// service-ips).
+// port's chains, its sets and the containers of its elements
+// (Kernel.ReadObjects, over netlink), which costs what they hold; or,
+// when that fails, with nft: alone, or from one listing of the whole
+// table when the port has several chains. To list any chain nft (1.0.6)
+// fetches every anonymous set of the table, the numgen maps of all
+// services: at 10k services one chain costs nearly what the whole table
+// does (2.8 s against 3.3 s), while a set or map alone costs little
+// (0.15 s for service-ips).
 func (s *Syncer) reader(ctx context.Context, want ServiceObjects, containers []string) func(kind, name string) (*table, error) {
-	if s.cfg.ReadObjects != nil {
-		var chains, sets []string
-		for _, c := range want.Chains {
-			chains = append(chains, c.Name)
-		}
-		for _, st := range want.Sets {
-			sets = append(sets, st.Name)
-		}
-		nt, err := s.cfg.ReadObjects(ctx, chains, append(sets, containers...))
-		if err == nil {
-			t := fromNetlink(nt)
-			return func(string, string) (*table, error) { return t, nil }
-		}
+	var chains, sets []string
+	for _, c := range want.Chains {
+		chains = append(chains, c.Name)
+	}
+	for _, st := range want.Sets {
+		sets = append(sets, st.Name)
+	}
+	kernel := s.cfg.Kernel
+	read, err := kernel.ReadObjects(ctx, chains, append(sets, containers...))
+	if err == nil {
+		return func(string, string) (*table, error) { return read, nil }
+	}
+	if !errors.Is(err, errNotOverNetlink) {
 		klog.V(2).InfoS("Cannot read a service port's objects over netlink; listing them with nft instead", "ipFamily", s.cfg.Family, "err", err)
 	}
 	if len(want.Chains) <= 1 {
-		return func(kind, name string) (*table, error) { return readTable(ctx, s.cfg.List, kind, name) }
+		return func(kind, name string) (*table, error) { return kernel.List(ctx, kind, name) }
 	}
 	var t *table
 	return func(string, string) (*table, error) {
 		var err error
 		if t == nil {
-			t, err = readTable(ctx, s.cfg.List, "table", "")
+			t, err = kernel.List(ctx, "table", "")
 		}
 		return t, err
 	}

@@ -3,7 +3,6 @@ package nftables
 import (
 	"context"
 	"errors"
-	"io"
 	"os/exec"
 	"regexp"
 	"slices"
@@ -209,11 +208,7 @@ func TestVerifyListsObjectsOrTheTableOnce(t *testing.T) {
 	h.apply(describeObjects()...)
 	h.full()
 	var listed []string
-	list := h.syncer.cfg.List
-	h.syncer.cfg.List = func(ctx context.Context, kind, name string) (io.ReadCloser, error) {
-		listed = append(listed, strings.TrimSpace(kind+" "+name))
-		return list(ctx, kind, name)
-	}
+	h.syncer.cfg.Kernel = listRecorder{Kernel: h.syncer.cfg.Kernel, listed: &listed}
 	for svc, want := range map[string][]string{
 		"web": {"chain service-Y6QD5CCT-ns/web/tcp/http", "set cluster-ips", "map firewall-ips", "set hairpin-connections",
 			"map no-endpoint-nodeports", "map no-endpoint-services", "map service-ips", "map service-nodeports"},
@@ -320,9 +315,10 @@ func TestKernelVerifyNamesARuleDeletedByHand(t *testing.T) {
 // requires the same differences of both.
 func verifyBothWays(t *testing.T, h *harness, name state.ServicePortName) []string {
 	t.Helper()
-	readObjects := h.syncer.cfg.ReadObjects
-	defer func() { h.syncer.cfg.ReadObjects = readObjects }()
-	h.syncer.cfg.ReadObjects = func(ctx context.Context, chains, sets []string) (*nftnl.Table, error) {
+	real := h.syncer.cfg.Kernel.(*realKernel)
+	readObjects := real.netlinkReadObjects
+	defer func() { real.netlinkReadObjects = readObjects }()
+	real.netlinkReadObjects = func(ctx context.Context, chains, sets []string) (*nftnl.Table, error) {
 		nt, err := readObjects(ctx, chains, sets)
 		if err != nil {
 			t.Errorf("%s: reading over netlink: %v", name, err)
@@ -334,7 +330,7 @@ func verifyBothWays(t *testing.T, h *harness, name state.ServicePortName) []stri
 	if err != nil {
 		t.Fatalf("%s: verify over netlink: %v", name, err)
 	}
-	h.syncer.cfg.ReadObjects = func(context.Context, []string, []string) (*nftnl.Table, error) {
+	real.netlinkReadObjects = func(context.Context, []string, []string) (*nftnl.Table, error) {
 		return nil, errors.New("a shape the reader does not decode")
 	}
 	_, check = h.syncer.Describe(h.view(), name)

@@ -4,12 +4,8 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
-	"io"
-	"io/fs"
 	"net/netip"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/knftables"
 
-	"github.com/rapidproxy/rapidproxy/internal/nftnl"
 	"github.com/rapidproxy/rapidproxy/pkg/localdetect"
 	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
@@ -28,128 +23,6 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files of pkg/nftables/testdata")
 
 const nodeName = "node-1"
-
-// listFake prints a Fake's table, or one chain, set or map of it, as `nft
-// list` does, for the syncer's reads in tests.
-func listFake(f *knftables.Fake) func(context.Context, string, string) (io.ReadCloser, error) {
-	return func(_ context.Context, kind, name string) (io.ReadCloser, error) {
-		f.RLock()
-		defer f.RUnlock()
-		t := f.Table
-		if t != nil && kind != "table" {
-			t = onlyObject(t, kind, name)
-		}
-		if t == nil {
-			return nil, fmt.Errorf("no %s %s: %w", kind, name, fs.ErrNotExist)
-		}
-		return io.NopCloser(strings.NewReader(renderFake(t))), nil
-	}
-}
-
-// onlyObject is t with just one of its chains, sets or maps; nil when t
-// has no such object.
-func onlyObject(t *knftables.FakeTable, kind, name string) *knftables.FakeTable {
-	only := &knftables.FakeTable{Table: knftables.Table{Family: t.Family, Name: t.Name}}
-	switch c, s, m := t.Chains[name], t.Sets[name], t.Maps[name]; {
-	case kind == "chain" && c != nil:
-		only.Chains = map[string]*knftables.FakeChain{name: c}
-	case kind == "set" && s != nil:
-		only.Sets = map[string]*knftables.FakeSet{name: s}
-	case kind == "map" && m != nil:
-		only.Maps = map[string]*knftables.FakeMap{name: m}
-	default:
-		return nil
-	}
-	return only
-}
-
-func renderFake(t *knftables.FakeTable) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "table %s %s {\n", t.Family, t.Name)
-	if t.Comment != nil {
-		fmt.Fprintf(&b, "\tcomment %q\n", *t.Comment)
-	}
-	elements := func(els []*knftables.Element) {
-		if len(els) == 0 {
-			return
-		}
-		var out []string
-		for _, e := range els {
-			s := strings.Join(e.Key, " . ")
-			if e.Comment != nil {
-				s += fmt.Sprintf(" comment %q", *e.Comment)
-			}
-			if len(e.Value) > 0 {
-				s += " : " + strings.Join(e.Value, " . ")
-			}
-			out = append(out, s)
-		}
-		fmt.Fprintf(&b, "\t\telements = { %s }\n", strings.Join(out, ",\n\t\t\t     "))
-	}
-	set := func(kind, name, typ string, flags []knftables.SetFlag, timeout any, cmt *string, els []*knftables.Element) {
-		fmt.Fprintf(&b, "\t%s %s {\n\t\ttype %s\n", kind, name, typ)
-		if len(flags) > 0 {
-			fs := make([]string, len(flags))
-			for i, f := range flags {
-				fs[i] = string(f)
-			}
-			fmt.Fprintf(&b, "\t\tsize 65535\n\t\tflags %s\n", strings.Join(fs, ","))
-		}
-		if timeout != "" {
-			fmt.Fprintf(&b, "\t\ttimeout %s\n", timeout)
-		}
-		if cmt != nil {
-			fmt.Fprintf(&b, "\t\tcomment %q\n", *cmt)
-		}
-		elements(els)
-		b.WriteString("\t}\n\n")
-	}
-	for _, name := range sortedKeys(t.Counters) {
-		fmt.Fprintf(&b, "\tcounter %s {\n\t\tpackets 0 bytes 0\n\t}\n\n", name)
-	}
-	for _, name := range sortedKeys(t.Sets) {
-		s := t.Sets[name]
-		timeout := ""
-		if s.Timeout != nil {
-			timeout = nftnl.Duration(*s.Timeout)
-		}
-		set("set", name, s.Type, s.Flags, timeout, s.Comment, s.Elements)
-	}
-	for _, name := range sortedKeys(t.Maps) {
-		m := t.Maps[name]
-		set("map", name, m.Type, m.Flags, "", m.Comment, m.Elements)
-	}
-	for _, name := range sortedKeys(t.Chains) {
-		c := t.Chains[name]
-		fmt.Fprintf(&b, "\tchain %s {\n", name)
-		if c.Hook != nil {
-			fmt.Fprintf(&b, "\t\ttype %s hook %s priority %s; policy accept;\n", *c.Type, *c.Hook, *c.Priority)
-		}
-		if c.Comment != nil {
-			fmt.Fprintf(&b, "\t\tcomment %q\n", *c.Comment)
-		}
-		for _, r := range c.Rules {
-			// nft prints a verdict map's items as "a, b".
-			line := strings.ReplaceAll(r.Rule, " , ", ", ")
-			if r.Comment != nil {
-				line += fmt.Sprintf(" comment %q", *r.Comment)
-			}
-			fmt.Fprintf(&b, "\t\t%s\n", line)
-		}
-		b.WriteString("\t}\n\n")
-	}
-	b.WriteString("}\n")
-	return b.String()
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
 
 // dump is the Fake's table as knftables dumps it, elements sorted (their
 // order is the order they were added in) and verdict maps written as nft
@@ -290,8 +163,11 @@ func newHarness(t *testing.T, family v1.IPFamily, params Params) *harness {
 
 // newSyncer is another syncer on the same table: a restart.
 func (h *harness) newSyncer(family v1.IPFamily, params Params) *Syncer {
-	s, err := New(Config{Family: family, NFT: h.nft, List: listFake(h.nft.Fake), Params: params,
-		Generation: func() (uint64, error) { return h.nft.gen, nil }})
+	// The recorder's table, its transactions and its generation, which
+	// tests move for other programs' changes too.
+	k := NewFake(family)
+	k.Fake, k.nft, k.generation = h.nft.Fake, h.nft, func() uint64 { return h.nft.gen }
+	s, err := New(Config{Family: family, Kernel: k, Params: params})
 	if err != nil {
 		h.t.Fatal(err)
 	}

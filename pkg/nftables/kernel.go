@@ -90,8 +90,9 @@ func (r *cmdReader) Close() error {
 }
 
 // readTable reads what `nft list` prints of the table or of one object in
-// it (see Config.List), line by line: an empty table when there is no such
-// object.
+// it (see Kernel.List), line by line, through list: an empty table when
+// there is no such object (an error wrapping fs.ErrNotExist from list or
+// from its reader's Close).
 func readTable(ctx context.Context, list func(ctx context.Context, kind, name string) (io.ReadCloser, error), kind, name string) (*table, error) {
 	r, err := list(ctx, kind, name)
 	if err != nil {
@@ -150,100 +151,127 @@ func fromNetlink(nt *nftnl.Table) *table {
 
 // parseTable parses one table of `nft list` output.
 func parseTable(r io.Reader) (*table, error) {
-	t := newTable()
 	sc := bufio.NewScanner(r)
 	// A numgen map of a service with thousands of endpoints is one line.
 	sc.Buffer(make([]byte, 0, 64*1024), 256<<20)
-	var c *Chain
-	var s *tableSet
-	var elements strings.Builder // an elements list, while it spans lines
-	inElements := false
-	lineNo := 0
-	for sc.Scan() {
-		lineNo++
-		line := strings.TrimSpace(sc.Text())
-		if inElements {
-			elements.WriteString(" " + line)
-			if closes(line) {
-				inElements = false
-				if err := parseElements(s, elements.String()); err != nil {
-					return nil, fmt.Errorf("line %d: %w", lineNo, err)
-				}
-			}
-			continue
-		}
-		switch {
-		case line == "" || strings.HasPrefix(line, "#"):
-		case strings.HasPrefix(line, "table "):
-			t.exists = true
-		case line == "}":
-			c, s = nil, nil
-		case c == nil && s == nil && strings.HasPrefix(line, "chain "):
-			name := strings.TrimSuffix(strings.TrimPrefix(line, "chain "), " {")
-			c = &Chain{Chain: knftables.Chain{Name: name}}
-			t.chains[name] = c
-		case c == nil && s == nil && (strings.HasPrefix(line, "set ") || strings.HasPrefix(line, "map ")):
-			kind, name, _ := strings.Cut(strings.TrimSuffix(line, " {"), " ")
-			s = &tableSet{Set: Set{Name: name, Map: kind == "map"}, elements: map[string]string{}}
-			t.sets[name] = s
-		case c == nil && s == nil && strings.HasPrefix(line, "counter ") && strings.HasSuffix(line, " {"):
-			// Its packets and bytes, and "}", follow: nothing compared.
-			t.counters[strings.TrimSuffix(strings.TrimPrefix(line, "counter "), " {")] = true
-		case c == nil && s == nil && strings.HasPrefix(line, "comment \""):
-			t.comment, _ = strconv.Unquote(strings.TrimPrefix(line, "comment "))
-		case c == nil && s == nil:
-			// The table's flags: nothing a sync compares.
-		case c != nil:
-			switch {
-			case strings.HasPrefix(line, "type ") && strings.Contains(line, " hook "):
-				if err := parseBaseChain(&c.Chain, line); err != nil {
-					return nil, fmt.Errorf("line %d: %w", lineNo, err)
-				}
-			case strings.HasPrefix(line, "comment \""):
-				cmt, err := strconv.Unquote(strings.TrimPrefix(line, "comment "))
-				if err != nil {
-					return nil, fmt.Errorf("line %d: chain comment: %w", lineNo, err)
-				}
-				c.Comment = &cmt
-			default:
-				c.Rules = append(c.Rules, line)
-			}
-		default:
-			word, rest, _ := strings.Cut(line, " ")
-			switch word {
-			case "type":
-				s.Type = rest
-			case "flags":
-				for _, f := range strings.Split(rest, ",") {
-					s.Flags = append(s.Flags, knftables.SetFlag(strings.TrimSpace(f)))
-				}
-			case "timeout":
-				d, err := parseDuration(rest)
-				if err != nil {
-					return nil, fmt.Errorf("line %d: %w", lineNo, err)
-				}
-				s.Timeout = d
-			case "comment":
-				cmt, err := strconv.Unquote(rest)
-				if err != nil {
-					return nil, fmt.Errorf("line %d: set comment: %w", lineNo, err)
-				}
-				s.Comment = cmt
-			case "elements":
-				elements.Reset()
-				elements.WriteString(strings.TrimPrefix(rest, "= "))
-				if closes(line) {
-					if err := parseElements(s, elements.String()); err != nil {
-						return nil, fmt.Errorf("line %d: %w", lineNo, err)
-					}
-				} else {
-					inElements = true
-				}
-			}
-			// size, policy, gc-interval: set by the kernel, not compared.
+	p := &listingParser{t: newTable()}
+	for lineNo := 1; sc.Scan(); lineNo++ {
+		if err := p.line(strings.TrimSpace(sc.Text())); err != nil {
+			return nil, fmt.Errorf("line %d: %w", lineNo, err)
 		}
 	}
-	return t, sc.Err()
+	return p.t, sc.Err()
+}
+
+// listingParser reads `nft list` output into t, line by line.
+type listingParser struct {
+	t *table
+	// c or s is the chain, or the set or map, whose lines are being read.
+	c *Chain
+	s *tableSet
+	// elements is s's elements list while it spans lines (inElements).
+	elements   strings.Builder
+	inElements bool
+}
+
+// line reads one line, trimmed.
+func (p *listingParser) line(line string) error {
+	switch {
+	case p.inElements:
+		p.elements.WriteString(" " + line)
+		return p.endElements(line)
+	case line == "" || strings.HasPrefix(line, "#"):
+	case strings.HasPrefix(line, "table "):
+		p.t.exists = true
+	case line == "}":
+		p.c, p.s = nil, nil
+	case p.c != nil:
+		return p.chainLine(line)
+	case p.s != nil:
+		return p.setLine(line)
+	default:
+		p.tableLine(line)
+	}
+	return nil
+}
+
+// tableLine reads a line of the table itself: one that starts a chain, a
+// set or map, or a counter, or the table's comment. The table's flags
+// are nothing a sync compares.
+func (p *listingParser) tableLine(line string) {
+	switch {
+	case strings.HasPrefix(line, "chain "):
+		name := strings.TrimSuffix(strings.TrimPrefix(line, "chain "), " {")
+		p.c = &Chain{Chain: knftables.Chain{Name: name}}
+		p.t.chains[name] = p.c
+	case strings.HasPrefix(line, "set ") || strings.HasPrefix(line, "map "):
+		kind, name, _ := strings.Cut(strings.TrimSuffix(line, " {"), " ")
+		p.s = &tableSet{Set: Set{Name: name, Map: kind == "map"}, elements: map[string]string{}}
+		p.t.sets[name] = p.s
+	case strings.HasPrefix(line, "counter ") && strings.HasSuffix(line, " {"):
+		// Its packets and bytes, and "}", follow: nothing compared.
+		p.t.counters[strings.TrimSuffix(strings.TrimPrefix(line, "counter "), " {")] = true
+	case strings.HasPrefix(line, "comment \""):
+		p.t.comment, _ = strconv.Unquote(strings.TrimPrefix(line, "comment "))
+	}
+}
+
+// chainLine reads a line of chain c: its hook, its comment, or a rule.
+func (p *listingParser) chainLine(line string) error {
+	switch {
+	case strings.HasPrefix(line, "type ") && strings.Contains(line, " hook "):
+		return parseBaseChain(&p.c.Chain, line)
+	case strings.HasPrefix(line, "comment \""):
+		cmt, err := strconv.Unquote(strings.TrimPrefix(line, "comment "))
+		if err != nil {
+			return fmt.Errorf("chain comment: %w", err)
+		}
+		p.c.Comment = &cmt
+	default:
+		p.c.Rules = append(p.c.Rules, line)
+	}
+	return nil
+}
+
+// setLine reads a line of set or map s: its settings, or the start of
+// its elements. Size, policy and gc-interval are set by the kernel, and
+// not compared.
+func (p *listingParser) setLine(line string) error {
+	word, rest, _ := strings.Cut(line, " ")
+	switch word {
+	case "type":
+		p.s.Type = rest
+	case "flags":
+		for _, f := range strings.Split(rest, ",") {
+			p.s.Flags = append(p.s.Flags, knftables.SetFlag(strings.TrimSpace(f)))
+		}
+	case "timeout":
+		d, err := parseDuration(rest)
+		if err != nil {
+			return err
+		}
+		p.s.Timeout = d
+	case "comment":
+		cmt, err := strconv.Unquote(rest)
+		if err != nil {
+			return fmt.Errorf("set comment: %w", err)
+		}
+		p.s.Comment = cmt
+	case "elements":
+		p.elements.Reset()
+		p.elements.WriteString(strings.TrimPrefix(rest, "= "))
+		return p.endElements(line)
+	}
+	return nil
+}
+
+// endElements reads s's elements once line, the last of their list so
+// far, closes it; until then the lines that follow continue it.
+func (p *listingParser) endElements(line string) error {
+	if p.inElements = !closes(line); p.inElements {
+		return nil
+	}
+	return parseElements(p.s, p.elements.String())
 }
 
 // closes tells whether an elements line ends the list: a "}" outside quotes.

@@ -128,7 +128,7 @@ func BenchmarkKernelSync(b *testing.B) {
 func kernelSyncOnce(b *testing.B, h *harness) {
 	nft := newTimedNFT(b)
 	newSyncer := func() *Syncer {
-		s, err := New(Config{Family: v1.IPv4Protocol, NFT: nft, Send: nft.send, Params: h.syncer.cfg.Params})
+		s, err := New(Config{Family: v1.IPv4Protocol, Kernel: sendingKernel(v1.IPv4Protocol, nft, nft.send), Params: h.syncer.cfg.Params})
 		if err != nil {
 			b.Fatal(err)
 		}

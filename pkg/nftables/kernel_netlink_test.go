@@ -118,8 +118,9 @@ func TestKernelUnknownRuleShapeFallsBackToListing(t *testing.T) {
 	}
 	var readErrs []error
 	h.syncer = h.kernelSyncer(v1.IPv4Protocol, params, k)
-	read := h.syncer.cfg.Read
-	h.syncer.cfg.Read = func(ctx context.Context) (*nftnl.Table, error) {
+	real := h.syncer.cfg.Kernel.(*realKernel)
+	read := real.netlinkRead
+	real.netlinkRead = func(ctx context.Context) (*nftnl.Table, error) {
 		nt, err := read(ctx)
 		readErrs = append(readErrs, err)
 		return nt, err
@@ -372,14 +373,14 @@ func TestKernelUnencodedTransactionGoesToNFT(t *testing.T) {
 	plan := txPlan{{objectOps(addOp, []knftables.Object{&c.Chain}), 0, 1}, {ruleOps("ip", []ruleRef{{c, 0}, {c, 1}}), 0, 2}}
 	n, overNetlink := len(k.txs), k.overNetlink
 	for range 2 {
-		if err := h.syncer.send(plan); err != nil {
+		if err := h.syncer.cfg.Kernel.Run(t.Context(), plan, h.syncer.table.kernel); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if k.overNetlink != overNetlink || len(k.txs) != n+2 || !strings.Contains(k.txs[n], "add rule ip kube-proxy other counter") {
 		t.Errorf("over netlink: %d; transactions:\n%s", k.overNetlink-overNetlink, strings.Join(k.txs[n:], "\n"))
 	}
-	if !h.syncer.logged.netlinkEncode {
+	if !h.syncer.cfg.Kernel.(*realKernel).loggedEncode {
 		t.Error("the fallback was not logged")
 	}
 	rules, err := k.ListRules(t.Context(), "other")

@@ -41,7 +41,7 @@ type kernelNFT struct {
 	overNetlink int
 }
 
-// send is the syncer's Config.Send.
+// send sends the syncer's transactions over netlink (see sendingKernel).
 func (k *kernelNFT) send(w *nftnl.Writer) error {
 	k.txs = append(k.txs, w.String())
 	k.overNetlink++
@@ -107,7 +107,7 @@ func (t teeCloser) Write(p []byte) (int, error) {
 }
 
 func (h *harness) kernelSyncer(family v1.IPFamily, params Params, k *kernelNFT) *Syncer {
-	s, err := New(Config{Family: family, NFT: k, Send: k.send, Params: params})
+	s, err := New(Config{Family: family, Kernel: sendingKernel(family, k, k.send), Params: params})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -364,11 +364,11 @@ func TestKernelSyncsThroughNFTOnly(t *testing.T) {
 	}
 	params := v4(nil)(t)
 	h, k := kernelHarness(t, v1.IPv4Protocol, params)
-	s, err := New(Config{Family: v1.IPv4Protocol, NFT: k, NFTOnly: true, Params: params})
+	s, err := New(Config{Family: v1.IPv4Protocol, Kernel: NewKernel(v1.IPv4Protocol, k, true), Params: params})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.cfg.Send != nil || s.cfg.Read != nil || s.cfg.ReadObjects != nil {
+	if real := s.cfg.Kernel.(*realKernel); real.netlinkSend != nil || real.netlinkRead != nil || real.netlinkReadObjects != nil {
 		t.Fatal("NFTOnly: a netlink reader or writer is set")
 	}
 	h.syncer = s

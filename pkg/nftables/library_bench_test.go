@@ -31,7 +31,7 @@ func libraryTable(b testing.TB, n int) (string, *os.File, *nftnl.Table) {
 	var tb *nftnl.Table
 	testutil.DoInNetns(b, ns, func() {
 		nft := newTimedNFT(b)
-		s, err := New(Config{Family: v1.IPv4Protocol, NFT: nft, Send: nft.send, Params: h.syncer.cfg.Params})
+		s, err := New(Config{Family: v1.IPv4Protocol, Kernel: sendingKernel(v1.IPv4Protocol, nft, nft.send), Params: h.syncer.cfg.Params})
 		if err != nil {
 			b.Fatal(err)
 		}

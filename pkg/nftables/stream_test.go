@@ -53,8 +53,9 @@ func TestStreamedTransactionsAreWhatKnftablesWrites(t *testing.T) {
 		h.syncer.maxTxOps = maxOps
 		h.full()
 		var st streamed
-		s, err := New(Config{Family: family, NFT: st.streamer(Family(family)), List: listFake(knftables.NewFake(Family(family), TableName)),
-			Params: h.syncer.cfg.Params, Generation: func() (uint64, error) { return 0, nil }})
+		k := listingKernel(family, st.streamer(Family(family)), listFake(knftables.NewFake(Family(family), TableName)))
+		k.generation, k.writeTx = func() (uint64, error) { return 0, nil }, nil
+		s, err := New(Config{Family: family, Kernel: k, Params: h.syncer.cfg.Params})
 		if err != nil {
 			t.Fatal(err)
 		}

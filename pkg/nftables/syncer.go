@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"maps"
 	"net/netip"
 	"slices"
@@ -17,8 +15,6 @@ import (
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/knftables"
 
-	"github.com/rapidproxy/rapidproxy/internal/nfgen"
-	"github.com/rapidproxy/rapidproxy/internal/nftnl"
 	"github.com/rapidproxy/rapidproxy/pkg/localnodeport"
 	"github.com/rapidproxy/rapidproxy/pkg/metrics"
 	"github.com/rapidproxy/rapidproxy/pkg/proxy"
@@ -28,39 +24,9 @@ import (
 // Config are the nftables mode's inputs for one IP family.
 type Config struct {
 	Family v1.IPFamily
-	// NFT runs transactions on the family's kube-proxy table; a Streamer
-	// (as kube-proxy's is) takes each as it is made, never whole.
-	NFT knftables.Interface
-	// List returns what `nft list <kind> <family> kube-proxy [name]`
-	// prints: the table (kind "table", name "") or one chain, set or map
-	// of it; nil runs nft. An error wrapping fs.ErrNotExist (from the
-	// call or the reader's Close) means there is no such object.
-	List func(ctx context.Context, kind, name string) (io.ReadCloser, error)
-	// Read reads the whole table as List would show it, over netlink (an
-	// error wrapping fs.ErrNotExist: no table); a full sync falls back to
-	// List when it fails. Nil when List is given (the Fake); nftnl.Read
-	// when neither is.
-	Read func(ctx context.Context) (*nftnl.Table, error)
-	// ReadObjects reads just the named chains, sets and maps of the table
-	// as List would show them, over netlink, leaving out those not there;
-	// an explanation's verify falls back to List when it fails. Nil when
-	// List is given (the Fake); nftnl.ReadObjects when neither is.
-	ReadObjects func(ctx context.Context, chains, sets []string) (*nftnl.Table, error)
-	// Send sends a transaction over netlink, as the writer given holds it
-	// (nftnl.Writer.Send); one the writer does not encode goes to NFT.
-	// Nil when List is given (the Fake): every transaction goes to NFT.
-	// (*nftnl.Writer).Send when neither is.
-	Send func(w *nftnl.Writer) error
-	// Generation reads the kernel's nftables ruleset generation; nil
-	// reads it over netlink, less our own transactions' moves
-	// (nfgen.ForeignGeneration), which are then run through nfgen.Write.
-	Generation func() (uint64, error)
-	// NFTOnly sends every transaction and reads the table through the nft
-	// program, as upstream does with its NFTablesNetlink gate off: Read,
-	// ReadObjects and Send stay nil. The ruleset generation is still read
-	// over netlink (one small query), as nft itself does.
-	NFTOnly bool
-	Params  Params
+	// Kernel reads and writes the family's table: NewKernel, or a Fake.
+	Kernel Kernel
+	Params Params
 	// LocalhostProxy, when set (Params.LocalhostNodePorts is
 	// LocalhostNodePortsProxy), serves TCP NodePorts on the loopback
 	// address: told the NodePorts and their endpoints after each
@@ -99,12 +65,9 @@ type Syncer struct {
 	now func() time.Time
 	// maxTxOps bounds a large sync's transactions.
 	maxTxOps int
-	// logged keeps the fallbacks' log lines from repeating; the watch
-	// writes one of its flags, the syncs the others.
-	logged logOnce
-	// writeTx runs one of our transactions: through nfgen.Write when the
-	// generation is nfgen's.
-	writeTx func(func() error) error
+	// generationLogged: the watch cannot read the ruleset generation
+	// and lists the table every time instead, which it logs once.
+	generationLogged bool
 
 	mu sync.Mutex
 	// table is what the syncer knows of the table (tablestate.go).
@@ -135,38 +98,16 @@ func Family(family v1.IPFamily) knftables.Family {
 
 // New returns the nftables mode; proxy.NewCore runs it.
 func New(cfg Config) (*Syncer, error) {
-	if cfg.NFT == nil {
-		return nil, errors.New("nftables: no knftables interface")
+	if cfg.Kernel == nil {
+		return nil, errors.New("nftables: no kernel")
 	}
 	cfg.Params.IPv6 = cfg.Family == v1.IPv6Protocol
-	real := cfg.List == nil
-	if real {
-		cfg.List = lister(Family(cfg.Family))
-	}
-	if real && !cfg.NFTOnly {
-		family := string(Family(cfg.Family))
-		if cfg.Read == nil {
-			cfg.Read = func(ctx context.Context) (*nftnl.Table, error) { return nftnl.Read(ctx, family, TableName) }
-		}
-		if cfg.ReadObjects == nil {
-			cfg.ReadObjects = func(ctx context.Context, chains, sets []string) (*nftnl.Table, error) {
-				return nftnl.ReadObjects(ctx, family, TableName, chains, sets)
-			}
-		}
-		if cfg.Send == nil {
-			cfg.Send = (*nftnl.Writer).Send
-		}
-	}
-	writeTx := func(write func() error) error { return write() }
-	if cfg.Generation == nil {
-		cfg.Generation, writeTx = nfgen.ForeignGeneration, nfgen.Write
-	}
 	// Served from the start, at zero: a counter that first appears at 1
 	// hides that first failure from increase() in alerts.
 	for _, c := range []*prometheus.CounterVec{metrics.NFTablesRepairsTotal, metrics.NFTablesSyncFailuresTotal, metrics.NFTablesCleanupFailuresTotal} {
 		c.WithLabelValues(string(cfg.Family))
 	}
-	return &Syncer{cfg: cfg, now: time.Now, maxTxOps: maxTxOps, stale: map[string]staleChain{}, writeTx: writeTx}, nil
+	return &Syncer{cfg: cfg, now: time.Now, maxTxOps: maxTxOps, stale: map[string]staleChain{}}, nil
 }
 
 // CountFailure counts every failed sync, partial or full, as upstream's
@@ -190,31 +131,24 @@ func (s *Syncer) SetServiceCIDRs(cidrs []netip.Prefix) {
 func (s *Syncer) FullSync(v state.View) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var applied map[string][]string
+	var repair map[string][]string
 	if s.table.takeRepair() {
-		applied = s.appliedChains()
+		repair = s.appliedChains()
 	}
 	// What the listing shows is the table at this generation or later.
-	gen, genErr := s.cfg.Generation()
-	t, err := s.readKernel(context.TODO())
+	gen, genErr := s.cfg.Kernel.Generation()
+	t, err := s.cfg.Kernel.ReadTable(context.TODO())
 	if err != nil {
 		s.table.lost()
 		return fmt.Errorf("reading the %s table: %w", TableName, err)
 	}
 	s.table.read(t, gen, genErr)
-	s.layout, s.applied, s.wanted = Layout{}, map[state.ServicePortName]ServiceObjects{}, map[elemID]wantedElem{}
 	for name := range s.stale {
 		if _, ok := t.chains[name]; !ok {
 			delete(s.stale, name)
 		}
 	}
-	w := s.newWrite(true)
-	w.applied = applied
-	w.replaceLayout(s.cfg.Params.Layout())
-	for _, name := range slices.SortedFunc(maps.Keys(v.Services), state.ServicePortName.Compare) {
-		w.replace(name, s.objectsFor(v, name))
-	}
-	w.removeUnwanted()
+	w := s.planFull(v, repair)
 	if err := w.run(); err != nil {
 		return err
 	}
@@ -226,24 +160,20 @@ func (s *Syncer) FullSync(v state.View) error {
 	return nil
 }
 
-// readKernel reads the whole table: over netlink, which costs time
-// linear in its size, or with `nft list table` when that fails (a rule
-// of a shape the reader does not decode, say), whose rule dump is
-// quadratic in the kernel.
-func (s *Syncer) readKernel(ctx context.Context) (*table, error) {
-	if s.cfg.Read != nil {
-		nt, err := s.cfg.Read(ctx)
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			return newTable(), nil
-		case err == nil:
-			return fromNetlink(nt), nil
-		case !s.logged.netlinkRead:
-			klog.V(2).InfoS("Cannot read the nftables table over netlink; listing it with nft instead", "ipFamily", s.cfg.Family, "err", err)
-			s.logged.netlinkRead = true
-		}
+// planFull plans a full sync over the table just read, against no
+// layout and no service port applied: every port's objects, and the
+// removal of what no one wants. repair, if not nil, are the rules each
+// chain had, to tell what the sync restores.
+func (s *Syncer) planFull(v state.View, repair map[string][]string) *write {
+	w := s.newWrite(true)
+	w.repair = repair
+	w.replaceLayout(s.cfg.Params.Layout())
+	for _, name := range slices.SortedFunc(maps.Keys(v.Services), state.ServicePortName.Compare) {
+		w.replace(name, s.objectsFor(v, name))
 	}
-	return readTable(ctx, s.cfg.List, "table", "")
+	w.removeUnwanted()
+	w.planElements()
+	return w
 }
 
 // appliedChains are the rules of every chain the last syncs wrote.
@@ -268,17 +198,24 @@ func (s *Syncer) PartialSync(v state.View, changed map[state.ServicePortName]boo
 	if s.table.phase() == phaseUnknown {
 		return proxy.ErrFullSyncNeeded
 	}
+	if err := s.planPartial(v, changed).run(); err != nil {
+		return err
+	}
+	s.syncLocalhostProxy(v)
+	return nil
+}
+
+// planPartial plans a partial sync: the layout, and the changed service
+// ports' objects.
+func (s *Syncer) planPartial(v state.View, changed map[state.ServicePortName]bool) *write {
 	w := s.newWrite(false)
 	// A handful of chains, compared in memory: catches new ServiceCIDRs.
 	w.replaceLayout(s.cfg.Params.Layout())
 	for _, name := range slices.SortedFunc(maps.Keys(changed), state.ServicePortName.Compare) {
 		w.replace(name, s.objectsFor(v, name))
 	}
-	if err := w.run(); err != nil {
-		return err
-	}
-	s.syncLocalhostProxy(v)
-	return nil
+	w.planElements()
+	return w
 }
 
 // syncLocalhostProxy has the localhost NodePort proxy serve the state's
@@ -330,16 +267,16 @@ func (s *Syncer) RepairNext() {
 func (s *Syncer) check(ctx context.Context) (gone string, changed bool) {
 	// Read with the generation, which a sync holding mu cannot move.
 	s.mu.Lock()
-	gen, err := s.cfg.Generation()
+	gen, err := s.cfg.Kernel.Generation()
 	known, written := s.table.watched()
 	s.mu.Unlock()
 	if !written || (err == nil && gen == known) {
 		return "", false
 	}
-	if err != nil && !s.logged.generation {
+	if err != nil && !s.generationLogged {
 		// Without the generation, list every time.
 		klog.ErrorS(err, "Reading the nftables ruleset generation; checking the table by listing it instead", "ipFamily", s.cfg.Family)
-		s.logged.generation = true
+		s.generationLogged = true
 	}
 	gone = s.tableGone(ctx)
 	if gone == "" && err == nil {
@@ -353,7 +290,7 @@ func (s *Syncer) check(ctx context.Context) (gone string, changed bool) {
 // tableGone tells what is missing of what the last sync wrote, listing
 // the chain every packet to a service passes: "" when all is there.
 func (s *Syncer) tableGone(ctx context.Context) string {
-	rules, err := s.cfg.NFT.ListRules(ctx, chainNATPrerouting)
+	rules, err := s.cfg.Kernel.ListRules(ctx, chainNATPrerouting)
 	switch {
 	case knftables.IsNotFound(err):
 		return "no " + chainNATPrerouting + " chain"
@@ -368,15 +305,15 @@ func (s *Syncer) tableGone(ctx context.Context) string {
 	return ""
 }
 
-// run runs one transaction of ours (send); when it alone moved the
-// generation from one the table was known in place at, the table is
-// known in place at the new one.
-func (s *Syncer) run(send func() error) error {
-	before, errBefore := s.cfg.Generation()
-	if err := s.writeTx(send); err != nil {
+// run runs one transaction of ours, after which the table holds sets;
+// when it alone moved the generation from one the table was known in
+// place at, the table is known in place at the new one.
+func (s *Syncer) run(tx txPlan, sets tableSets) error {
+	before, errBefore := s.cfg.Kernel.Generation()
+	if err := s.cfg.Kernel.Run(context.TODO(), tx, sets); err != nil {
 		return err
 	}
-	after, errAfter := s.cfg.Generation()
+	after, errAfter := s.cfg.Kernel.Generation()
 	s.table.wrote(before, errBefore, after, errAfter)
 	return nil
 }

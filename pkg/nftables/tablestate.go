@@ -7,7 +7,7 @@ package nftables
 // watch change it only through the methods below, under the syncer's mu.
 type tableState struct {
 	// kernel mirrors the table: read by a full sync and kept up to date
-	// by each transaction. It is nil while the table is unknown: before
+	// by each sync once all its transactions went through. It is nil while the table is unknown: before
 	// the first full sync, and after a failed one or a failed
 	// transaction (earlier transactions of a split sync went through), so
 	// that no partial sync writes until a full sync has read it again.
@@ -95,18 +95,4 @@ func (s *tableState) takeRepair() bool {
 	due := s.repairDue
 	s.repairDue = false
 	return due
-}
-
-// logOnce keeps a log line about a fallback from repeating; nothing
-// decides on these.
-type logOnce struct {
-	// generation: the watch cannot read the ruleset generation and lists
-	// the table every time instead.
-	generation bool
-	// netlinkRead: a full sync could not read the table over netlink and
-	// listed it with nft.
-	netlinkRead bool
-	// netlinkEncode: a sync could not encode a transaction for netlink
-	// and wrote it with nft.
-	netlinkEncode bool
 }

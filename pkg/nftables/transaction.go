@@ -6,7 +6,6 @@ package nftables
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"maps"
 	"slices"
@@ -183,34 +182,6 @@ func (p txPlan) write(w *bufio.Writer, nft knftables.Interface) error {
 	return flush()
 }
 
-// maxNetlinkOps bounds the transactions sent over netlink (Config.Send):
-// a batch is held whole until it is sent (28 MB for 50k rules), where
-// nft's input is streamed, so larger ones (a first sync's, beyond a few
-// thousand services) go to nft. Over netlink alone, a first sync at 100k
-// services took 12 s instead of 42 (see docs/performance.md).
-const maxNetlinkOps = 10000
-
-// send runs one transaction: over netlink when Config.Send is set and the
-// writer encodes every operation (else logged once, at -v=2); else
-// written to nft as it is made when NFT takes it so (a Streamer), or made
-// whole and run.
-func (s *Syncer) send(p txPlan) error {
-	if s.cfg.Send != nil && p.len() <= maxNetlinkOps {
-		w, err := s.netlinkTx(p)
-		if err == nil {
-			return s.cfg.Send(w)
-		}
-		if !s.logged.netlinkEncode {
-			klog.V(2).InfoS("Cannot write the nftables transaction over netlink; writing it with nft instead", "ipFamily", s.cfg.Family, "err", err)
-			s.logged.netlinkEncode = true
-		}
-	}
-	if st, ok := s.cfg.NFT.(streamRunner); ok {
-		return st.runStream(context.TODO(), func(w *bufio.Writer) error { return p.write(w, s.cfg.NFT) })
-	}
-	return s.cfg.NFT.Run(context.TODO(), p.transaction(s.cfg.NFT))
-}
-
 // transactions are the sync's operations in an order that keeps every
 // reference valid: new sets and chains, flushes, deletions, rules, then
 // elements. One transaction, or none when nothing differs. Beyond
@@ -290,7 +261,7 @@ func (s *Syncer) deleteStaleChains() {
 		// Adding first makes the delete succeed when another program
 		// deleted the chain already.
 		plan := txPlan{{objectOps(addOp, chains), 0, len(chains)}, {objectOps(deleteOp, chains), 0, len(chains)}}
-		if err := s.run(func() error { return s.send(plan) }); err != nil {
+		if err := s.run(plan, s.table.kernel); err != nil {
 			klog.ErrorS(err, "Deleting stale nftables chains failed; retrying at a later sync", "ipFamily", s.cfg.Family, "chains", names)
 			metrics.NFTablesCleanupFailuresTotal.WithLabelValues(string(s.cfg.Family)).Inc()
 			for _, name := range names {

@@ -41,9 +41,12 @@ func idOf(e knftables.Element) elemID {
 // write is one sync's transaction, gathered object by object against
 // what the table holds and applied in an order that keeps every reference
 // valid: new sets and chains, flushes, deletions, rules, then elements.
+// Planning it reads the Syncer and changes only the write: what the table
+// will hold (t), and what the Syncer will know, committed once every
+// transaction went through.
 type write struct {
 	s    *Syncer
-	t    *table
+	t    *tableOverlay
 	full bool
 	// force flushes chains even when their rules are the same: a set
 	// they use is being re-created.
@@ -65,13 +68,23 @@ type write struct {
 	// touched are the elements a partial sync changed (a full sync looks
 	// at every wanted one and every one the table holds instead).
 	touched map[elemID]bool
-	// applied are the rules of each chain as the syncs before wrote
+	// repair are the rules of each chain as the syncs before wrote
 	// them, when the watch asked this full sync to tell what it
 	// restored: the chains it rewrites as they were.
-	applied  map[string][]string
+	repair   map[string][]string
 	restored []string
 	// seen are the chains and sets this sync wants (full sync only).
 	seenChains, seenSets map[string]bool
+
+	// What the Syncer will know after the sync, over what it knows (for a
+	// full sync: over nothing): the layout (nil: unchanged), each
+	// changed service port's objects (empty: none), who wants each
+	// changed element (empty: no one), and the chains that became stale
+	// (nil: no longer).
+	layout  *Layout
+	applied map[state.ServicePortName]ServiceObjects
+	wanted  map[elemID]wantedElem
+	stale   map[string]*staleChain
 }
 
 // ruleRef is rule i of a chain a sync writes, made into a knftables rule
@@ -82,7 +95,33 @@ type ruleRef struct {
 }
 
 func (s *Syncer) newWrite(full bool) *write {
-	return &write{s: s, t: s.table.kernel, full: full, touched: map[elemID]bool{}, seenChains: map[string]bool{}, seenSets: map[string]bool{}}
+	return &write{s: s, t: newOverlay(s.table.kernel), full: full, touched: map[elemID]bool{}, seenChains: map[string]bool{}, seenSets: map[string]bool{},
+		applied: map[state.ServicePortName]ServiceObjects{}, wanted: map[elemID]wantedElem{}, stale: map[string]*staleChain{}}
+}
+
+// appliedTo is what a service port asked for in the syncs before.
+func (w *write) appliedTo(name state.ServicePortName) ServiceObjects {
+	if objects, ok := w.applied[name]; ok || w.full {
+		return objects
+	}
+	return w.s.applied[name]
+}
+
+// wantedOf is who wants an element, as far as planned.
+func (w *write) wantedOf(id elemID) wantedElem {
+	if we, ok := w.wanted[id]; ok || w.full {
+		return we
+	}
+	return w.s.wanted[id]
+}
+
+// isStale tells whether a chain is flushed and waits for deletion.
+func (w *write) isStale(name string) bool {
+	if c, ok := w.stale[name]; ok {
+		return c != nil
+	}
+	_, ok := w.s.stale[name]
+	return ok
 }
 
 // replaceLayout brings the fixed part in line with l.
@@ -93,25 +132,24 @@ func (w *write) replaceLayout(l Layout) {
 		w.t.exists = true
 	}
 	for _, c := range l.Counters {
-		if !w.t.counters[c] {
+		if !w.t.hasCounter(c) {
 			w.addCounters = append(w.addCounters, &knftables.Counter{Name: c})
 			w.t.counters[c] = true
 		}
 	}
-	old := w.s.layout
+	var old Layout
+	if !w.full {
+		old = w.s.layout
+	}
 	w.objects(old.Sets, l.Sets, old.Chains, l.Chains, old.Elements, l.Elements)
-	w.s.layout = l
+	w.layout = &l
 }
 
 // replace brings one service port's objects in line with updated.
 func (w *write) replace(name state.ServicePortName, updated ServiceObjects) {
-	old := w.s.applied[name]
+	old := w.appliedTo(name)
 	w.objects(old.Sets, updated.Sets, old.Chains, updated.Chains, old.Elements, updated.Elements)
-	if len(updated.Chains) == 0 && len(updated.Elements) == 0 {
-		delete(w.s.applied, name)
-	} else {
-		w.s.applied[name] = updated
-	}
+	w.applied[name] = updated
 }
 
 // objects changes one owner's sets, chains and elements from old to new.
@@ -148,8 +186,10 @@ func (w *write) objects(oldSets, newSets []Set, oldChains, newChains []Chain, ol
 // chain makes the table hold c with exactly its rules.
 func (w *write) chain(c *Chain) {
 	w.seenChains[c.Name] = true
-	delete(w.s.stale, c.Name)
-	have, ok := w.t.chains[c.Name]
+	if w.isStale(c.Name) {
+		w.stale[c.Name] = nil
+	}
+	have, ok := w.t.chain(c.Name)
 	rules := &w.rules
 	switch {
 	case !ok && c.Hook != nil:
@@ -164,14 +204,14 @@ func (w *write) chain(c *Chain) {
 	case !w.force && sameRules(have.Rules, c.Rules):
 		// The table's copy of the text gives way to applied's: after a
 		// restart, one copy of every rule is kept, not two.
-		have.Rules = c.Rules
+		w.t.sameRules = append(w.t.sameRules, sharedRules{have, c.Rules})
 		return
 	case !w.force && c.Upstream != nil && sameRules(have.Rules, c.Upstream):
 		return
 	default:
 		w.flushes = append(w.flushes, &knftables.Chain{Name: c.Name})
 	}
-	if rules, ok := w.applied[c.Name]; ok && slices.Equal(rules, c.Rules) {
+	if rules, ok := w.repair[c.Name]; ok && slices.Equal(rules, c.Rules) {
 		w.restored = append(w.restored, c.Name)
 	}
 	for i := range c.Rules {
@@ -182,16 +222,16 @@ func (w *write) chain(c *Chain) {
 
 // dropChain flushes a chain no one wants; a later sync deletes it.
 func (w *write) dropChain(name string) {
-	have, ok := w.t.chains[name]
+	have, ok := w.t.chain(name)
 	if !ok {
 		return
 	}
 	if len(have.Rules) > 0 {
 		w.flushes = append(w.flushes, &knftables.Chain{Name: name})
-		have.Rules = nil
+		w.t.chains[name] = &Chain{Chain: have.Chain}
 	}
-	if _, ok := w.s.stale[name]; !ok {
-		w.s.stale[name] = staleChain{flushed: w.s.now()}
+	if !w.isStale(name) {
+		w.stale[name] = &staleChain{flushed: w.s.now()}
 	}
 }
 
@@ -199,9 +239,9 @@ func (w *write) dropChain(name string) {
 // re-created, emptied.
 func (w *write) set(st Set) {
 	w.seenSets[st.Name] = true
-	have, ok := w.t.sets[st.Name]
+	have := w.t.set(st.Name)
 	switch {
-	case !ok:
+	case have == nil:
 		w.addSets = append(w.addSets, st.object())
 	case !sameSet(have.Set, st):
 		w.deleteSets = append(w.deleteSets, st.object())
@@ -214,18 +254,22 @@ func (w *write) set(st Set) {
 }
 
 func (w *write) dropSet(name string) {
-	have, ok := w.t.sets[name]
-	if !ok {
+	have := w.t.set(name)
+	if have == nil {
 		return
 	}
 	w.deleteSets = append(w.deleteSets, have.Set.object())
-	delete(w.t.sets, name)
+	w.t.sets[name] = nil
 }
 
 // want counts one owner more (delta 1) or less (-1) for e's value.
 func (w *write) want(e *knftables.Element, delta int) {
 	id := idOf(*e)
-	we := w.s.wanted[id]
+	we, planned := w.wanted[id]
+	if !planned && !w.full {
+		// A copy: the Syncer's stays as it is until the commit.
+		we = slices.Clone(w.s.wanted[id])
+	}
 	v := strings.Join(e.Value, " . ")
 	i := slices.IndexFunc(we, func(wv wantedValue) bool { return wv.value == v })
 	if i < 0 {
@@ -238,11 +282,7 @@ func (w *write) want(e *knftables.Element, delta int) {
 	} else {
 		we[i].elem = e
 	}
-	if len(we) == 0 {
-		delete(w.s.wanted, id)
-	} else {
-		w.s.wanted[id] = we
-	}
+	w.wanted[id] = we
 	if !w.full {
 		w.touched[id] = true
 	}
@@ -252,16 +292,16 @@ func (w *write) want(e *knftables.Element, delta int) {
 // it has if still wanted (two services claiming one address keep the
 // first), else any wanted one, else none.
 func (w *write) element(id elemID) {
-	ts := w.t.sets[id.container]
+	ts := w.t.set(id.container)
 	if ts == nil {
 		return
 	}
-	have, exists := ts.elements[id.key]
-	we := w.s.wanted[id]
+	have, exists := w.t.element(id)
+	we := w.wantedOf(id)
 	if len(we) == 0 {
 		if exists {
 			w.elemDeletes = append(w.elemDeletes, ts.element(id.key))
-			delete(ts.elements, id.key)
+			w.t.deleteElement(id)
 		}
 		return
 	}
@@ -276,14 +316,14 @@ func (w *write) element(id elemID) {
 	}
 	first := slices.MinFunc(we, func(a, b wantedValue) int { return strings.Compare(a.value, b.value) })
 	*adds = append(*adds, first.elem)
-	ts.elements[id.key] = first.value
+	w.t.setElement(id, first.value)
 }
 
 // removeUnwanted flushes every service port's chain, deletes every set a
 // full sync did not ask for: other services', or an older layout's (run
 // deletes the elements).
 func (w *write) removeUnwanted() {
-	for _, name := range slices.Sorted(maps.Keys(w.t.chains)) {
+	for _, name := range w.t.chainNames() {
 		// As upstream: only a service port's chains, named with a "/",
 		// are ours to remove; another program's chain in the table (one
 		// jumping to ours, say) stays.
@@ -291,7 +331,7 @@ func (w *write) removeUnwanted() {
 			w.dropChain(name)
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(w.t.sets)) {
+	for _, name := range w.t.setNames() {
 		if !w.seenSets[name] {
 			w.dropSet(name)
 		}
@@ -300,28 +340,34 @@ func (w *write) removeUnwanted() {
 	// setting (the gate, or loopback in nodePortAddresses, changed), as
 	// upstream removes them. A counter goes once the rules using it are
 	// flushed, in the same transaction.
-	for _, name := range slices.Sorted(maps.Keys(w.t.chains)) {
+	for _, name := range w.t.chainNames() {
 		if !w.seenChains[name] && strings.HasPrefix(name, prefixLocalhostRejectChain) {
 			w.dropChain(name)
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(w.t.counters)) {
-		if !slices.Contains(w.s.layout.Counters, name) && strings.HasPrefix(name, prefixLocalhostRejectedCounter) {
+	for _, name := range w.t.counterNames() {
+		if !slices.Contains(w.layout.Counters, name) && strings.HasPrefix(name, prefixLocalhostRejectedCounter) {
 			w.deleteCounters = append(w.deleteCounters, &knftables.Counter{Name: name})
-			delete(w.t.counters, name)
+			w.t.counters[name] = false
 		}
 	}
 }
 
-// run sends the transaction: one, or none when nothing differs.
-func (w *write) run() error {
+// planElements decides the elements, once every owner said what it
+// wants.
+func (w *write) planElements() {
 	for _, id := range w.elementIDs() {
 		w.element(id)
 	}
 	// Held no longer than needed: a first sync's run is its peak.
 	w.touched, w.seenChains, w.seenSets = nil, nil, nil
+}
+
+// run sends the planned transaction: one, or none when nothing differs.
+// Once all went through, the Syncer knows what they wrote.
+func (w *write) run() error {
 	for _, plan := range w.transactions() {
-		if err := w.s.run(func() error { return w.s.send(plan) }); err != nil {
+		if err := w.s.run(plan, w.t); err != nil {
 			// nft -f applies all or nothing, but earlier transactions of
 			// a split sync went through: what we think the table holds
 			// is wrong now, and the next sync reads it again.
@@ -329,9 +375,52 @@ func (w *write) run() error {
 			return fmt.Errorf("nftables transaction of %d operations: %w", plan.len(), err)
 		}
 	}
+	w.commit()
 	w.s.deleteStaleChains()
 	return nil
 }
+
+// commit has the Syncer know what the sync wrote.
+func (w *write) commit() {
+	s := w.s
+	w.t.commit()
+	if w.layout != nil {
+		s.layout = *w.layout
+	}
+	applied, wanted := s.applied, s.wanted
+	if w.full {
+		applied, wanted = nil, nil
+	}
+	s.applied = merged(applied, w.applied, noObjects)
+	s.wanted = merged(wanted, w.wanted, func(we wantedElem) bool { return len(we) == 0 })
+	for name, c := range w.stale {
+		if c == nil {
+			delete(s.stale, name)
+		} else {
+			s.stale[name] = *c
+		}
+	}
+}
+
+// merged is m with changes written over it, less the keys whose change
+// is gone: changes itself when m is nil (a full sync's, over nothing).
+func merged[K comparable, V any](m, changes map[K]V, gone func(V) bool) map[K]V {
+	if m == nil {
+		maps.DeleteFunc(changes, func(_ K, v V) bool { return gone(v) })
+		return changes
+	}
+	for k, v := range changes {
+		if gone(v) {
+			delete(m, k)
+		} else {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// noObjects tells whether a service port asks for nothing.
+func noObjects(o ServiceObjects) bool { return len(o.Chains) == 0 && len(o.Elements) == 0 }
 
 // elementIDs are the elements this sync looks at, sorted: those a partial
 // sync touched; in a full sync every wanted one and every one the table
@@ -339,12 +428,15 @@ func (w *write) run() error {
 func (w *write) elementIDs() []elemID {
 	var ids []elemID
 	if w.full {
-		ids = slices.AppendSeq(make([]elemID, 0, len(w.s.wanted)), maps.Keys(w.s.wanted))
-		for name, ts := range w.t.sets {
-			for key := range ts.elements {
-				if id := (elemID{name, key}); w.s.wanted[id] == nil {
-					ids = append(ids, id)
-				}
+		ids = make([]elemID, 0, len(w.wanted))
+		for id, we := range w.wanted {
+			if len(we) > 0 {
+				ids = append(ids, id)
+			}
+		}
+		for _, id := range w.t.elementIDs() {
+			if len(w.wanted[id]) == 0 {
+				ids = append(ids, id)
 			}
 		}
 	} else {

@@ -49,8 +49,8 @@ func newNFTablesMode(cfg *kpconfig.KubeProxyConfiguration, f familySetup) (proxy
 	}
 	localhost, localProxy := nftLocalhostNodePorts(cfg, f.family, nft)
 	c := nftables.Config{
-		Family: f.family, NFT: nft,
-		NFTOnly: !config.Enabled(cfg, config.GateNFTablesNetlink),
+		Family: f.family,
+		Kernel: nftables.NewKernel(f.family, nft, !config.Enabled(cfg, config.GateNFTablesNetlink)),
 		Params: nftables.Params{
 			MasqueradeBit:      int(*cfg.NFTables.MasqueradeBit),
 			MasqueradeAll:      config.MasqueradeAll(cfg),
