@@ -338,7 +338,7 @@ func TestTrimForCacheKeepsWhatTheTrackerKeeps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &state.EndpointSlice{Name: "s", Service: "svc", Ports: []state.SlicePort{}, Endpoints: []state.SliceEndpoint{{
+	want := &state.EndpointSlice{Name: "s", Service: "svc", Ports: []state.SlicePort{}, Endpoints: []state.Endpoint{{
 		IP: netip.MustParseAddr("10.244.0.5"), NodeName: node, Zone: zone, Ready: true, Serving: true}},
 		TriggerTime: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	if !reflect.DeepEqual(got, want) {

@@ -53,7 +53,8 @@ func TestServiceOfKeepsThePortsOfEachFamily(t *testing.T) {
 
 // TestSliceOfKeepsWhatMergeReads checks what the informers keep of an
 // EndpointSlice: usable ports, each endpoint's first address whatever its
-// family, the conditions as the API defaults them, and why the rest went.
+// family, on the first port, the conditions as the API defaults them, and
+// why the rest went.
 func TestSliceOfKeepsWhatMergeReads(t *testing.T) {
 	s := slice("svc", "svc-1", discovery.AddressTypeIPv4, 8080, v1.ProtocolTCP,
 		endpoint("10.0.0.1", true, "node-1"),
@@ -70,10 +71,10 @@ func TestSliceOfKeepsWhatMergeReads(t *testing.T) {
 		Namespace: "ns", Name: "svc-1", Service: "svc", AddressType: discovery.AddressTypeIPv4,
 		Ports:        []SlicePort{{Name: "http", Port: 8080, Protocol: v1.ProtocolTCP}},
 		PortProblems: []string{`port 1: port "udp": 0 is not in 1-65535`},
-		Endpoints: []SliceEndpoint{
-			{IP: parseAddr("10.0.0.1"), NodeName: "node-1", Ready: true, Serving: true},
-			{IP: parseAddr("fd00::1"), Ready: true, Serving: true},
-			{IP: parseAddr("10.0.0.2"), Zone: "z", Hints: &Hints{Zones: []string{"z"}}, Serving: true, Terminating: true},
+		Endpoints: []Endpoint{
+			{IP: parseAddr("10.0.0.1"), Port: 8080, NodeName: "node-1", Ready: true, Serving: true},
+			{IP: parseAddr("fd00::1"), Port: 8080, Ready: true, Serving: true},
+			{IP: parseAddr("10.0.0.2"), Port: 8080, Zone: "z", Hints: &Hints{Zones: []string{"z"}}, Serving: true, Terminating: true},
 		},
 		AddressProblems:     2,
 		FirstAddressProblem: `address "bogus" is not an IP address`,
@@ -86,5 +87,32 @@ func TestSliceOfKeepsWhatMergeReads(t *testing.T) {
 	c.Endpoints[2].Hints.Zones[0] = "changed"
 	if kept.Endpoints[2].Hints.Zones[0] != "z" {
 		t.Errorf("the copy shares its hints")
+	}
+}
+
+// TestMergeSharesTheSlicesEndpoints checks that the state's endpoints of a
+// slice's first port are the slice's own, but for those on this node, and
+// that those of its other ports are copies on their port.
+func TestMergeSharesTheSlicesEndpoints(t *testing.T) {
+	s := slice("svc", "svc-1", discovery.AddressTypeIPv4, 8080, v1.ProtocolTCP,
+		endpoint("10.0.0.1", true, "node-1"), endpoint("10.0.0.2", true, "node-2"))
+	s.Ports = append(s.Ports, discovery.EndpointPort{Name: ptr.To("dns"), Port: ptr.To[int32](53), Protocol: ptr.To(v1.ProtocolUDP)})
+	kept := SliceOf(s)
+	tr := NewTracker(v1.IPv4Protocol, "node-1")
+	tr.OnCachedSlice(kept, false)
+	eps := tr.mergeSlices(nn("svc"))
+	http := eps[ServicePortName{NamespacedName: nn("svc"), Port: "http", Protocol: v1.ProtocolTCP}]
+	dns := eps[ServicePortName{NamespacedName: nn("svc"), Port: "dns", Protocol: v1.ProtocolUDP}]
+	if len(http) != 2 || len(dns) != 2 {
+		t.Fatalf("endpoints %v", eps)
+	}
+	if http[0] == &kept.Endpoints[0] || !http[0].IsLocal || http[0].Port != 8080 {
+		t.Errorf("the local endpoint %+v: want a copy that is local", http[0])
+	}
+	if http[1] != &kept.Endpoints[1] {
+		t.Errorf("the remote endpoint of the first port is not the slice's own")
+	}
+	if dns[1] == &kept.Endpoints[1] || dns[1].Port != 53 || kept.Endpoints[1].Port != 8080 {
+		t.Errorf("the second port's endpoint %+v (slice's %+v): want a copy on port 53", dns[1], kept.Endpoints[1])
 	}
 }

@@ -28,9 +28,13 @@ type EndpointSlice struct {
 	// left out, for the tracker to log.
 	Ports        []SlicePort
 	PortProblems []string
-	// Endpoints are those with an address; AddressProblems counts the
-	// others and FirstAddressProblem says why the first was left out.
-	Endpoints           []SliceEndpoint
+	// Endpoints are those with an address (the first: only the first
+	// counts, as upstream), whatever its family, on the first usable port
+	// (0 when none) and not local: the state's endpoints of that port are
+	// these, but for those on this node, so that a slice's endpoints are
+	// held once. AddressProblems counts those left out and
+	// FirstAddressProblem says why the first was.
+	Endpoints           []Endpoint
 	AddressProblems     int
 	FirstAddressProblem string
 	// TriggerTime is the endpoints.kubernetes.io/last-change-trigger-time
@@ -45,18 +49,6 @@ type SlicePort struct {
 	Protocol v1.Protocol
 }
 
-// SliceEndpoint is an endpoint of an EndpointSlice: its first address
-// (only the first counts, as upstream), whatever its family.
-type SliceEndpoint struct {
-	IP       netip.Addr
-	NodeName string
-	Zone     string
-	Hints    *Hints
-	// The conditions, each true when the API leaves it unset but
-	// Terminating, as the API documents them.
-	Ready, Serving, Terminating bool
-}
-
 // SliceOf is what the tracker keeps of slice.
 func SliceOf(slice *discovery.EndpointSlice) *EndpointSlice {
 	s := &EndpointSlice{
@@ -66,7 +58,7 @@ func SliceOf(slice *discovery.EndpointSlice) *EndpointSlice {
 		Service:         slice.Labels[discovery.LabelServiceName],
 		AddressType:     slice.AddressType,
 		Ports:           make([]SlicePort, 0, len(slice.Ports)),
-		Endpoints:       make([]SliceEndpoint, 0, len(slice.Endpoints)),
+		Endpoints:       make([]Endpoint, 0, len(slice.Endpoints)),
 	}
 	for i := range slice.Ports {
 		p := &slice.Ports[i]
@@ -87,14 +79,19 @@ func SliceOf(slice *discovery.EndpointSlice) *EndpointSlice {
 		}
 		s.Endpoints = append(s.Endpoints, sliceEndpoint(e, ip))
 	}
+	if len(s.Ports) > 0 {
+		for i := range s.Endpoints {
+			s.Endpoints[i].Port = s.Ports[0].Port
+		}
+	}
 	if at, err := time.Parse(time.RFC3339, slice.Annotations[v1.EndpointsLastChangeTriggerTime]); err == nil {
 		s.TriggerTime = at
 	}
 	return s
 }
 
-func sliceEndpoint(e *discovery.Endpoint, ip netip.Addr) SliceEndpoint {
-	ep := SliceEndpoint{
+func sliceEndpoint(e *discovery.Endpoint, ip netip.Addr) Endpoint {
+	ep := Endpoint{
 		IP:          ip,
 		Ready:       e.Conditions.Ready == nil || *e.Conditions.Ready,
 		Serving:     e.Conditions.Serving == nil || *e.Conditions.Serving,

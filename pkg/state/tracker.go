@@ -310,8 +310,10 @@ func (st *State) replaceEndpoints(name types.NamespacedName, eps EndpointsMap, c
 		keys = append(keys, spn)
 		if old := st.Endpoints[spn]; !reflect.DeepEqual(old, list) {
 			ch.noteEndpointChange(spn, old, list)
-			st.Endpoints[spn] = list
 		}
+		// The new list even when nothing changed: its endpoints are the
+		// informers' copies, and the old ones' slice would stay held.
+		st.Endpoints[spn] = list
 	}
 	if len(keys) == 0 {
 		delete(st.endpointPorts, name)
@@ -395,21 +397,18 @@ func compareAsText(a, b *Endpoint) int {
 	return bytes.Compare(a.AddrPort().AppendTo(bufA[:0]), b.AddrPort().AppendTo(bufB[:0]))
 }
 
-// endpoint converts one slice endpoint for one port; nil when its
+// endpoint is a slice's endpoint for one of its ports: the slice's own
+// for the port it was made for, unless it is on this node; nil when its
 // address is of the other family.
-func (t *Tracker) endpoint(e *SliceEndpoint, port int32) *Endpoint {
+func (t *Tracker) endpoint(e *Endpoint, port int32) *Endpoint {
 	if t.familyProblem(e.IP) != "" {
 		return nil
 	}
-	return &Endpoint{
-		IP:          e.IP,
-		Port:        port,
-		NodeName:    e.NodeName,
-		IsLocal:     e.NodeName != "" && e.NodeName == t.nodeName,
-		Zone:        e.Zone,
-		Hints:       e.Hints,
-		Ready:       e.Ready,
-		Serving:     e.Serving,
-		Terminating: e.Terminating,
+	local := e.NodeName != "" && e.NodeName == t.nodeName
+	if e.Port == port && !local {
+		return e
 	}
+	c := *e
+	c.Port, c.IsLocal = port, local
+	return &c
 }
