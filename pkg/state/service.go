@@ -42,33 +42,10 @@ func servicePorts(svc *v1.Service, family v1.IPFamily) (ports []*ServicePort, pr
 	if problem := serviceProblem(svc); problem != "" {
 		return nil, []string{problem}
 	}
-	clusterIP := firstOfFamily(clusterIPs(svc), family)
-	if !clusterIP.IsValid() {
+	shared, ok := serviceWide(svc, family)
+	if !ok {
 		return nil, nil
 	}
-	name := types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}
-	externalIPs := addrsOfFamily(svc.Spec.ExternalIPs, family)
-	lbIPs := loadBalancerIPs(svc, family)
-	sourceRanges := sourceRanges(svc, family)
-	skipped := skippedAddresses(svc, family)
-	var affinity int32
-	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
-		affinity = defaultAffinityTimeout
-		if cfg := svc.Spec.SessionAffinityConfig; cfg != nil && cfg.ClientIP != nil && cfg.ClientIP.TimeoutSeconds != nil {
-			affinity = *cfg.ClientIP.TimeoutSeconds
-		}
-	}
-	externallyReachable := svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer || len(svc.Spec.ExternalIPs) > 0
-	externalLocal := externallyReachable && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
-	var healthCheckPort int32
-	if svc.Spec.Type == v1.ServiceTypeLoadBalancer && externalLocal {
-		healthCheckPort = svc.Spec.HealthCheckNodePort
-	}
-	var distribution string
-	if svc.Spec.TrafficDistribution != nil {
-		distribution = *svc.Spec.TrafficDistribution
-	}
-
 	ports = make([]*ServicePort, 0, len(svc.Spec.Ports))
 	// The API refuses two ports of one name, or of one number and
 	// protocol: the first is kept.
@@ -93,25 +70,51 @@ func servicePorts(svc *v1.Service, family v1.IPFamily) (ports []*ServicePort, pr
 			problems = append(problems, fmt.Sprintf("port %d: %s", i, problem))
 			continue
 		}
-		spn := ServicePortName{NamespacedName: name, Port: p.Name, Protocol: p.Protocol}
-		ports = append(ports, &ServicePort{
-			Name:                     spn,
-			ClusterIP:                clusterIP,
-			Port:                     p.Port,
-			Protocol:                 p.Protocol,
-			NodePort:                 p.NodePort,
-			ExternalIPs:              externalIPs,
-			LoadBalancerIPs:          lbIPs,
-			LoadBalancerSourceRanges: sourceRanges,
-			AffinityTimeoutSeconds:   affinity,
-			ExternalPolicyLocal:      externalLocal,
-			InternalPolicyLocal:      svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
-			HealthCheckNodePort:      healthCheckPort,
-			TrafficDistribution:      distribution,
-			Skipped:                  skipped,
-		})
+		sp := shared
+		sp.Name = ServicePortName{NamespacedName: shared.Name.NamespacedName, Port: p.Name, Protocol: p.Protocol}
+		sp.Port, sp.Protocol, sp.NodePort = p.Port, p.Protocol, p.NodePort
+		ports = append(ports, &sp)
 	}
 	return ports, problems
+}
+
+// serviceWide is what every service port of svc in the family shares;
+// false when the service has no cluster IP of the family.
+func serviceWide(svc *v1.Service, family v1.IPFamily) (ServicePort, bool) {
+	clusterIP := firstOfFamily(clusterIPs(svc), family)
+	if !clusterIP.IsValid() {
+		return ServicePort{}, false
+	}
+	var affinity int32
+	if svc.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
+		affinity = defaultAffinityTimeout
+		if cfg := svc.Spec.SessionAffinityConfig; cfg != nil && cfg.ClientIP != nil && cfg.ClientIP.TimeoutSeconds != nil {
+			affinity = *cfg.ClientIP.TimeoutSeconds
+		}
+	}
+	externallyReachable := svc.Spec.Type == v1.ServiceTypeNodePort || svc.Spec.Type == v1.ServiceTypeLoadBalancer || len(svc.Spec.ExternalIPs) > 0
+	externalLocal := externallyReachable && svc.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+	var healthCheckPort int32
+	if svc.Spec.Type == v1.ServiceTypeLoadBalancer && externalLocal {
+		healthCheckPort = svc.Spec.HealthCheckNodePort
+	}
+	var distribution string
+	if svc.Spec.TrafficDistribution != nil {
+		distribution = *svc.Spec.TrafficDistribution
+	}
+	return ServicePort{
+		Name:                     ServicePortName{NamespacedName: types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}},
+		ClusterIP:                clusterIP,
+		ExternalIPs:              addrsOfFamily(svc.Spec.ExternalIPs, family),
+		LoadBalancerIPs:          loadBalancerIPs(svc, family),
+		LoadBalancerSourceRanges: sourceRanges(svc, family),
+		AffinityTimeoutSeconds:   affinity,
+		ExternalPolicyLocal:      externalLocal,
+		InternalPolicyLocal:      svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
+		HealthCheckNodePort:      healthCheckPort,
+		TrafficDistribution:      distribution,
+		Skipped:                  skippedAddresses(svc, family),
+	}, true
 }
 
 func clusterIPs(svc *v1.Service) []string {
