@@ -234,7 +234,8 @@ func (b *serviceBuilder) healthCheckRule() {
 	}
 }
 
-// externalChain masquerades external traffic, or with a Local policy
+// externalChain is the external traffic's entry, as Paths.ExternalEntry
+// decides: it masquerades external traffic, or with a Local policy
 // routes the node's and its pods' own traffic through the cluster chain,
 // then jumps to the external policy chain.
 func (b *serviceBuilder) externalChain() {
@@ -242,7 +243,7 @@ func (b *serviceBuilder) externalChain() {
 		return
 	}
 	var rules []iptableskernel.Rule
-	if !b.svc.ExternalPolicyLocal {
+	if !b.paths.External.Local {
 		rules = append(rules, rule(comment("masquerade traffic for "+b.name+" external destinations"), jump(chainMarkMasq)))
 	} else {
 		if b.p.LocalDetector.Implemented() {

@@ -174,13 +174,14 @@ func (b *svcBuilder) hairpin() {
 	}
 }
 
-// externalChain is the external traffic's entry (Paths.ExternalEntry).
+// externalChain is the external traffic's entry, doing what
+// Paths.ExternalEntry says.
 func (b *svcBuilder) externalChain() {
 	if !b.paths.ExternalEntry {
 		return
 	}
 	ext := chain(b.names.external)
-	if b.svc.ExternalPolicyLocal {
+	if b.paths.External.Local {
 		ext.Rules = b.shortCircuits()
 	} else {
 		// Cluster endpoints may be on other nodes: masquerade.

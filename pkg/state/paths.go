@@ -17,7 +17,13 @@ type Paths struct {
 	// then needs rules of its own.
 	ClusterUsed, LocalUsed bool
 	// ExternalEntry tells whether external traffic has an entry of its
-	// own (the modes' external chain), which sends it on to its path.
+	// own (the modes' external chain). Under a Cluster External path the
+	// entry masquerades all of it: the endpoint may be on another node,
+	// and the reply must come back through this one. Under a Local one it
+	// keeps the client's address, and sends pod traffic (where the mode
+	// can tell it apart) and the node's own, masqueraded, to the cluster
+	// endpoints instead (see UsesClusterEndpoints). Then, when served,
+	// the traffic goes on to the External path.
 	ExternalEntry bool
 }
 
