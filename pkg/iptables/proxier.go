@@ -121,7 +121,7 @@ func (p *Syncer) FullSync(v state.View) error {
 	verifying := p.ruleState.takeRepair()
 	p.rewritten, p.repairs = p.rewritten[:0], 0
 	if err := p.fullSync(verifying); err != nil {
-		p.ruleState.lost()
+		p.ruleState.lost(verifying)
 		return err
 	}
 	p.ruleState.wrote()

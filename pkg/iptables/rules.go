@@ -104,9 +104,9 @@ type serviceBuilder struct {
 	proto string
 	port  string
 
-	hasEndpoints, hasInternal, hasExternal bool
-	internalChain, externalPolicyChain     iptableskernel.Chain
-	usesFirewall                           bool
+	hasInternal, hasExternal           bool
+	internalChain, externalPolicyChain iptableskernel.Chain
+	usesFirewall                       bool
 	// lbChain is where load-balancer traffic goes: the firewall chain
 	// when source ranges restrict it.
 	lbChain iptableskernel.Chain
@@ -121,10 +121,14 @@ type serviceBuilder struct {
 
 func newServiceBuilder(p *Params, svc *state.ServicePort, sel state.Selection) *serviceBuilder {
 	b := &serviceBuilder{p: p, svc: svc, sel: sel, names: chainsFor(svc.Name), paths: state.PathsOf(svc, sel),
-		name: svc.Name.String(), proto: protocolOf(svc.Protocol), port: strconv.Itoa(int(svc.Port)), hasEndpoints: sel.HasAny}
+		name: svc.Name.String(), proto: protocolOf(svc.Protocol), port: strconv.Itoa(int(svc.Port))}
 	b.internalChain, b.hasInternal = b.names.policyChain(b.paths.Internal), b.paths.Internal.Served
 	b.externalPolicyChain, b.hasExternal = b.names.policyChain(b.paths.External), b.paths.External.Served
-	b.usesFirewall = b.hasEndpoints && len(svc.LoadBalancerIPs) > 0 && len(svc.LoadBalancerSourceRanges) > 0
+	// The firewall chain leads to the external chain, so it is there only
+	// when that one is, with endpoints, as upstream's: without them,
+	// KUBE-EXTERNAL-SERVICES rejects the traffic before
+	// KUBE-PROXY-FIREWALL would see it.
+	b.usesFirewall = b.paths.ExternalEntry && svc.FiltersLoadBalancerSources()
 	b.lbChain = b.names.external
 	if b.usesFirewall {
 		b.lbChain = b.names.firewall
@@ -132,7 +136,7 @@ func newServiceBuilder(p *Params, svc *state.ServicePort, sel state.Selection) *
 	noEndpoints := comment(b.name + " has no endpoints")
 	noLocal := comment(b.name + " has no local endpoints")
 	b.internalComment, b.externalComment = noEndpoints, noEndpoints
-	if !b.hasEndpoints {
+	if sel.RejectsUnserved() {
 		b.internalFilter, b.externalFilter = "REJECT", "REJECT"
 	} else {
 		if !b.hasInternal {
@@ -173,7 +177,7 @@ func (b *serviceBuilder) clusterIPRules() {
 // filter it.
 func (b *serviceBuilder) externalIPRules() {
 	for _, ip := range b.svc.ExternalIPs {
-		if b.hasEndpoints {
+		if b.paths.ExternalEntry {
 			b.shared(iptableskernel.TableNAT, chainServices, comment(b.name+" external IP"), b.match(ip.String(), b.port), jump(b.names.external))
 		}
 		if !b.hasExternal {
@@ -187,7 +191,7 @@ func (b *serviceBuilder) externalIPRules() {
 // KUBE-PROXY-FIREWALL drops; or filter it.
 func (b *serviceBuilder) loadBalancerRules() {
 	for _, ip := range b.svc.LoadBalancerIPs {
-		if b.hasEndpoints {
+		if b.paths.ExternalEntry {
 			b.shared(iptableskernel.TableNAT, chainServices, comment(b.name+" loadbalancer IP"), b.match(ip.String(), b.port), jump(b.lbChain))
 		}
 		if b.usesFirewall {
@@ -207,7 +211,7 @@ func (b *serviceBuilder) nodePortRules() {
 		return
 	}
 	nodePort := strconv.Itoa(int(b.svc.NodePort))
-	if b.hasEndpoints {
+	if b.paths.ExternalEntry {
 		if b.p.localhostNodePorts() && b.p.NFAcct {
 			// The same jump for localhost only, counting the packets:
 			// it must come first, or the general rule takes them all.
@@ -230,15 +234,16 @@ func (b *serviceBuilder) healthCheckRule() {
 	}
 }
 
-// externalChain masquerades external traffic, or with a Local policy
+// externalChain is the external traffic's entry, as Paths.ExternalEntry
+// decides: it masquerades external traffic, or with a Local policy
 // routes the node's and its pods' own traffic through the cluster chain,
 // then jumps to the external policy chain.
 func (b *serviceBuilder) externalChain() {
-	if !b.hasEndpoints || !b.svc.HasExternal() {
+	if !b.paths.ExternalEntry {
 		return
 	}
 	var rules []iptableskernel.Rule
-	if !b.svc.ExternalPolicyLocal {
+	if !b.paths.External.Local {
 		rules = append(rules, rule(comment("masquerade traffic for "+b.name+" external destinations"), jump(chainMarkMasq)))
 	} else {
 		if b.p.LocalDetector.Implemented() {
@@ -263,12 +268,10 @@ func (b *serviceBuilder) firewallChain() {
 	}
 	lbComment := comment(b.name + " loadbalancer IP")
 	var rules []iptableskernel.Rule
-	allowFromNode := false
 	for _, cidr := range b.svc.LoadBalancerSourceRanges {
 		rules = append(rules, rule(lbComment, []string{"-s", cidr.String()}, jump(b.names.external)))
-		allowFromNode = allowFromNode || (b.p.NodeIP.IsValid() && cidr.Contains(b.p.NodeIP))
 	}
-	if allowFromNode {
+	if b.svc.SourceRangesAllow(b.p.NodeIP) {
 		for _, ip := range b.svc.LoadBalancerIPs {
 			rules = append(rules, rule(lbComment, []string{"-s", ip.String()}, jump(b.names.external)))
 		}

@@ -17,8 +17,9 @@ type ruleState struct {
 	// repairDue is set when the watch asked for a full sync because it
 	// found our rules flushed or changed by another program: that sync
 	// compares our chains with the kernel, and logs and counts those it
-	// restores. The next full sync takes the request as it starts, and a
-	// failed one does not keep it.
+	// restores. The next full sync takes the request as it starts, and
+	// one that fails keeps it, so that the full sync that follows (the
+	// core retries) is the repair, logged and counted.
 	repairDue bool
 }
 
@@ -27,13 +28,13 @@ type phase string
 
 const (
 	// phaseUnknown: no full sync has written everything yet, or the last
-	// one failed or a repair is under way.
+	// one failed (and was no repair) or a repair is under way.
 	phaseUnknown phase = "unknown"
 	// phaseInPlace: a full sync wrote everything, and the watch has
 	// reported nothing since.
 	phaseInPlace phase = "in place"
 	// phaseDrifted: the watch reported another program's flush or change,
-	// and the next full sync is a repair.
+	// or a repair failed, and the next full sync is a repair.
 	phaseDrifted phase = "drifted"
 )
 
@@ -82,9 +83,11 @@ func (s *ruleState) wrote() {
 }
 
 // lost records that a full sync failed: what it had written of its inputs
-// is not all.
-func (s *ruleState) lost() {
+// is not all. A repair (the sync took a request) keeps the request for
+// the next full sync.
+func (s *ruleState) lost(repair bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.written = false
+	s.repairDue = s.repairDue || repair
 }

@@ -88,10 +88,10 @@ func (b *svcBuilder) addrKey(a netip.Addr) []string { return []string{a.String()
 // unservedVerdict is what becomes of traffic with no endpoint to reach:
 // dropped, or rejected when the service has no endpoint anywhere.
 func (b *svcBuilder) unservedVerdict() string {
-	if b.sel.HasAny {
-		return "drop"
+	if b.sel.RejectsUnserved() {
+		return "goto " + chainReject
 	}
-	return "goto " + chainReject
+	return "drop"
 }
 
 // unserved sends traffic with no endpoint to reach to unservedVerdict.
@@ -99,10 +99,10 @@ func (b *svcBuilder) unserved(m string, key []string) {
 	b.mapElement(m, key, b.unservedVerdict(), b.svc.Name.String())
 }
 
-// toExternalChain sends external traffic to the external chain, which is
-// there whenever the service has endpoints anywhere.
+// toExternalChain sends external traffic to the external chain, when
+// there is one.
 func (b *svcBuilder) toExternalChain(m string, key []string) {
-	if b.sel.HasAny {
+	if b.paths.ExternalEntry {
 		b.mapElement(m, key, "goto "+b.names.external, "")
 	}
 }
@@ -135,19 +135,13 @@ func (b *svcBuilder) externalIPs() {
 	}
 }
 
-// usesFirewall tells whether load-balancer traffic is checked against
-// the source ranges, in the firewall chain.
-func (b *svcBuilder) usesFirewall() bool {
-	return len(b.svc.LoadBalancerIPs) > 0 && len(b.svc.LoadBalancerSourceRanges) > 0
-}
-
 // loadBalancerIPs go to the external chain and, with source ranges, to
 // the firewall chain first (firewall-check comes before the DNAT); those
 // unserved come after all of them.
 func (b *svcBuilder) loadBalancerIPs() {
 	for _, a := range b.svc.LoadBalancerIPs {
 		b.toExternalChain(mapServiceIPs, b.addrKey(a))
-		if b.usesFirewall() {
+		if b.svc.FiltersLoadBalancerSources() {
 			b.mapElement(mapFirewallIPs, b.addrKey(a), "goto "+b.names.firewall, "")
 		}
 	}
@@ -180,14 +174,14 @@ func (b *svcBuilder) hairpin() {
 	}
 }
 
-// externalChain is there whenever there are endpoints anywhere: its
-// short-circuits for pod and node traffic need no local ones.
+// externalChain is the external traffic's entry, doing what
+// Paths.ExternalEntry says.
 func (b *svcBuilder) externalChain() {
-	if !b.sel.HasAny || !b.svc.HasExternal() {
+	if !b.paths.ExternalEntry {
 		return
 	}
 	ext := chain(b.names.external)
-	if b.svc.ExternalPolicyLocal {
+	if b.paths.External.Local {
 		ext.Rules = b.shortCircuits()
 	} else {
 		// Cluster endpoints may be on other nodes: masquerade.
@@ -214,15 +208,15 @@ func (b *svcBuilder) shortCircuits() []string {
 }
 
 // firewallChain drops load-balancer traffic from outside the source
-// ranges.
+// ranges (and lets the node's own traffic through when a range holds the
+// node's IP). As upstream's, it is there whether or not the service has
+// endpoints: firewall-check runs before the no-endpoint checks.
 func (b *svcBuilder) firewallChain() {
-	if !b.usesFirewall() {
+	if !b.svc.FiltersLoadBalancerSources() {
 		return
 	}
 	allowed := slices.Clone(b.svc.LoadBalancerSourceRanges)
-	if slices.ContainsFunc(allowed, func(r netip.Prefix) bool { return r.Contains(b.p.NodeIP) }) {
-		// A node reaching its own LB IP (bound locally) comes from
-		// the LB IP itself.
+	if b.svc.SourceRangesAllow(b.p.NodeIP) {
 		for _, a := range b.svc.LoadBalancerIPs {
 			allowed = append(allowed, netip.PrefixFrom(a, a.BitLen()))
 		}

@@ -22,7 +22,8 @@ type Selection struct {
 	// All is every endpoint in Cluster or Local: each needs its own rules.
 	All []*Endpoint
 	// HasAny tells whether the service has any usable endpoint anywhere, so
-	// that traffic with no local endpoint is dropped rather than rejected.
+	// that traffic with no local endpoint is dropped rather than rejected
+	// (RejectsUnserved).
 	HasAny bool
 }
 
