@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 
 	"github.com/rapidproxy/rapidproxy/pkg/state"
@@ -128,8 +127,7 @@ func reason(svc *state.ServicePort, ex state.Explanation, entry trace.Entry, loc
 		}
 		return policy + note
 	case trace.Drop:
-		if entry == trace.EntryLoadBalancer && len(svc.LoadBalancerSourceRanges) > 0 &&
-			!slices.ContainsFunc(svc.LoadBalancerSourceRanges, func(p netip.Prefix) bool { return p.Contains(pkt.Source) }) {
+		if entry == trace.EntryLoadBalancer && len(svc.LoadBalancerSourceRanges) > 0 && !svc.SourceRangesAllow(pkt.Source) {
 			return fmt.Sprintf("source range not allowed: %s is in none of loadBalancerSourceRanges %s",
 				pkt.Source, strings.Join(texts(svc.LoadBalancerSourceRanges), ", "))
 		}
