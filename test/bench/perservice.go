@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 )
 
 // perServiceRows are the memory measures that writePerService divides.
@@ -67,11 +68,11 @@ func kb(v float64, ok bool) string {
 	return fmt.Sprintf("%.2f", v)
 }
 
-// rowTitle is the title of the row with key.
+// rowTitle is the title of the row with key, without its unit.
 func rowTitle(key string) string {
 	for _, r := range rows {
 		if r.key == key {
-			return r.title
+			return strings.TrimSuffix(r.title, " (MB)")
 		}
 	}
 	return key

@@ -16,7 +16,7 @@ func TestPerServiceSubtractsTheFloor(t *testing.T) {
 	}
 	var b strings.Builder
 	writePerService(&b, []string{"nftables"}, []shapeTable{shape(0, 10, 20), shape(1000, 15, 40)})
-	want := "| 1000 x 5 | nftables | steady live heap, go_memstats_heap_inuse_bytes after idling (MB) | 5.00 | 20.00 | 0.25 |"
+	want := "| 1000 x 5 | nftables | steady live heap, go_memstats_heap_inuse_bytes after idling | 5.00 | 20.00 | 0.25 |"
 	if !strings.Contains(b.String(), want) {
 		t.Fatalf("got\n%s\nwant a line\n%s", b.String(), want)
 	}
