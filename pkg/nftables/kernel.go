@@ -24,12 +24,31 @@ import (
 type table struct {
 	exists  bool
 	comment string
-	chains  map[string]*Chain
+	chains  map[string]*tableChain
 	sets    map[string]*tableSet
 	// counters are the named counters, as far as known: a read over
 	// netlink does not list them (a sync adds them again, which keeps
 	// their counts).
 	counters map[string]bool
+}
+
+// tableChain is a chain the table holds: its rules as read, or in the
+// syncer's mirror of the table their print alone (see printed), which is
+// all a sync compares.
+type tableChain struct {
+	knftables.Chain
+	Rules []string
+	print rulesPrint
+}
+
+// printed has the table's chains keep their rules' print instead of
+// their text: the syncer's mirror holds no rule text.
+func (t *table) printed() {
+	for _, c := range t.chains {
+		if c.Rules != nil {
+			c.print, c.Rules = printOf(c.Rules), nil
+		}
+	}
 }
 
 // tableSet is a set or map and its elements, key to value ("" in a set),
@@ -43,7 +62,7 @@ type tableSet struct {
 }
 
 func newTable() *table {
-	return &table{chains: map[string]*Chain{}, sets: map[string]*tableSet{}, counters: map[string]bool{}}
+	return &table{chains: map[string]*tableChain{}, sets: map[string]*tableSet{}, counters: map[string]bool{}}
 }
 
 // lister runs `nft list` on the family's kube-proxy table (kind "table",
@@ -117,7 +136,7 @@ func fromNetlink(nt *nftnl.Table) *table {
 	t := newTable()
 	t.exists, t.comment = true, nt.Comment
 	for _, nc := range nt.Chains {
-		c := &Chain{Chain: knftables.Chain{Name: nc.Name}, Rules: nc.Rules}
+		c := &tableChain{Chain: knftables.Chain{Name: nc.Name}, Rules: nc.Rules}
 		if nc.Comment != "" {
 			c.Comment = &nc.Comment
 		}
@@ -167,7 +186,7 @@ func parseTable(r io.Reader) (*table, error) {
 type listingParser struct {
 	t *table
 	// c or s is the chain, or the set or map, whose lines are being read.
-	c *Chain
+	c *tableChain
 	s *tableSet
 	// elements is s's elements list while it spans lines (inElements).
 	elements   strings.Builder
@@ -202,7 +221,7 @@ func (p *listingParser) tableLine(line string) {
 	switch {
 	case strings.HasPrefix(line, "chain "):
 		name := strings.TrimSuffix(strings.TrimPrefix(line, "chain "), " {")
-		p.c = &Chain{Chain: knftables.Chain{Name: name}}
+		p.c = &tableChain{Chain: knftables.Chain{Name: name}}
 		p.t.chains[name] = p.c
 	case strings.HasPrefix(line, "set ") || strings.HasPrefix(line, "map "):
 		kind, name, _ := strings.Cut(strings.TrimSuffix(line, " {"), " ")

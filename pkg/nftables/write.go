@@ -68,10 +68,10 @@ type write struct {
 	// touched are the elements a partial sync changed (a full sync looks
 	// at every wanted one and every one the table holds instead).
 	touched map[elemID]bool
-	// repair are the rules of each chain as the syncs before wrote
-	// them, when the watch asked this full sync to tell what it
+	// repair are the prints of each chain's rules as the syncs before
+	// wrote them, when the watch asked this full sync to tell what it
 	// restored: the chains it rewrites as they were.
-	repair   map[string][]string
+	repair   map[string]rulesPrint
 	restored []string
 	// seen are the chains and sets this sync wants (full sync only).
 	seenChains, seenSets map[string]bool
@@ -82,9 +82,25 @@ type write struct {
 	// changed element (empty: no one), and the chains that became stale
 	// (nil: no longer).
 	layout  *Layout
-	applied map[state.ServicePortName]ServiceObjects
+	applied map[state.ServicePortName]appliedObjects
 	wanted  map[elemID]wantedElem
 	stale   map[string]*staleChain
+}
+
+// appliedObjects is what the syncer keeps of a service port's objects
+// once written: its chains by the print of their rules, not their text
+// (an explanation recomputes that from ServiceObjects), its sets, and its
+// elements, which wanted's values point into.
+type appliedObjects struct {
+	Chains   []appliedChain
+	Sets     []Set
+	Elements []knftables.Element
+}
+
+// appliedChain is a chain written, and the print of its rules.
+type appliedChain struct {
+	Name  string
+	print rulesPrint
 }
 
 // ruleRef is rule i of a chain a sync writes, made into a knftables rule
@@ -96,11 +112,11 @@ type ruleRef struct {
 
 func (s *Syncer) newWrite(full bool) *write {
 	return &write{s: s, t: newOverlay(s.table.kernel), full: full, touched: map[elemID]bool{}, seenChains: map[string]bool{}, seenSets: map[string]bool{},
-		applied: map[state.ServicePortName]ServiceObjects{}, wanted: map[elemID]wantedElem{}, stale: map[string]*staleChain{}}
+		applied: map[state.ServicePortName]appliedObjects{}, wanted: map[elemID]wantedElem{}, stale: map[string]*staleChain{}}
 }
 
 // appliedTo is what a service port asked for in the syncs before.
-func (w *write) appliedTo(name state.ServicePortName) ServiceObjects {
+func (w *write) appliedTo(name state.ServicePortName) appliedObjects {
 	if objects, ok := w.applied[name]; ok || w.full {
 		return objects
 	}
@@ -141,22 +157,33 @@ func (w *write) replaceLayout(l Layout) {
 	if !w.full {
 		old = w.s.layout
 	}
-	w.objects(old.Sets, l.Sets, old.Chains, l.Chains, old.Elements, l.Elements)
+	w.objects(old.Sets, l.Sets, namesOf(old.Chains, func(c Chain) string { return c.Name }), l.Chains, old.Elements, l.Elements)
 	w.layout = &l
 }
 
 // replace brings one service port's objects in line with updated.
 func (w *write) replace(name state.ServicePortName, updated ServiceObjects) {
 	old := w.appliedTo(name)
-	w.objects(old.Sets, updated.Sets, old.Chains, updated.Chains, old.Elements, updated.Elements)
-	w.applied[name] = updated
+	oldChains := namesOf(old.Chains, func(c appliedChain) string { return c.Name })
+	chains := w.objects(old.Sets, updated.Sets, oldChains, updated.Chains, old.Elements, updated.Elements)
+	w.applied[name] = appliedObjects{Chains: chains, Sets: updated.Sets, Elements: updated.Elements}
 }
 
-// objects changes one owner's sets, chains and elements from old to new.
-// Sets go first: re-creating one forces its users' chains to be rewritten.
-// The new chains and elements are referred to, not copied, until the
-// transaction is written: the caller keeps them unchanged.
-func (w *write) objects(oldSets, newSets []Set, oldChains, newChains []Chain, oldElems, newElems []knftables.Element) {
+// namesOf are the names of objects.
+func namesOf[T any](objects []T, name func(T) string) []string {
+	names := make([]string, len(objects))
+	for i, o := range objects {
+		names[i] = name(o)
+	}
+	return names
+}
+
+// objects changes one owner's sets, chains and elements from old to new,
+// and returns the new chains as applied. Sets go first: re-creating one
+// forces its users' chains to be rewritten. The new chains and elements
+// are referred to, not copied, until the transaction is written: the
+// caller keeps them unchanged.
+func (w *write) objects(oldSets, newSets []Set, oldChains []string, newChains []Chain, oldElems, newElems []knftables.Element) []appliedChain {
 	w.force = false
 	for _, st := range newSets {
 		w.set(st)
@@ -166,12 +193,13 @@ func (w *write) objects(oldSets, newSets []Set, oldChains, newChains []Chain, ol
 			w.dropSet(st.Name)
 		}
 	}
+	applied := make([]appliedChain, len(newChains))
 	for i := range newChains {
-		w.chain(&newChains[i])
+		applied[i] = appliedChain{Name: newChains[i].Name, print: w.chain(&newChains[i])}
 	}
-	for _, c := range oldChains {
-		if !slices.ContainsFunc(newChains, func(n Chain) bool { return n.Name == c.Name }) {
-			w.dropChain(c.Name)
+	for _, name := range oldChains {
+		if !slices.ContainsFunc(newChains, func(n Chain) bool { return n.Name == name }) {
+			w.dropChain(name)
 		}
 	}
 	w.force = false
@@ -181,14 +209,18 @@ func (w *write) objects(oldSets, newSets []Set, oldChains, newChains []Chain, ol
 	for i := range oldElems {
 		w.want(&oldElems[i], -1)
 	}
+	return applied
 }
 
-// chain makes the table hold c with exactly its rules.
-func (w *write) chain(c *Chain) {
+// chain makes the table hold c with exactly its rules, and returns their
+// print. What the table holds compares by prints (see rulesPrint): its
+// rules as written, or upstream's form of them, which stays.
+func (w *write) chain(c *Chain) rulesPrint {
 	w.seenChains[c.Name] = true
 	if w.isStale(c.Name) {
 		w.stale[c.Name] = nil
 	}
+	want := printOf(c.Rules)
 	have, ok := w.t.chain(c.Name)
 	rules := &w.rules
 	switch {
@@ -201,23 +233,21 @@ func (w *write) chain(c *Chain) {
 		// A base chain's hook or priority cannot be changed in place.
 		w.deleteChains = append(w.deleteChains, &knftables.Chain{Name: c.Name})
 		w.readd = append(w.readd, &c.Chain)
-	case !w.force && sameRules(have.Rules, c.Rules):
-		// The table's copy of the text gives way to applied's: after a
-		// restart, one copy of every rule is kept, not two.
-		w.t.sameRules = append(w.t.sameRules, sharedRules{have, c.Rules})
-		return
-	case !w.force && c.Upstream != nil && sameRules(have.Rules, c.Upstream):
-		return
+	case !w.force && have.print == want:
+		return want
+	case !w.force && c.Upstream != nil && have.print == printOf(c.Upstream):
+		return want
 	default:
 		w.flushes = append(w.flushes, &knftables.Chain{Name: c.Name})
 	}
-	if rules, ok := w.repair[c.Name]; ok && slices.Equal(rules, c.Rules) {
+	if p, ok := w.repair[c.Name]; ok && p == want {
 		w.restored = append(w.restored, c.Name)
 	}
 	for i := range c.Rules {
 		*rules = append(*rules, ruleRef{c, i})
 	}
-	w.t.chains[c.Name] = &Chain{Chain: c.Chain, Rules: c.Rules}
+	w.t.chains[c.Name] = &tableChain{Chain: c.Chain, print: want}
+	return want
 }
 
 // dropChain flushes a chain no one wants; a later sync deletes it.
@@ -226,9 +256,9 @@ func (w *write) dropChain(name string) {
 	if !ok {
 		return
 	}
-	if len(have.Rules) > 0 {
+	if have.print.n > 0 {
 		w.flushes = append(w.flushes, &knftables.Chain{Name: name})
-		w.t.chains[name] = &Chain{Chain: have.Chain}
+		w.t.chains[name] = &tableChain{Chain: have.Chain}
 	}
 	if !w.isStale(name) {
 		w.stale[name] = &staleChain{flushed: w.s.now()}
@@ -420,7 +450,7 @@ func merged[K comparable, V any](m, changes map[K]V, gone func(V) bool) map[K]V 
 }
 
 // noObjects tells whether a service port asks for nothing.
-func noObjects(o ServiceObjects) bool { return len(o.Chains) == 0 && len(o.Elements) == 0 }
+func noObjects(o appliedObjects) bool { return len(o.Chains) == 0 && len(o.Elements) == 0 }
 
 // elementIDs are the elements this sync looks at, sorted: those a partial
 // sync touched; in a full sync every wanted one and every one the table
