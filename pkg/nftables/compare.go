@@ -38,6 +38,17 @@ func (ts *tableSet) element(key string) knftables.Object {
 	return e
 }
 
+// elementOf is the element of key in this set or map with v's value and
+// comment, to add.
+func (ts *tableSet) elementOf(key string, v wantedValue) *knftables.Element {
+	e := ts.element(key).(*knftables.Element)
+	if ts.Map {
+		e.Value = strings.Split(v.value, " . ")
+	}
+	e.Comment = v.comment
+	return e
+}
+
 func sameSet(a, b Set) bool {
 	return a.Map == b.Map && a.Type == b.Type && a.Timeout == b.Timeout && a.Comment == b.Comment &&
 		slices.Equal(sortedFlags(a.Flags), sortedFlags(b.Flags))

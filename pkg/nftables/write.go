@@ -24,9 +24,10 @@ type wantedElem []wantedValue
 type wantedValue struct {
 	value  string
 	owners int
-	// elem is the element to write for this value (its comment): one of
-	// the owners', not a copy.
-	elem *knftables.Element
+	// comment is the comment to write with this value: one of the
+	// owners'. The element itself is made only when written, from its
+	// set, key, value and comment: no owner's element is kept.
+	comment *string
 }
 
 // has tells whether someone wants value.
@@ -36,6 +37,14 @@ func (we wantedElem) has(value string) bool {
 
 func idOf(e knftables.Element) elemID {
 	return elemID{container: e.Set + e.Map, key: strings.Join(e.Key, " . ")}
+}
+
+// appliedElem is an element an owner asked for: its key and value, joined
+// as nft prints them (the strings wanted holds), and its comment.
+type appliedElem struct {
+	id      elemID
+	value   string
+	comment *string
 }
 
 // write is one sync's transaction, gathered object by object against
@@ -90,11 +99,23 @@ type write struct {
 // appliedObjects is what the syncer keeps of a service port's objects
 // once written: its chains by the print of their rules, not their text
 // (an explanation recomputes that from ServiceObjects), its sets, and its
-// elements, which wanted's values point into.
+// elements by the strings wanted holds.
 type appliedObjects struct {
 	Chains   []appliedChain
 	Sets     []Set
-	Elements []knftables.Element
+	Elements []appliedElem
+}
+
+// appliedOf is o as applied.
+func appliedOf(o ServiceObjects) appliedObjects {
+	a := appliedObjects{Chains: make([]appliedChain, len(o.Chains)), Sets: o.Sets, Elements: make([]appliedElem, len(o.Elements))}
+	for i, c := range o.Chains {
+		a.Chains[i] = appliedChain{Name: c.Name, print: printOf(c.Rules)}
+	}
+	for i, e := range o.Elements {
+		a.Elements[i] = appliedElem{id: idOf(e), value: strings.Join(e.Value, " . "), comment: e.Comment}
+	}
+	return a
 }
 
 // appliedChain is a chain written, and the print of its rules.
@@ -153,61 +174,49 @@ func (w *write) replaceLayout(l Layout) {
 			w.t.counters[c] = true
 		}
 	}
-	var old Layout
+	var old appliedObjects
 	if !w.full {
-		old = w.s.layout
+		old = appliedOf(ServiceObjects{Chains: w.s.layout.Chains, Sets: w.s.layout.Sets, Elements: w.s.layout.Elements})
 	}
-	w.objects(old.Sets, l.Sets, namesOf(old.Chains, func(c Chain) string { return c.Name }), l.Chains, old.Elements, l.Elements)
+	w.objects(old, ServiceObjects{Chains: l.Chains, Sets: l.Sets, Elements: l.Elements})
 	w.layout = &l
 }
 
 // replace brings one service port's objects in line with updated.
 func (w *write) replace(name state.ServicePortName, updated ServiceObjects) {
-	old := w.appliedTo(name)
-	oldChains := namesOf(old.Chains, func(c appliedChain) string { return c.Name })
-	chains := w.objects(old.Sets, updated.Sets, oldChains, updated.Chains, old.Elements, updated.Elements)
-	w.applied[name] = appliedObjects{Chains: chains, Sets: updated.Sets, Elements: updated.Elements}
+	w.applied[name] = w.objects(w.appliedTo(name), updated)
 }
 
-// namesOf are the names of objects.
-func namesOf[T any](objects []T, name func(T) string) []string {
-	names := make([]string, len(objects))
-	for i, o := range objects {
-		names[i] = name(o)
-	}
-	return names
-}
-
-// objects changes one owner's sets, chains and elements from old to new,
-// and returns the new chains as applied. Sets go first: re-creating one
-// forces its users' chains to be rewritten. The new chains and elements
-// are referred to, not copied, until the transaction is written: the
-// caller keeps them unchanged.
-func (w *write) objects(oldSets, newSets []Set, oldChains []string, newChains []Chain, oldElems, newElems []knftables.Element) []appliedChain {
+// objects changes one owner's sets, chains and elements from old to
+// updated, and returns updated as applied. Sets go first: re-creating one
+// forces its users' chains to be rewritten. The new chains are referred
+// to, not copied, until the transaction is written: the caller keeps
+// them unchanged.
+func (w *write) objects(old appliedObjects, updated ServiceObjects) appliedObjects {
 	w.force = false
-	for _, st := range newSets {
+	for _, st := range updated.Sets {
 		w.set(st)
 	}
-	for _, st := range oldSets {
-		if !slices.ContainsFunc(newSets, func(n Set) bool { return n.Name == st.Name }) {
+	for _, st := range old.Sets {
+		if !slices.ContainsFunc(updated.Sets, func(n Set) bool { return n.Name == st.Name }) {
 			w.dropSet(st.Name)
 		}
 	}
-	applied := make([]appliedChain, len(newChains))
-	for i := range newChains {
-		applied[i] = appliedChain{Name: newChains[i].Name, print: w.chain(&newChains[i])}
+	applied := appliedObjects{Chains: make([]appliedChain, len(updated.Chains)), Sets: updated.Sets, Elements: make([]appliedElem, len(updated.Elements))}
+	for i := range updated.Chains {
+		applied.Chains[i] = appliedChain{Name: updated.Chains[i].Name, print: w.chain(&updated.Chains[i])}
 	}
-	for _, name := range oldChains {
-		if !slices.ContainsFunc(newChains, func(n Chain) bool { return n.Name == name }) {
-			w.dropChain(name)
+	for _, c := range old.Chains {
+		if !slices.ContainsFunc(updated.Chains, func(n Chain) bool { return n.Name == c.Name }) {
+			w.dropChain(c.Name)
 		}
 	}
 	w.force = false
-	for i := range newElems {
-		w.want(&newElems[i], 1)
+	for i, e := range updated.Elements {
+		applied.Elements[i] = w.want(appliedElem{id: idOf(e), value: strings.Join(e.Value, " . "), comment: e.Comment}, 1)
 	}
-	for i := range oldElems {
-		w.want(&oldElems[i], -1)
+	for _, e := range old.Elements {
+		w.want(e, -1)
 	}
 	return applied
 }
@@ -292,30 +301,31 @@ func (w *write) dropSet(name string) {
 	w.t.sets[name] = nil
 }
 
-// want counts one owner more (delta 1) or less (-1) for e's value.
-func (w *write) want(e *knftables.Element, delta int) {
-	id := idOf(*e)
-	we, planned := w.wanted[id]
+// want counts one owner more (delta 1) or less (-1) for e's value, and
+// returns e as applied: its value the string wanted holds.
+func (w *write) want(e appliedElem, delta int) appliedElem {
+	we, planned := w.wanted[e.id]
 	if !planned && !w.full {
 		// A copy: the Syncer's stays as it is until the commit.
-		we = slices.Clone(w.s.wanted[id])
+		we = slices.Clone(w.s.wanted[e.id])
 	}
-	v := strings.Join(e.Value, " . ")
-	i := slices.IndexFunc(we, func(wv wantedValue) bool { return wv.value == v })
+	i := slices.IndexFunc(we, func(wv wantedValue) bool { return wv.value == e.value })
 	if i < 0 {
 		i = len(we)
-		we = append(we, wantedValue{value: v})
+		we = append(we, wantedValue{value: e.value})
 	}
+	e.value = we[i].value
 	we[i].owners += delta
 	if we[i].owners <= 0 {
 		we = slices.Delete(we, i, i+1)
 	} else {
-		we[i].elem = e
+		we[i].comment = e.comment
 	}
-	w.wanted[id] = we
+	w.wanted[e.id] = we
 	if !w.full {
-		w.touched[id] = true
+		w.touched[e.id] = true
 	}
+	return e
 }
 
 // element makes the table hold what is wanted of one element: the value
@@ -345,7 +355,7 @@ func (w *write) element(id elemID) {
 		adds = &w.elemAdds
 	}
 	first := slices.MinFunc(we, func(a, b wantedValue) int { return strings.Compare(a.value, b.value) })
-	*adds = append(*adds, first.elem)
+	*adds = append(*adds, ts.elementOf(id.key, first))
 	w.t.setElement(id, first.value)
 }
 
