@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -149,6 +150,30 @@ func TestFullSyncComparesByPrints(t *testing.T) {
 				t.Errorf("table not restored:\n%s", testutil.LineDiff(before, got))
 			}
 			requireNoRuleText(t, h.syncer)
+		})
+	}
+}
+
+// An element is made, when written, from its set, key, value and comment
+// alone: as the owner's element was.
+func TestElementOfMakesTheOwnersElement(t *testing.T) {
+	cmt := "ns/svc:p"
+	for _, tc := range []struct {
+		name string
+		set  Set
+		elem knftables.Element
+	}{
+		{"set", Set{Name: "cluster-ips"}, knftables.Element{Set: "cluster-ips", Key: []string{"10.96.0.1"}, Comment: &cmt}},
+		{"map", Set{Name: "service-ips", Map: true}, knftables.Element{Map: "service-ips", Key: []string{"10.96.0.1", "tcp", "80"}, Value: []string{"goto service-X-ns/svc/tcp/p"}, Comment: &cmt}},
+		{"concatenated value", Set{Name: "m", Map: true}, knftables.Element{Map: "m", Key: []string{"10.96.0.1"}, Value: []string{"10.244.0.1", "8080"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := appliedOf(ServiceObjects{Elements: []knftables.Element{tc.elem}}).Elements[0]
+			ts := &tableSet{Set: tc.set}
+			got := ts.elementOf(a.id.key, wantedValue{value: a.value, comment: a.comment})
+			if !reflect.DeepEqual(*got, tc.elem) {
+				t.Errorf("made %+v, want %+v", *got, tc.elem)
+			}
 		})
 	}
 }
