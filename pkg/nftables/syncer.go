@@ -73,7 +73,8 @@ type Syncer struct {
 	// table is what the syncer knows of the table (tablestate.go).
 	table tableState
 	// layout and applied are what the fixed part and each service port
-	// asked for in the last sync; elements counts who wants which element.
+	// asked for in the last sync (a port's chains by the print of their
+	// rules); wanted counts who wants which element.
 	layout  Layout
 	applied map[state.ServicePortName]appliedObjects
 	wanted  map[elemID]wantedElem
