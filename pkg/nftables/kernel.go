@@ -32,22 +32,34 @@ type table struct {
 	counters map[string]bool
 }
 
-// tableChain is a chain the table holds: its rules as read, or in the
-// syncer's mirror of the table their print alone (see printed), which is
-// all a sync compares.
+// tableChain is a chain the table holds: as read, its name, hook and
+// comment and its rules; in the syncer's mirror of the table, all a sync
+// compares (see printed): its hook, and the print of its rules.
 type tableChain struct {
-	knftables.Chain
+	*knftables.Chain
 	Rules []string
 	print rulesPrint
 }
 
-// printed has the table's chains keep their rules' print instead of
-// their text: the syncer's mirror holds no rule text.
+// regularChain is every regular chain of the mirror, whose name is its
+// key: a sync compares no more of one than that it has no hook. Never
+// changed.
+var regularChain = &knftables.Chain{}
+
+// mirrored is c as the mirror keeps it: its hook, and the print of its
+// rules.
+func mirrored(c knftables.Chain, print rulesPrint) *tableChain {
+	if c.Hook == nil {
+		return &tableChain{Chain: regularChain, print: print}
+	}
+	return &tableChain{Chain: &c, print: print}
+}
+
+// printed has a table just read keep of its chains what the mirror
+// keeps: no rule text.
 func (t *table) printed() {
-	for _, c := range t.chains {
-		if c.Rules != nil {
-			c.print, c.Rules = printOf(c.Rules), nil
-		}
+	for name, c := range t.chains {
+		t.chains[name] = mirrored(*c.Chain, printOf(c.Rules))
 	}
 }
 
@@ -136,7 +148,7 @@ func fromNetlink(nt *nftnl.Table) *table {
 	t := newTable()
 	t.exists, t.comment = true, nt.Comment
 	for _, nc := range nt.Chains {
-		c := &tableChain{Chain: knftables.Chain{Name: nc.Name}, Rules: nc.Rules}
+		c := &tableChain{Chain: &knftables.Chain{Name: nc.Name}, Rules: nc.Rules}
 		if nc.Comment != "" {
 			c.Comment = &nc.Comment
 		}
@@ -221,7 +233,7 @@ func (p *listingParser) tableLine(line string) {
 	switch {
 	case strings.HasPrefix(line, "chain "):
 		name := strings.TrimSuffix(strings.TrimPrefix(line, "chain "), " {")
-		p.c = &tableChain{Chain: knftables.Chain{Name: name}}
+		p.c = &tableChain{Chain: &knftables.Chain{Name: name}}
 		p.t.chains[name] = p.c
 	case strings.HasPrefix(line, "set ") || strings.HasPrefix(line, "map "):
 		kind, name, _ := strings.Cut(strings.TrimSuffix(line, " {"), " ")
@@ -239,7 +251,7 @@ func (p *listingParser) tableLine(line string) {
 func (p *listingParser) chainLine(line string) error {
 	switch {
 	case strings.HasPrefix(line, "type ") && strings.Contains(line, " hook "):
-		return parseBaseChain(&p.c.Chain, line)
+		return parseBaseChain(p.c.Chain, line)
 	case strings.HasPrefix(line, "comment \""):
 		cmt, err := strconv.Unquote(strings.TrimPrefix(line, "comment "))
 		if err != nil {

@@ -177,3 +177,41 @@ func TestElementOfMakesTheOwnersElement(t *testing.T) {
 		})
 	}
 }
+
+// The mirror keeps of a chain read its hook and the print of its rules;
+// a regular chain is only a chain with no hook.
+func TestPrintedKeepsHooksAndPrints(t *testing.T) {
+	tb, err := parseTable(strings.NewReader(`table ip kube-proxy {
+	chain nat-prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		jump services
+	}
+	chain services {
+		comment "the services"
+		ip daddr { 10.0.0.2, 10.0.0.1 } drop
+	}
+	chain empty {
+	}
+}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := map[string]tableChain{}
+	for name, c := range tb.chains {
+		read[name] = tableChain{Chain: c.Chain, Rules: c.Rules}
+	}
+	tb.printed()
+	for name, was := range read {
+		c := tb.chains[name]
+		if c.Rules != nil || c.print != printOf(was.Rules) || !sameHook(*c.Chain, *was.Chain) {
+			t.Errorf("chain %s: mirrored as %+v (rules %q, print %v), read as %+v", name, *c.Chain, c.Rules, c.print, *was.Chain)
+		}
+	}
+	if c := tb.chains["nat-prerouting"]; c.Hook == nil || *c.Hook != knftables.PreroutingHook {
+		t.Errorf("the base chain lost its hook: %+v", *c.Chain)
+	}
+	if tb.chains["empty"].print != (rulesPrint{}) || tb.chains["services"].print.n != 1 {
+		t.Errorf("prints: empty %v, services %v", tb.chains["empty"].print, tb.chains["services"].print)
+	}
+}

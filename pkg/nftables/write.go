@@ -238,7 +238,7 @@ func (w *write) chain(c *Chain) rulesPrint {
 	case !ok:
 		w.addChains = append(w.addChains, &c.Chain)
 		rules = &w.newRules
-	case !sameHook(have.Chain, c.Chain):
+	case !sameHook(*have.Chain, c.Chain):
 		// A base chain's hook or priority cannot be changed in place.
 		w.deleteChains = append(w.deleteChains, &knftables.Chain{Name: c.Name})
 		w.readd = append(w.readd, &c.Chain)
@@ -255,7 +255,7 @@ func (w *write) chain(c *Chain) rulesPrint {
 	for i := range c.Rules {
 		*rules = append(*rules, ruleRef{c, i})
 	}
-	w.t.chains[c.Name] = &tableChain{Chain: c.Chain, print: want}
+	w.t.chains[c.Name] = mirrored(c.Chain, want)
 	return want
 }
 
@@ -267,7 +267,7 @@ func (w *write) dropChain(name string) {
 	}
 	if have.print.n > 0 {
 		w.flushes = append(w.flushes, &knftables.Chain{Name: name})
-		w.t.chains[name] = &tableChain{Chain: have.Chain}
+		w.t.chains[name] = mirrored(*have.Chain, rulesPrint{})
 	}
 	if !w.isStale(name) {
 		w.stale[name] = &staleChain{flushed: w.s.now()}

@@ -34,7 +34,8 @@ func stateOf(s *Syncer) syncerState {
 	if t := s.table.kernel; t != nil {
 		st.table = &table{exists: t.exists, comment: t.comment, chains: map[string]*tableChain{}, sets: map[string]*tableSet{}, counters: maps.Clone(t.counters)}
 		for name, c := range t.chains {
-			st.table.chains[name] = &tableChain{Chain: c.Chain, Rules: slices.Clone(c.Rules), print: c.print}
+			ch := *c.Chain
+			st.table.chains[name] = &tableChain{Chain: &ch, Rules: slices.Clone(c.Rules), print: c.print}
 		}
 		for name, ts := range t.sets {
 			st.table.sets[name] = &tableSet{Set: ts.Set, elements: maps.Clone(ts.elements), comments: maps.Clone(ts.comments)}
