@@ -25,9 +25,13 @@ type wantedValue struct {
 	value  string
 	owners int
 	// comment is the comment to write with this value: one of the
-	// owners'. The element itself is made only when written, from its
-	// set, key, value and comment: no owner's element is kept.
+	// owners'.
 	comment *string
+	// elem is that owner's element, when it asked for the value in the
+	// sync being planned: written as it is. The Syncer keeps none (see
+	// commit): an element is made from its set, key, value and comment
+	// when written in a later sync.
+	elem *knftables.Element
 }
 
 // has tells whether someone wants value.
@@ -212,11 +216,12 @@ func (w *write) objects(old appliedObjects, updated ServiceObjects) appliedObjec
 		}
 	}
 	w.force = false
-	for i, e := range updated.Elements {
-		applied.Elements[i] = w.want(appliedElem{id: idOf(e), value: strings.Join(e.Value, " . "), comment: e.Comment}, 1)
+	for i := range updated.Elements {
+		e := &updated.Elements[i]
+		applied.Elements[i] = w.want(appliedElem{id: idOf(*e), value: strings.Join(e.Value, " . "), comment: e.Comment}, e, 1)
 	}
 	for _, e := range old.Elements {
-		w.want(e, -1)
+		w.want(e, nil, -1)
 	}
 	return applied
 }
@@ -302,8 +307,9 @@ func (w *write) dropSet(name string) {
 }
 
 // want counts one owner more (delta 1) or less (-1) for e's value, and
-// returns e as applied: its value the string wanted holds.
-func (w *write) want(e appliedElem, delta int) appliedElem {
+// returns e as applied: its value the string wanted holds. elem is the
+// owner's element, nil for one that goes.
+func (w *write) want(e appliedElem, elem *knftables.Element, delta int) appliedElem {
 	we, planned := w.wanted[e.id]
 	if !planned && !w.full {
 		// A copy: the Syncer's stays as it is until the commit.
@@ -319,7 +325,7 @@ func (w *write) want(e appliedElem, delta int) appliedElem {
 	if we[i].owners <= 0 {
 		we = slices.Delete(we, i, i+1)
 	} else {
-		we[i].comment = e.comment
+		we[i].comment, we[i].elem = e.comment, elem
 	}
 	w.wanted[e.id] = we
 	if !w.full {
@@ -355,7 +361,10 @@ func (w *write) element(id elemID) {
 		adds = &w.elemAdds
 	}
 	first := slices.MinFunc(we, func(a, b wantedValue) int { return strings.Compare(a.value, b.value) })
-	*adds = append(*adds, ts.elementOf(id.key, first))
+	if first.elem == nil {
+		first.elem = ts.elementOf(id.key, first)
+	}
+	*adds = append(*adds, first.elem)
 	w.t.setElement(id, first.value)
 }
 
@@ -432,6 +441,11 @@ func (w *write) commit() {
 		applied, wanted = nil, nil
 	}
 	s.applied = merged(applied, w.applied, noObjects)
+	for _, we := range w.wanted {
+		for i := range we {
+			we[i].elem = nil // not kept: the strings are
+		}
+	}
 	s.wanted = merged(wanted, w.wanted, func(we wantedElem) bool { return len(we) == 0 })
 	for name, c := range w.stale {
 		if c == nil {
