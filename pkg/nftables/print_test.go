@@ -77,12 +77,19 @@ func repairsCounted(t *testing.T) float64 {
 }
 
 // requireNoRuleText checks that the syncer's mirror of the table holds
-// prints, not rule text.
+// prints, not rule text, and that wanted holds no owner's element.
 func requireNoRuleText(t *testing.T, s *Syncer) {
 	t.Helper()
 	for _, name := range slices.Sorted(maps.Keys(s.table.kernel.chains)) {
 		if c := s.table.kernel.chains[name]; c.Rules != nil {
 			t.Errorf("the mirror holds chain %s's rules as text", name)
+		}
+	}
+	for id, we := range s.wanted {
+		for _, v := range we {
+			if v.elem != nil {
+				t.Errorf("wanted keeps an owner's element for %v", id)
+			}
 		}
 	}
 }
