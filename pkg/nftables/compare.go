@@ -38,6 +38,17 @@ func (ts *tableSet) element(key string) knftables.Object {
 	return e
 }
 
+// elementOf is the element of key in this set or map with v's value and
+// comment, to add.
+func (ts *tableSet) elementOf(key string, v wantedValue) *knftables.Element {
+	e := ts.element(key).(*knftables.Element)
+	if ts.Map {
+		e.Value = strings.Split(v.value, " . ")
+	}
+	e.Comment = v.comment
+	return e
+}
+
 func sameSet(a, b Set) bool {
 	return a.Map == b.Map && a.Type == b.Type && a.Timeout == b.Timeout && a.Comment == b.Comment &&
 		slices.Equal(sortedFlags(a.Flags), sortedFlags(b.Flags))
@@ -83,6 +94,42 @@ func sameRules(have, want []string) bool {
 		}
 	}
 	return true
+}
+
+// rulesPrint identifies a chain's rules as sameRules compares them: a
+// 64-bit FNV-1a hash of each rule, its anonymous sets normalized, and
+// their number. The syncer keeps these instead of the rules' text: what it
+// applied and what the table holds compare by them.
+type rulesPrint struct {
+	hash uint64
+	n    int
+}
+
+// printOf is the print of rules; none for no rules, as a flushed chain's.
+func printOf(rules []string) rulesPrint {
+	if len(rules) == 0 {
+		return rulesPrint{}
+	}
+	h := fnvOffset
+	for _, r := range rules {
+		if strings.Contains(r, "{ ") {
+			r = normalizeSets(r)
+		}
+		h = fnvLine(h, r)
+	}
+	return rulesPrint{hash: h, n: len(rules)}
+}
+
+// fnvOffset starts an FNV-1a hash, which fnvLine continues with a line
+// and a newline, byte by byte: hashing allocates nothing.
+const fnvOffset uint64 = 14695981039346656037
+
+func fnvLine(h uint64, line string) uint64 {
+	const prime = 1099511628211
+	for i := 0; i < len(line); i++ {
+		h = (h ^ uint64(line[i])) * prime
+	}
+	return (h ^ '\n') * prime
 }
 
 // normalizeSets sorts the items of each "{ a, b }" in a rule, and

@@ -55,7 +55,7 @@ func replay(t *testing.T, tb *table, family knftables.Family) *knftables.Fake {
 		tx.Add(tb.sets[name].object())
 	}
 	for _, name := range sortedKeys(tb.chains) {
-		c := tb.chains[name].Chain
+		c := *tb.chains[name].Chain
 		tx.Add(&c)
 	}
 	for _, name := range sortedKeys(tb.chains) {

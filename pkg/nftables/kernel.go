@@ -24,12 +24,43 @@ import (
 type table struct {
 	exists  bool
 	comment string
-	chains  map[string]*Chain
+	chains  map[string]*tableChain
 	sets    map[string]*tableSet
 	// counters are the named counters, as far as known: a read over
 	// netlink does not list them (a sync adds them again, which keeps
 	// their counts).
 	counters map[string]bool
+}
+
+// tableChain is a chain the table holds: as read, its name, hook and
+// comment and its rules; in the syncer's mirror of the table, all a sync
+// compares (see printed): its hook, and the print of its rules.
+type tableChain struct {
+	*knftables.Chain
+	Rules []string
+	print rulesPrint
+}
+
+// regularChain is every regular chain of the mirror, whose name is its
+// key: a sync compares no more of one than that it has no hook. Never
+// changed.
+var regularChain = &knftables.Chain{}
+
+// mirrored is c as the mirror keeps it: its hook, and the print of its
+// rules.
+func mirrored(c knftables.Chain, print rulesPrint) *tableChain {
+	if c.Hook == nil {
+		return &tableChain{Chain: regularChain, print: print}
+	}
+	return &tableChain{Chain: &c, print: print}
+}
+
+// printed has a table just read keep of its chains what the mirror
+// keeps: no rule text.
+func (t *table) printed() {
+	for name, c := range t.chains {
+		t.chains[name] = mirrored(*c.Chain, printOf(c.Rules))
+	}
 }
 
 // tableSet is a set or map and its elements, key to value ("" in a set),
@@ -43,7 +74,7 @@ type tableSet struct {
 }
 
 func newTable() *table {
-	return &table{chains: map[string]*Chain{}, sets: map[string]*tableSet{}, counters: map[string]bool{}}
+	return &table{chains: map[string]*tableChain{}, sets: map[string]*tableSet{}, counters: map[string]bool{}}
 }
 
 // lister runs `nft list` on the family's kube-proxy table (kind "table",
@@ -117,7 +148,7 @@ func fromNetlink(nt *nftnl.Table) *table {
 	t := newTable()
 	t.exists, t.comment = true, nt.Comment
 	for _, nc := range nt.Chains {
-		c := &Chain{Chain: knftables.Chain{Name: nc.Name}, Rules: nc.Rules}
+		c := &tableChain{Chain: &knftables.Chain{Name: nc.Name}, Rules: nc.Rules}
 		if nc.Comment != "" {
 			c.Comment = &nc.Comment
 		}
@@ -167,7 +198,7 @@ func parseTable(r io.Reader) (*table, error) {
 type listingParser struct {
 	t *table
 	// c or s is the chain, or the set or map, whose lines are being read.
-	c *Chain
+	c *tableChain
 	s *tableSet
 	// elements is s's elements list while it spans lines (inElements).
 	elements   strings.Builder
@@ -202,7 +233,7 @@ func (p *listingParser) tableLine(line string) {
 	switch {
 	case strings.HasPrefix(line, "chain "):
 		name := strings.TrimSuffix(strings.TrimPrefix(line, "chain "), " {")
-		p.c = &Chain{Chain: knftables.Chain{Name: name}}
+		p.c = &tableChain{Chain: &knftables.Chain{Name: name}}
 		p.t.chains[name] = p.c
 	case strings.HasPrefix(line, "set ") || strings.HasPrefix(line, "map "):
 		kind, name, _ := strings.Cut(strings.TrimSuffix(line, " {"), " ")
@@ -220,7 +251,7 @@ func (p *listingParser) tableLine(line string) {
 func (p *listingParser) chainLine(line string) error {
 	switch {
 	case strings.HasPrefix(line, "type ") && strings.Contains(line, " hook "):
-		return parseBaseChain(&p.c.Chain, line)
+		return parseBaseChain(p.c.Chain, line)
 	case strings.HasPrefix(line, "comment \""):
 		cmt, err := strconv.Unquote(strings.TrimPrefix(line, "comment "))
 		if err != nil {

@@ -12,11 +12,9 @@ import (
 type tableOverlay struct {
 	base   *table
 	exists bool
-	// chains are the chains added, rewritten or flushed.
-	chains map[string]*Chain
-	// sameRules are base's chains that hold the wanted rules, whose
-	// text gives way to applied's (see write.chain).
-	sameRules []sharedRules
+	// chains are the chains added, rewritten or flushed: their prints,
+	// as base's (see table.printed).
+	chains map[string]*tableChain
 	// sets are the sets and maps added or re-created (empty, and the
 	// overlay's to change), nil for those deleted.
 	sets map[string]*tableSet
@@ -25,11 +23,6 @@ type tableOverlay struct {
 	// elements are the changed elements of base's sets: the value, nil
 	// for one deleted.
 	elements map[elemID]*string
-}
-
-type sharedRules struct {
-	chain *Chain
-	rules []string
 }
 
 // tableSets finds a set or map the table holds (nil when none), as a
@@ -41,11 +34,11 @@ type tableSets interface {
 func (t *table) set(name string) *tableSet { return t.sets[name] }
 
 func newOverlay(base *table) *tableOverlay {
-	return &tableOverlay{base: base, exists: base.exists, chains: map[string]*Chain{}, sets: map[string]*tableSet{},
+	return &tableOverlay{base: base, exists: base.exists, chains: map[string]*tableChain{}, sets: map[string]*tableSet{},
 		counters: map[string]bool{}, elements: map[elemID]*string{}}
 }
 
-func (o *tableOverlay) chain(name string) (*Chain, bool) {
+func (o *tableOverlay) chain(name string) (*tableChain, bool) {
 	if c, ok := o.chains[name]; ok {
 		return c, true
 	}
@@ -55,7 +48,7 @@ func (o *tableOverlay) chain(name string) (*Chain, bool) {
 
 // chainNames are the names of every chain, sorted.
 func (o *tableOverlay) chainNames() []string {
-	return mergedNames(o.base.chains, o.chains, func(*Chain) bool { return true })
+	return mergedNames(o.base.chains, o.chains, func(*tableChain) bool { return true })
 }
 
 func (o *tableOverlay) set(name string) *tableSet {
@@ -169,9 +162,6 @@ func (o *tableOverlay) deleted(id elemID) bool {
 func (o *tableOverlay) commit() {
 	t := o.base
 	t.exists = o.exists
-	for _, s := range o.sameRules {
-		s.chain.Rules = s.rules
-	}
 	maps.Copy(t.chains, o.chains)
 	for name, ts := range o.sets {
 		if ts == nil {

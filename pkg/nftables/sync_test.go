@@ -521,7 +521,7 @@ func requireReachableChainsComplete(t *testing.T, h *harness, before, final *tab
 	}
 }
 
-func sameRulesAs(c, other *Chain) bool { return other != nil && sameRules(c.Rules, other.Rules) }
+func sameRulesAs(c, other *tableChain) bool { return other != nil && sameRules(c.Rules, other.Rules) }
 
 // Up to cascadeLimit endpoints, connections are spread by a cascade of
 // rules, with upstream's map rule as the equivalent; above it by the map

@@ -73,9 +73,10 @@ type Syncer struct {
 	// table is what the syncer knows of the table (tablestate.go).
 	table tableState
 	// layout and applied are what the fixed part and each service port
-	// asked for in the last sync; elements counts who wants which element.
+	// asked for in the last sync (a port's chains by the print of their
+	// rules); wanted counts who wants which element.
 	layout  Layout
-	applied map[state.ServicePortName]ServiceObjects
+	applied map[state.ServicePortName]appliedObjects
 	wanted  map[elemID]wantedElem
 	// stale are the chains flushed and no longer wanted, to be deleted
 	// by a later transaction.
@@ -131,7 +132,7 @@ func (s *Syncer) SetServiceCIDRs(cidrs []netip.Prefix) {
 func (s *Syncer) FullSync(v state.View) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var repair map[string][]string
+	var repair map[string]rulesPrint
 	if s.table.takeRepair() {
 		repair = s.appliedChains()
 	}
@@ -162,9 +163,9 @@ func (s *Syncer) FullSync(v state.View) error {
 
 // planFull plans a full sync over the table just read, against no
 // layout and no service port applied: every port's objects, and the
-// removal of what no one wants. repair, if not nil, are the rules each
-// chain had, to tell what the sync restores.
-func (s *Syncer) planFull(v state.View, repair map[string][]string) *write {
+// removal of what no one wants. repair, if not nil, are the prints of
+// the rules each chain had, to tell what the sync restores.
+func (s *Syncer) planFull(v state.View, repair map[string]rulesPrint) *write {
 	w := s.newWrite(true)
 	w.repair = repair
 	w.replaceLayout(s.cfg.Params.Layout())
@@ -176,15 +177,16 @@ func (s *Syncer) planFull(v state.View, repair map[string][]string) *write {
 	return w
 }
 
-// appliedChains are the rules of every chain the last syncs wrote.
-func (s *Syncer) appliedChains() map[string][]string {
-	chains := map[string][]string{}
+// appliedChains are the prints of the rules of every chain the last
+// syncs wrote.
+func (s *Syncer) appliedChains() map[string]rulesPrint {
+	chains := map[string]rulesPrint{}
 	for _, c := range s.layout.Chains {
-		chains[c.Name] = c.Rules
+		chains[c.Name] = printOf(c.Rules)
 	}
 	for _, objects := range s.applied {
 		for _, c := range objects.Chains {
-			chains[c.Name] = c.Rules
+			chains[c.Name] = c.print
 		}
 	}
 	return chains

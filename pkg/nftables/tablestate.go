@@ -48,8 +48,10 @@ func (s *tableState) phase() phase {
 }
 
 // read records a full sync's reading of the table, at generation gen
-// when it could be read (genErr nil).
+// when it could be read (genErr nil). The mirror keeps the prints of the
+// rules read, not their text.
 func (s *tableState) read(t *table, gen uint64, genErr error) {
+	t.printed()
 	s.kernel = t
 	if genErr == nil {
 		s.verified = gen

@@ -24,8 +24,13 @@ type wantedElem []wantedValue
 type wantedValue struct {
 	value  string
 	owners int
-	// elem is the element to write for this value (its comment): one of
-	// the owners', not a copy.
+	// comment is the comment to write with this value: one of the
+	// owners'.
+	comment *string
+	// elem is that owner's element, when it asked for the value in the
+	// sync being planned: written as it is. The Syncer keeps none (see
+	// commit): an element is made from its set, key, value and comment
+	// when written in a later sync.
 	elem *knftables.Element
 }
 
@@ -36,6 +41,14 @@ func (we wantedElem) has(value string) bool {
 
 func idOf(e knftables.Element) elemID {
 	return elemID{container: e.Set + e.Map, key: strings.Join(e.Key, " . ")}
+}
+
+// appliedElem is an element an owner asked for: its key and value, joined
+// as nft prints them (the strings wanted holds), and its comment.
+type appliedElem struct {
+	id      elemID
+	value   string
+	comment *string
 }
 
 // write is one sync's transaction, gathered object by object against
@@ -68,10 +81,10 @@ type write struct {
 	// touched are the elements a partial sync changed (a full sync looks
 	// at every wanted one and every one the table holds instead).
 	touched map[elemID]bool
-	// repair are the rules of each chain as the syncs before wrote
-	// them, when the watch asked this full sync to tell what it
+	// repair are the prints of each chain's rules as the syncs before
+	// wrote them, when the watch asked this full sync to tell what it
 	// restored: the chains it rewrites as they were.
-	repair   map[string][]string
+	repair   map[string]rulesPrint
 	restored []string
 	// seen are the chains and sets this sync wants (full sync only).
 	seenChains, seenSets map[string]bool
@@ -82,9 +95,37 @@ type write struct {
 	// changed element (empty: no one), and the chains that became stale
 	// (nil: no longer).
 	layout  *Layout
-	applied map[state.ServicePortName]ServiceObjects
+	applied map[state.ServicePortName]appliedObjects
 	wanted  map[elemID]wantedElem
 	stale   map[string]*staleChain
+}
+
+// appliedObjects is what the syncer keeps of a service port's objects
+// once written: its chains by the print of their rules, not their text
+// (an explanation recomputes that from ServiceObjects), its sets, and its
+// elements by the strings wanted holds.
+type appliedObjects struct {
+	Chains   []appliedChain
+	Sets     []Set
+	Elements []appliedElem
+}
+
+// appliedOf is o as applied.
+func appliedOf(o ServiceObjects) appliedObjects {
+	a := appliedObjects{Chains: make([]appliedChain, len(o.Chains)), Sets: o.Sets, Elements: make([]appliedElem, len(o.Elements))}
+	for i, c := range o.Chains {
+		a.Chains[i] = appliedChain{Name: c.Name, print: printOf(c.Rules)}
+	}
+	for i, e := range o.Elements {
+		a.Elements[i] = appliedElem{id: idOf(e), value: strings.Join(e.Value, " . "), comment: e.Comment}
+	}
+	return a
+}
+
+// appliedChain is a chain written, and the print of its rules.
+type appliedChain struct {
+	Name  string
+	print rulesPrint
 }
 
 // ruleRef is rule i of a chain a sync writes, made into a knftables rule
@@ -96,11 +137,11 @@ type ruleRef struct {
 
 func (s *Syncer) newWrite(full bool) *write {
 	return &write{s: s, t: newOverlay(s.table.kernel), full: full, touched: map[elemID]bool{}, seenChains: map[string]bool{}, seenSets: map[string]bool{},
-		applied: map[state.ServicePortName]ServiceObjects{}, wanted: map[elemID]wantedElem{}, stale: map[string]*staleChain{}}
+		applied: map[state.ServicePortName]appliedObjects{}, wanted: map[elemID]wantedElem{}, stale: map[string]*staleChain{}}
 }
 
 // appliedTo is what a service port asked for in the syncs before.
-func (w *write) appliedTo(name state.ServicePortName) ServiceObjects {
+func (w *write) appliedTo(name state.ServicePortName) appliedObjects {
 	if objects, ok := w.applied[name]; ok || w.full {
 		return objects
 	}
@@ -137,58 +178,63 @@ func (w *write) replaceLayout(l Layout) {
 			w.t.counters[c] = true
 		}
 	}
-	var old Layout
+	var old appliedObjects
 	if !w.full {
-		old = w.s.layout
+		old = appliedOf(ServiceObjects{Chains: w.s.layout.Chains, Sets: w.s.layout.Sets, Elements: w.s.layout.Elements})
 	}
-	w.objects(old.Sets, l.Sets, old.Chains, l.Chains, old.Elements, l.Elements)
+	w.objects(old, ServiceObjects{Chains: l.Chains, Sets: l.Sets, Elements: l.Elements})
 	w.layout = &l
 }
 
 // replace brings one service port's objects in line with updated.
 func (w *write) replace(name state.ServicePortName, updated ServiceObjects) {
-	old := w.appliedTo(name)
-	w.objects(old.Sets, updated.Sets, old.Chains, updated.Chains, old.Elements, updated.Elements)
-	w.applied[name] = updated
+	w.applied[name] = w.objects(w.appliedTo(name), updated)
 }
 
-// objects changes one owner's sets, chains and elements from old to new.
-// Sets go first: re-creating one forces its users' chains to be rewritten.
-// The new chains and elements are referred to, not copied, until the
-// transaction is written: the caller keeps them unchanged.
-func (w *write) objects(oldSets, newSets []Set, oldChains, newChains []Chain, oldElems, newElems []knftables.Element) {
+// objects changes one owner's sets, chains and elements from old to
+// updated, and returns updated as applied. Sets go first: re-creating one
+// forces its users' chains to be rewritten. The new chains are referred
+// to, not copied, until the transaction is written: the caller keeps
+// them unchanged.
+func (w *write) objects(old appliedObjects, updated ServiceObjects) appliedObjects {
 	w.force = false
-	for _, st := range newSets {
+	for _, st := range updated.Sets {
 		w.set(st)
 	}
-	for _, st := range oldSets {
-		if !slices.ContainsFunc(newSets, func(n Set) bool { return n.Name == st.Name }) {
+	for _, st := range old.Sets {
+		if !slices.ContainsFunc(updated.Sets, func(n Set) bool { return n.Name == st.Name }) {
 			w.dropSet(st.Name)
 		}
 	}
-	for i := range newChains {
-		w.chain(&newChains[i])
+	applied := appliedObjects{Chains: make([]appliedChain, len(updated.Chains)), Sets: updated.Sets, Elements: make([]appliedElem, len(updated.Elements))}
+	for i := range updated.Chains {
+		applied.Chains[i] = appliedChain{Name: updated.Chains[i].Name, print: w.chain(&updated.Chains[i])}
 	}
-	for _, c := range oldChains {
-		if !slices.ContainsFunc(newChains, func(n Chain) bool { return n.Name == c.Name }) {
+	for _, c := range old.Chains {
+		if !slices.ContainsFunc(updated.Chains, func(n Chain) bool { return n.Name == c.Name }) {
 			w.dropChain(c.Name)
 		}
 	}
 	w.force = false
-	for i := range newElems {
-		w.want(&newElems[i], 1)
+	for i := range updated.Elements {
+		e := &updated.Elements[i]
+		applied.Elements[i] = w.want(appliedElem{id: idOf(*e), value: strings.Join(e.Value, " . "), comment: e.Comment}, e, 1)
 	}
-	for i := range oldElems {
-		w.want(&oldElems[i], -1)
+	for _, e := range old.Elements {
+		w.want(e, nil, -1)
 	}
+	return applied
 }
 
-// chain makes the table hold c with exactly its rules.
-func (w *write) chain(c *Chain) {
+// chain makes the table hold c with exactly its rules, and returns their
+// print. What the table holds compares by prints (see rulesPrint): its
+// rules as written, or upstream's form of them, which stays.
+func (w *write) chain(c *Chain) rulesPrint {
 	w.seenChains[c.Name] = true
 	if w.isStale(c.Name) {
 		w.stale[c.Name] = nil
 	}
+	want := printOf(c.Rules)
 	have, ok := w.t.chain(c.Name)
 	rules := &w.rules
 	switch {
@@ -197,27 +243,25 @@ func (w *write) chain(c *Chain) {
 	case !ok:
 		w.addChains = append(w.addChains, &c.Chain)
 		rules = &w.newRules
-	case !sameHook(have.Chain, c.Chain):
+	case !sameHook(*have.Chain, c.Chain):
 		// A base chain's hook or priority cannot be changed in place.
 		w.deleteChains = append(w.deleteChains, &knftables.Chain{Name: c.Name})
 		w.readd = append(w.readd, &c.Chain)
-	case !w.force && sameRules(have.Rules, c.Rules):
-		// The table's copy of the text gives way to applied's: after a
-		// restart, one copy of every rule is kept, not two.
-		w.t.sameRules = append(w.t.sameRules, sharedRules{have, c.Rules})
-		return
-	case !w.force && c.Upstream != nil && sameRules(have.Rules, c.Upstream):
-		return
+	case !w.force && have.print == want:
+		return want
+	case !w.force && c.Upstream != nil && have.print == printOf(c.Upstream):
+		return want
 	default:
 		w.flushes = append(w.flushes, &knftables.Chain{Name: c.Name})
 	}
-	if rules, ok := w.repair[c.Name]; ok && slices.Equal(rules, c.Rules) {
+	if p, ok := w.repair[c.Name]; ok && p == want {
 		w.restored = append(w.restored, c.Name)
 	}
 	for i := range c.Rules {
 		*rules = append(*rules, ruleRef{c, i})
 	}
-	w.t.chains[c.Name] = &Chain{Chain: c.Chain, Rules: c.Rules}
+	w.t.chains[c.Name] = mirrored(c.Chain, want)
+	return want
 }
 
 // dropChain flushes a chain no one wants; a later sync deletes it.
@@ -226,9 +270,9 @@ func (w *write) dropChain(name string) {
 	if !ok {
 		return
 	}
-	if len(have.Rules) > 0 {
+	if have.print.n > 0 {
 		w.flushes = append(w.flushes, &knftables.Chain{Name: name})
-		w.t.chains[name] = &Chain{Chain: have.Chain}
+		w.t.chains[name] = mirrored(*have.Chain, rulesPrint{})
 	}
 	if !w.isStale(name) {
 		w.stale[name] = &staleChain{flushed: w.s.now()}
@@ -262,30 +306,32 @@ func (w *write) dropSet(name string) {
 	w.t.sets[name] = nil
 }
 
-// want counts one owner more (delta 1) or less (-1) for e's value.
-func (w *write) want(e *knftables.Element, delta int) {
-	id := idOf(*e)
-	we, planned := w.wanted[id]
+// want counts one owner more (delta 1) or less (-1) for e's value, and
+// returns e as applied: its value the string wanted holds. elem is the
+// owner's element, nil for one that goes.
+func (w *write) want(e appliedElem, elem *knftables.Element, delta int) appliedElem {
+	we, planned := w.wanted[e.id]
 	if !planned && !w.full {
 		// A copy: the Syncer's stays as it is until the commit.
-		we = slices.Clone(w.s.wanted[id])
+		we = slices.Clone(w.s.wanted[e.id])
 	}
-	v := strings.Join(e.Value, " . ")
-	i := slices.IndexFunc(we, func(wv wantedValue) bool { return wv.value == v })
+	i := slices.IndexFunc(we, func(wv wantedValue) bool { return wv.value == e.value })
 	if i < 0 {
 		i = len(we)
-		we = append(we, wantedValue{value: v})
+		we = append(we, wantedValue{value: e.value})
 	}
+	e.value = we[i].value
 	we[i].owners += delta
 	if we[i].owners <= 0 {
 		we = slices.Delete(we, i, i+1)
 	} else {
-		we[i].elem = e
+		we[i].comment, we[i].elem = e.comment, elem
 	}
-	w.wanted[id] = we
+	w.wanted[e.id] = we
 	if !w.full {
-		w.touched[id] = true
+		w.touched[e.id] = true
 	}
+	return e
 }
 
 // element makes the table hold what is wanted of one element: the value
@@ -315,6 +361,9 @@ func (w *write) element(id elemID) {
 		adds = &w.elemAdds
 	}
 	first := slices.MinFunc(we, func(a, b wantedValue) int { return strings.Compare(a.value, b.value) })
+	if first.elem == nil {
+		first.elem = ts.elementOf(id.key, first)
+	}
 	*adds = append(*adds, first.elem)
 	w.t.setElement(id, first.value)
 }
@@ -392,6 +441,11 @@ func (w *write) commit() {
 		applied, wanted = nil, nil
 	}
 	s.applied = merged(applied, w.applied, noObjects)
+	for _, we := range w.wanted {
+		for i := range we {
+			we[i].elem = nil // not kept: the strings are
+		}
+	}
 	s.wanted = merged(wanted, w.wanted, func(we wantedElem) bool { return len(we) == 0 })
 	for name, c := range w.stale {
 		if c == nil {
@@ -420,7 +474,7 @@ func merged[K comparable, V any](m, changes map[K]V, gone func(V) bool) map[K]V 
 }
 
 // noObjects tells whether a service port asks for nothing.
-func noObjects(o ServiceObjects) bool { return len(o.Chains) == 0 && len(o.Elements) == 0 }
+func noObjects(o appliedObjects) bool { return len(o.Chains) == 0 && len(o.Elements) == 0 }
 
 // elementIDs are the elements this sync looks at, sorted: those a partial
 // sync touched; in a full sync every wanted one and every one the table

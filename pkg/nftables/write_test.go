@@ -20,7 +20,7 @@ type syncerState struct {
 	table    *table
 	verified uint64
 	layout   Layout
-	applied  map[state.ServicePortName]ServiceObjects
+	applied  map[state.ServicePortName]appliedObjects
 	wanted   map[elemID]wantedElem
 	stale    map[string]staleChain
 }
@@ -32,9 +32,10 @@ func stateOf(s *Syncer) syncerState {
 		st.wanted[id] = slices.Clone(we)
 	}
 	if t := s.table.kernel; t != nil {
-		st.table = &table{exists: t.exists, comment: t.comment, chains: map[string]*Chain{}, sets: map[string]*tableSet{}, counters: maps.Clone(t.counters)}
+		st.table = &table{exists: t.exists, comment: t.comment, chains: map[string]*tableChain{}, sets: map[string]*tableSet{}, counters: maps.Clone(t.counters)}
 		for name, c := range t.chains {
-			st.table.chains[name] = &Chain{Chain: c.Chain, Rules: slices.Clone(c.Rules)}
+			ch := *c.Chain
+			st.table.chains[name] = &tableChain{Chain: &ch, Rules: slices.Clone(c.Rules), print: c.print}
 		}
 		for name, ts := range t.sets {
 			st.table.sets[name] = &tableSet{Set: ts.Set, elements: maps.Clone(ts.elements), comments: maps.Clone(ts.comments)}
