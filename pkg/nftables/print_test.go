@@ -222,3 +222,33 @@ func TestPrintedKeepsHooksAndPrints(t *testing.T) {
 		t.Errorf("prints: empty %v, services %v", tb.chains["empty"].print, tb.chains["services"].print)
 	}
 }
+
+// A repair whose transaction fails stays due: the full sync after it is
+// the repair, counted once.
+func TestFailedRepairIsRetriedAsRepair(t *testing.T) {
+	h := sampleHarness(t)
+	chain := serviceChain(t, h.syncer)
+	tx := h.nft.NewTransaction()
+	tx.Flush(&knftables.Chain{Name: chain})
+	if err := h.nft.Fake.Run(t.Context(), tx); err != nil {
+		t.Fatal(err)
+	}
+	h.nft.gen++
+	h.syncer.RepairNext()
+	repairs := repairsCounted(t)
+	h.nft.failNext = true
+	if err := h.syncer.FullSync(h.view()); err == nil {
+		t.Fatal("the repair did not fail")
+	}
+	if got := repairsCounted(t) - repairs; got != 0 {
+		t.Errorf("%v repairs counted for the failed sync, want 0", got)
+	}
+	h.full()
+	if got := repairsCounted(t) - repairs; got != 1 {
+		t.Errorf("%v repairs counted after the retry, want 1", got)
+	}
+	h.full()
+	if got := repairsCounted(t) - repairs; got != 1 {
+		t.Errorf("%v repairs counted after one more full sync, want still 1", got)
+	}
+}

@@ -129,12 +129,19 @@ func (s *Syncer) SetServiceCIDRs(cidrs []netip.Prefix) {
 // state: over rules already in place (ours or upstream's) it writes
 // nothing but what changed meanwhile. The table itself is never deleted:
 // the affinity sets' entries live in it.
-func (s *Syncer) FullSync(v state.View) error {
+func (s *Syncer) FullSync(v state.View) (err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var repair map[string]rulesPrint
 	if s.table.takeRepair() {
 		repair = s.appliedChains()
+		// A repair that fails stays due: the full sync the core retries
+		// is the repair, logged and counted.
+		defer func() {
+			if err != nil {
+				s.table.askRepair()
+			}
+		}()
 	}
 	// What the listing shows is the table at this generation or later.
 	gen, genErr := s.cfg.Kernel.Generation()
@@ -150,7 +157,7 @@ func (s *Syncer) FullSync(v state.View) error {
 		}
 	}
 	w := s.planFull(v, repair)
-	if err := w.run(); err != nil {
+	if err = w.run(); err != nil {
 		return err
 	}
 	s.syncLocalhostProxy(v)
