@@ -75,6 +75,21 @@ func TestPartialSyncPlan(t *testing.T) {
 			"chains",
 		},
 	}, {
+		name: "two service ports on a new address: both servers before the address, both entries before it joins KUBE-IPVS-IPS",
+		want: map[state.ServicePortName]ServiceObjects{
+			dns: objects("10.96.0.10", udp, "10.244.1.5:53"),
+			web: objects("10.96.0.10", tcp, "10.244.1.5:8080"),
+		},
+		plan: []string{
+			"add server 10.96.0.10:80/UDP -> [10.244.1.5:53]",
+			"add server 10.96.0.10:80/TCP -> [10.244.1.5:8080]",
+			"bind 10.96.0.10",
+			"ipset +KUBE-CLUSTER-IP 10.96.0.10,udp:80",
+			"ipset +KUBE-CLUSTER-IP 10.96.0.10,tcp:80",
+			"ipset +KUBE-IPVS-IPS 10.96.0.10",
+			"chains",
+		},
+	}, {
 		name:    "a rolling update: the new real server before the old one drains (TCP, with connections) or goes (none)",
 		applied: map[state.ServicePortName]ServiceObjects{web: objects("10.96.0.10", tcp, "10.244.1.5:8080", "10.244.1.6:8080", "10.244.1.7:8080")},
 		listed: map[ipvskernel.VirtualServerKey][]ipvskernel.RealServer{key("10.96.0.10", tcp): {
