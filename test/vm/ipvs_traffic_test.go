@@ -39,10 +39,11 @@ const (
 // TestIPVSModeWithTraffic runs our kube-proxy in IPVS mode in the VM, as
 // node-1 of the local cluster, and checks with real packets between
 // namespaces in the guest what each kind of service does on a real IPVS
-// kernel (trafficScript), then restarts, upstream's takeover and back, and
-// --cleanup (lifecycleScript), switches to the nftables and iptables
-// modes and back (switchScript), then the faults of docs/reliability.md
-// (faultsScript): one cluster, four boots. The guest asks the test for
+// kernel (trafficScript), a new LoadBalancer's changes under traffic from
+// outside the node (lbChangesScript), then restarts, upstream's takeover
+// and back, and --cleanup (lifecycleScript), switches to the nftables and
+// iptables modes and back (switchScript), then the faults of
+// docs/reliability.md (faultsScript): one cluster, five boots. The guest asks the test for
 // API changes over the tap (serveHostSteps).
 func TestIPVSModeWithTraffic(t *testing.T) {
 	if testing.Short() {
