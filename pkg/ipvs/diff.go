@@ -23,8 +23,9 @@ import (
 // plan (ops.go). It sends nothing and changes nothing of the syncer's: it
 // edits copies of the counts of who wants each shared object and of what
 // each service port applied, which the plan carries for commit. Its plan
-// keeps traffic flowing: a virtual server with its real servers before
-// its address, new real servers before the removed ones go, set entries
+// keeps traffic flowing: the virtual servers with their real servers
+// before the addresses, new real servers before the removed ones go, a
+// service's set entries before its address in KUBE-IPVS-IPS, set entries
 // before the chains that match them, and what is no longer wanted last.
 type diff struct {
 	params *Params
@@ -59,6 +60,11 @@ type diff struct {
 	// unbind are the addresses to unbind at the end (false: taken up
 	// again by another service port).
 	unbind map[netip.Addr]bool
+	// binds are the addresses to bind once every virtual server of the
+	// sync is there: an address is bound for several service ports, and
+	// bound before one of them has its virtual server, it would take
+	// that port's new connections to the node's own sockets.
+	binds []netip.Addr
 	// servers and bound are the next snapshot's, edited from the last's
 	// (a full sync starts them afresh); gen is its number, last the
 	// snapshot of the sync before.
@@ -240,7 +246,7 @@ func (d *diff) bind(a netip.Addr) {
 	if d.kernel != nil && d.kernel.bound[a] {
 		return
 	}
-	d.step(op{kind: opBind, real: netip.AddrPortFrom(a, 0)})
+	d.binds = append(d.binds, a)
 }
 
 // entry records a set change; a full sync skips what the kernel holds,
@@ -313,6 +319,9 @@ func (d *diff) admit() {
 func (d *diff) finish(full bool) *plan {
 	pl := &d.plan
 	pl.full = full
+	for _, a := range d.binds {
+		d.step(op{kind: opBind, real: netip.AddrPortFrom(a, 0)})
+	}
 	d.admit()
 	pl.sets = d.setChanges()
 	nonEmpty := func(set string) bool {
@@ -365,6 +374,27 @@ func (d *diff) setChanges() []ipvskernel.SetChange {
 	for _, e := range d.adds {
 		sets = append(sets, ipvskernel.SetChange{Set: e.Set, Entry: e.Entry})
 	}
+	return d.filterSafeOrder(sets)
+}
+
+// filterSafeOrder moves the deletions from KUBE-IPVS-IPS before the other
+// changes and the additions to it after them, keeping the order within
+// each part. KUBE-IPVS-FILTER rejects new connections to the addresses in
+// KUBE-IPVS-IPS that no service set lets through, and an ipset restore
+// applies its lines one by one: an address must leave KUBE-IPVS-IPS before
+// its service entries go, and join it only once they are in.
+func (d *diff) filterSafeOrder(sets []ipvskernel.SetChange) []ipvskernel.SetChange {
+	ipvsIPs := d.params.setName(setIPVSAddresses)
+	rank := func(c ipvskernel.SetChange) int {
+		switch {
+		case c.Set != ipvsIPs:
+			return 1
+		case c.Delete:
+			return 0
+		}
+		return 2
+	}
+	slices.SortStableFunc(sets, func(a, b ipvskernel.SetChange) int { return cmp.Compare(rank(a), rank(b)) })
 	return sets
 }
 

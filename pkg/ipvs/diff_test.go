@@ -70,8 +70,23 @@ func TestPartialSyncPlan(t *testing.T) {
 		plan: []string{
 			"add server 10.96.0.10:80/TCP -> [10.244.1.5:8080]",
 			"bind 10.96.0.10",
-			"ipset +KUBE-IPVS-IPS 10.96.0.10",
 			"ipset +KUBE-CLUSTER-IP 10.96.0.10,tcp:80",
+			"ipset +KUBE-IPVS-IPS 10.96.0.10",
+			"chains",
+		},
+	}, {
+		name: "two service ports on a new address: both servers before the address, both entries before it joins KUBE-IPVS-IPS",
+		want: map[state.ServicePortName]ServiceObjects{
+			dns: objects("10.96.0.10", udp, "10.244.1.5:53"),
+			web: objects("10.96.0.10", tcp, "10.244.1.5:8080"),
+		},
+		plan: []string{
+			"add server 10.96.0.10:80/UDP -> [10.244.1.5:53]",
+			"add server 10.96.0.10:80/TCP -> [10.244.1.5:8080]",
+			"bind 10.96.0.10",
+			"ipset +KUBE-CLUSTER-IP 10.96.0.10,udp:80",
+			"ipset +KUBE-CLUSTER-IP 10.96.0.10,tcp:80",
+			"ipset +KUBE-IPVS-IPS 10.96.0.10",
 			"chains",
 		},
 	}, {
@@ -197,8 +212,8 @@ func TestFullSyncPlan(t *testing.T) {
 	d.replace(portName("web"), ServiceObjects{}, web)
 	want := []string{
 		"add real 10.244.1.6:8080 to 10.96.0.10:80/TCP",
-		"ipset -KUBE-CLUSTER-IP 10.96.0.99,tcp:80",
 		"ipset -KUBE-IPVS-IPS 10.96.0.99",
+		"ipset -KUBE-CLUSTER-IP 10.96.0.99,tcp:80",
 		"chains",
 		"unbind 10.96.0.99",
 		"delete server 10.96.0.99:80/TCP",

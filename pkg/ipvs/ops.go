@@ -51,7 +51,7 @@ const (
 	opDrainReal
 	opWatchDrain
 	opDeleteReal
-	// opBind binds an address to kube-ipvs0, after its virtual server;
+	// opBind binds an address to kube-ipvs0, after every virtual server;
 	// apply puts it off while the virtual servers added on it were refused
 	// (bound, it would take their traffic to the node's own sockets), and
 	// drops it if none of the plan's is added.

@@ -84,6 +84,10 @@ type node struct {
 	// listingCPU is the CPU time each listing of every real server
 	// spends (as at 10k services), set before the mode runs.
 	listingCPU time.Duration
+	// changed, if set, runs after each change the mode makes, with what
+	// it was; an ipset restore counts as one change per line, as the
+	// kernel takes them.
+	changed func(what string)
 }
 
 // watchedKernel is the node's kernel as the mode sees it: it keeps the
@@ -94,6 +98,9 @@ type watchedKernel struct {
 }
 
 func (k watchedKernel) ChangeSets(changes []ipvskernel.SetChange) error {
+	if k.n.changed != nil {
+		return k.changeSetsOneByOne(changes)
+	}
 	err := k.Fake.ChangeSets(changes)
 	if err != nil {
 		k.n.restoreErrors = append(k.n.restoreErrors, err)

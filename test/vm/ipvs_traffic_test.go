@@ -39,10 +39,11 @@ const (
 // TestIPVSModeWithTraffic runs our kube-proxy in IPVS mode in the VM, as
 // node-1 of the local cluster, and checks with real packets between
 // namespaces in the guest what each kind of service does on a real IPVS
-// kernel (trafficScript), then restarts, upstream's takeover and back, and
-// --cleanup (lifecycleScript), switches to the nftables and iptables
-// modes and back (switchScript), then the faults of docs/reliability.md
-// (faultsScript): one cluster, four boots. The guest asks the test for
+// kernel (trafficScript), a new LoadBalancer's changes under traffic from
+// outside the node (lbChangesScript), then restarts, upstream's takeover
+// and back, and --cleanup (lifecycleScript), switches to the nftables and
+// iptables modes and back (switchScript), then the faults of
+// docs/reliability.md (faultsScript): one cluster, five boots. The guest asks the test for
 // API changes over the tap (serveHostSteps).
 func TestIPVSModeWithTraffic(t *testing.T) {
 	if testing.Short() {
@@ -50,6 +51,7 @@ func TestIPVSModeWithTraffic(t *testing.T) {
 	}
 	cluster := startCluster(t)
 	createTrafficServices(t, cluster)
+	t.Cleanup(func() { deleteChangedServices(t, cluster) })
 	steps := vm.ListenOnHost(t)
 	go serveHostSteps(steps, cluster)
 
@@ -85,6 +87,7 @@ func TestIPVSModeWithTraffic(t *testing.T) {
 		timeout      time.Duration
 	}{
 		{"services", trafficScript, 0},
+		{"lb-changes", lbChangesScript, 0},
 		{"restart-takeover-cleanup", lifecycleScript, 0},
 		// Five starts of each proxy under TCG, each waiting for its first
 		// sync: some 8 minutes on an idle host, more when the host is busy
@@ -521,15 +524,21 @@ func createTrafficServices(t *testing.T, c *framework.Cluster) {
 }
 
 // endpointsAt are ready endpoints at the pods' addresses, on node-2 for
-// those in its pod CIDR (10.244.1.0/24) and on node-1 otherwise.
+// those in its pod CIDR (10.244.1.0/24) and on node-1 otherwise; an
+// address ending in "!" is a starting pod's: neither ready nor serving.
 func endpointsAt(addresses []string) []discoveryv1.Endpoint {
 	var out []discoveryv1.Endpoint
 	for _, a := range addresses {
+		a, starting := strings.CutSuffix(a, "!")
 		node := framework.NodeName
 		if strings.HasPrefix(a, "10.244.1.") {
 			node = framework.RemoteNodeName
 		}
-		out = append(out, framework.ReadyEndpoint(a, node))
+		ep := framework.ReadyEndpoint(a, node)
+		if starting {
+			ep.Conditions.Ready, ep.Conditions.Serving = ptr.To(false), ptr.To(false)
+		}
+		out = append(out, ep)
 	}
 	return out
 }
@@ -540,6 +549,13 @@ func endpointsAt(addresses []string) []discoveryv1.Endpoint {
 // "failed: <why>". The commands:
 //
 //	endpoints SERVICE [IP...]    sets the endpoints of its EndpointSlice
+//	                             (IP! for one not ready)
+//	create SERVICE TYPE POLICY CLUSTERIP NODEPORT
+//	                             creates a service of one TCP port 80
+//	                             (to 8080), with no endpoints
+//	lbstatus SERVICE IP          sets the LB IP in its status
+//	policy SERVICE Local|Cluster sets its externalTrafficPolicy
+//	delete SERVICE               deletes it and its EndpointSlice
 //	externalips SERVICE [IP...]  sets the service's externalIPs
 //	apiserver stop|start         stops the API server, or starts it again
 //	                             and waits until it is ready
@@ -597,5 +613,5 @@ func hostStep(c *framework.Cluster, args []string) error {
 	case len(args) == 2 && args[0] == "apiserver" && args[1] == "start":
 		return c.StartAPIServer(ctx)
 	}
-	return fmt.Errorf("unknown command %q", strings.Join(args, " "))
+	return serviceChange(ctx, c, args)
 }
