@@ -271,12 +271,10 @@ func (b *objectsBuilder) loadBalancer(ip netip.Addr, external []netip.AddrPort) 
 // (entry); the node itself, if they leave it out, is dropped on output.
 func (b *objectsBuilder) sourceRanges(ip netip.Addr, entry string) {
 	b.add(setLoadBalancerFW, entry)
-	nodeAllowed := false
 	for _, cidr := range b.svc.LoadBalancerSourceRanges {
 		b.add(setLoadBalancerSourceNet, entry+","+cidr.String())
-		nodeAllowed = nodeAllowed || cidr.Contains(b.p.NodeIP)
 	}
-	if nodeAllowed {
+	if b.svc.SourceRangesAllow(b.p.NodeIP) {
 		b.add(setLoadBalancerSourceIP, entry+","+ip.String())
 		return
 	}
