@@ -10,6 +10,7 @@ import (
 
 	"github.com/rapidproxy/rapidproxy/internal/iptables"
 	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
+	"github.com/rapidproxy/rapidproxy/pkg/state"
 )
 
 // plan is what one sync sends to the kernel, decided before anything is
@@ -52,9 +53,8 @@ const (
 	opWatchDrain
 	opDeleteReal
 	// opBind binds an address to kube-ipvs0, after every virtual server;
-	// apply puts it off while the virtual servers added on it were refused
-	// (bound, it would take their traffic to the node's own sockets), and
-	// drops it if none of the plan's is added.
+	// apply drops it if every virtual server on the address was refused
+	// (bound, it would take their traffic to the node's own sockets).
 	opBind
 )
 
@@ -135,16 +135,9 @@ func (pl *plan) lines() []string {
 // none of whose added virtual servers could be. It keeps the draining
 // real servers' deadlines. The caller holds mu.
 func (p *Syncer) apply(pl *plan) error {
-	a := &applying{p: p, k: p.cfg.Kernel}
+	a := &applying{p: p, k: p.cfg.Kernel, next: &pl.next.applied}
 	for _, o := range pl.steps {
 		a.step(o)
-	}
-	for _, addr := range a.putOff {
-		// Unless another service port's virtual server was added on it
-		// since, left unbound, for the failed sync's repair.
-		if !a.refused[addr] {
-			a.bind(addr)
-		}
 	}
 	if len(pl.sets) > 0 {
 		if err := a.k.ChangeSets(pl.sets); err != nil {
@@ -174,11 +167,11 @@ type applying struct {
 	// notAdded are the virtual servers the kernel refused, whose other
 	// steps are skipped.
 	notAdded map[ipvskernel.VirtualServerKey]bool
-	// refused says, of each address a virtual server was refused on,
-	// whether every one since was too; kept only on a failure, as it is
-	// rare. putOff are the bindings held back for it.
+	// refused are the addresses a virtual server was refused on; kept
+	// only on a failure, as it is rare.
 	refused map[netip.Addr]bool
-	putOff  []netip.Addr
+	// next is every service port's objects once the plan is applied.
+	next *mapEdit[state.ServicePortName, ServiceObjects]
 }
 
 func (a *applying) fail(err error, format string, args ...any) {
@@ -210,12 +203,27 @@ func (a *applying) step(o op) {
 			a.fail(err, "deleting real server %s of %s", o.real, key)
 		}
 	case opBind:
-		if a.refused[o.real.Addr()] {
-			a.putOff = append(a.putOff, o.real.Addr())
-			return
+		// The binds come after every virtual server: an address all of
+		// whose virtual servers were refused is left unbound, for the
+		// failed sync's repair.
+		if addr := o.real.Addr(); !a.refused[addr] || a.served(addr) {
+			a.bind(addr)
 		}
-		a.bind(o.real.Addr())
 	}
+}
+
+// served tells whether a virtual server on addr is in the kernel once
+// the plan is applied: one not refused, added by the plan or there
+// already. Asked only of an address a virtual server was refused on.
+func (a *applying) served(addr netip.Addr) bool {
+	for _, objects := range a.next.all() {
+		for _, s := range objects.Servers {
+			if s.Addr == addr && !a.notAdded[s.VirtualServerKey] {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // addServer adds a virtual server with its real servers; one refused is
@@ -228,13 +236,8 @@ func (a *applying) addServer(s *Server) {
 			a.notAdded, a.refused = map[ipvskernel.VirtualServerKey]bool{}, map[netip.Addr]bool{}
 		}
 		a.notAdded[key] = true
-		if _, seen := a.refused[key.Addr]; !seen {
-			a.refused[key.Addr] = true
-		}
+		a.refused[key.Addr] = true
 		return
-	}
-	if _, seen := a.refused[key.Addr]; seen {
-		a.refused[key.Addr] = false
 	}
 	for _, rs := range s.Reals {
 		delete(a.p.draining, drainKey{key, rs})

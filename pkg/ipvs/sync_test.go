@@ -531,6 +531,26 @@ func TestRefusedVirtualServerLeavesItsAddressUnbound(t *testing.T) {
 	if !bound(n, "10.96.0.20") {
 		t.Errorf("the address is unbound though one of its two virtual servers was added:\n%s", n.kernel.Dump())
 	}
+
+	// The other way round: the kernel holds one virtual server on the
+	// address already and refuses the other.
+	n = newNode()
+	core, _ = n.proxier(t)
+	service(core, "three", "10.96.0.30", func(s *v1.Service) {
+		s.Spec.Ports = append(s.Spec.Ports, v1.ServicePort{Name: "dns", Port: 53, Protocol: v1.ProtocolUDP})
+	})
+	synced(core)
+	there := ipvskernel.VirtualServer{VirtualServerKey: ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.30"), Port: 53, Protocol: v1.ProtocolUDP}, Scheduler: "rr"}
+	if err := n.kernel.AddVirtualServer(there); err != nil {
+		t.Fatal(err)
+	}
+	n.kernel.FailNext("AddVirtualServer", refused)
+	if err := core.SyncOnce(); !errors.Is(err, refused) {
+		t.Fatalf("sync returned %v, want the refusal", err)
+	}
+	if !bound(n, "10.96.0.30") {
+		t.Errorf("the address is unbound though one of its virtual servers is in place:\n%s", n.kernel.Dump())
+	}
 }
 
 // requireAsFirstSyncLeavesIt fails unless n's kernel holds what a first
