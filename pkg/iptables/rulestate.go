@@ -23,7 +23,7 @@ type ruleState struct {
 	repairDue bool
 }
 
-// phase names where the rules stand, for logs and tests.
+// phase names where the rules stand, for the tests of the transitions.
 type phase string
 
 const (

@@ -22,7 +22,8 @@ type kernelState struct {
 	drifted atomic.Pointer[string]
 }
 
-// phase names where the kernel state stands, for logs and tests.
+// phase names where the kernel state stands, for the tests of the
+// transitions.
 type phase string
 
 const (

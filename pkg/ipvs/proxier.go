@@ -220,7 +220,7 @@ func (p *Syncer) fullSync(v state.View) error {
 	// starts from no applied objects and no counts. It reads neither the
 	// old ones, which go now rather than at commit, so that they are not
 	// held beside the next ones at the sync's peak.
-	p.applied, p.objects = nil, newObjectCounts()
+	p.applied, p.objects = nil, objectCounts{}
 	d := p.newDiff(current, current.reals)
 	if len(current.servers) == 0 {
 		// Into an empty kernel: a virtual server and an address per
@@ -261,7 +261,8 @@ type syncResult struct {
 }
 
 // commit makes r the syncer's state, and returns the snapshot it settles
-// on. It is the one writer of applied, objects, left and last.
+// on. It is the one writer of applied, objects, left and last, but for
+// a full sync dropping applied and objects before it plans.
 func (p *Syncer) commit(r syncResult) *appliedSnapshot {
 	p.applied = r.applied.done()
 	p.objects = r.counts.done()
