@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/rapidproxy/rapidproxy/internal/linehash"
 )
 
 // CanonicalRule rewrites a rule, as the modes write it or as
@@ -26,13 +28,13 @@ func CanonicalRule(r Rule) string {
 }
 
 // RuleFingerprint identifies a rule by its canonical form.
-func RuleFingerprint(r Rule) uint64 { return ruleFingerprint(fnvOffset, r) }
+func RuleFingerprint(r Rule) uint64 { return ruleFingerprint(linehash.Start, r) }
 
 // ruleFingerprint continues the fingerprint h with the canonical form of r.
 func ruleFingerprint(h uint64, r Rule) uint64 {
 	c := canonicalizers.Get().(*canonicalizer)
 	defer canonicalizers.Put(c)
-	return fnvLine(h, c.rule(r))
+	return linehash.Line(h, c.rule(r))
 }
 
 // canonicalizer holds the buffers canonical forms are built in, reused
@@ -259,30 +261,18 @@ func isFullMask(m string) bool {
 // cheaper than ChainFingerprint, for comparing one generation of a chain
 // with the next, never with what the kernel prints.
 func TextFingerprint(rules []Rule) uint64 {
-	h := fnvOffset
+	h := linehash.Start
 	for _, r := range rules {
-		h = fnvLine(h, string(r))
+		h = linehash.Line(h, string(r))
 	}
 	return h
 }
 
 // chainFingerprint identifies a chain's content, rule order included.
 func chainFingerprint(rules []Rule) uint64 {
-	h := fnvOffset
+	h := linehash.Start
 	for _, r := range rules {
 		h = ruleFingerprint(h, r)
 	}
 	return h
-}
-
-// fnvOffset starts an FNV-1a hash, which fnvLine continues with a line
-// and a newline: byte by byte, so that hashing allocates nothing.
-const fnvOffset uint64 = 14695981039346656037
-
-func fnvLine[T ~string | []byte](h uint64, line T) uint64 {
-	const prime = 1099511628211
-	for i := 0; i < len(line); i++ {
-		h = (h ^ uint64(line[i])) * prime
-	}
-	return (h ^ '\n') * prime
 }

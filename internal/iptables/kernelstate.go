@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 
+	"github.com/rapidproxy/rapidproxy/internal/linehash"
 	"github.com/rapidproxy/rapidproxy/internal/readahead"
 )
 
@@ -120,7 +121,7 @@ func (s *serviceIndex) unclaimed() []uint64 {
 // nameKey identifies a service chain by its name: 64 bits of FNV-1a over
 // some 10^5 names of a table make a collision unlikely (about 1 in 10^9),
 // and one would only keep a chain that should have gone.
-func nameKey[T Chain | []byte](name T) uint64 { return fnvLine(fnvOffset, name) }
+func nameKey[T Chain | []byte](name T) uint64 { return linehash.Line(linehash.Start, name) }
 
 // SaveTables reads every table from the kernel with ReadTables, as
 // iptables-save prints them.
@@ -190,9 +191,9 @@ func ReadTables(save io.Reader, keep func(Table, Chain) RuleKeeping) (map[Table]
 		case len(line) > 1 && line[0] == ':':
 			if i := bytes.IndexByte(line, ' '); i > 1 {
 				if name := line[1:i]; isServiceChainName(name) {
-					services[nameKey(name)] = fnvOffset
+					services[nameKey(name)] = linehash.Start
 				} else {
-					kt.fingerprints[Chain(name)] = fnvOffset
+					kt.fingerprints[Chain(name)] = linehash.Start
 				}
 			}
 		case bytes.HasPrefix(line, []byte("-A ")):
@@ -219,7 +220,7 @@ func ReadTables(save io.Reader, keep func(Table, Chain) RuleKeeping) (map[Table]
 			case KeepRuleText:
 				kt.rules[kept] = append(kt.rules[kept], r)
 			case KeepRuleFingerprints:
-				kt.ruleFingerprints[kept] = append(kt.ruleFingerprints[kept], ruleFingerprint(fnvOffset, r))
+				kt.ruleFingerprints[kept] = append(kt.ruleFingerprints[kept], ruleFingerprint(linehash.Start, r))
 			}
 		}
 	}

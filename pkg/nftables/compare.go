@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rapidproxy/rapidproxy/internal/linehash"
 	"sigs.k8s.io/knftables"
 )
 
@@ -110,26 +111,14 @@ func printOf(rules []string) rulesPrint {
 	if len(rules) == 0 {
 		return rulesPrint{}
 	}
-	h := fnvOffset
+	h := linehash.Start
 	for _, r := range rules {
 		if strings.Contains(r, "{ ") {
 			r = normalizeSets(r)
 		}
-		h = fnvLine(h, r)
+		h = linehash.Line(h, r)
 	}
 	return rulesPrint{hash: h, n: len(rules)}
-}
-
-// fnvOffset starts an FNV-1a hash, which fnvLine continues with a line
-// and a newline, byte by byte: hashing allocates nothing.
-const fnvOffset uint64 = 14695981039346656037
-
-func fnvLine(h uint64, line string) uint64 {
-	const prime = 1099511628211
-	for i := 0; i < len(line); i++ {
-		h = (h ^ uint64(line[i])) * prime
-	}
-	return (h ^ '\n') * prime
 }
 
 // normalizeSets sorts the items of each "{ a, b }" in a rule, and
