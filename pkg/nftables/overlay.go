@@ -180,7 +180,9 @@ func (o *tableOverlay) commit() {
 	for id, v := range o.elements {
 		ts := t.sets[id.container]
 		switch {
-		case ts == nil:
+		// A set the plan made anew holds its elements itself: one noted
+		// before it was made went with the set it replaced.
+		case ts == nil, o.owned(id.container):
 		case v == nil:
 			delete(ts.elements, id.key)
 		default:
