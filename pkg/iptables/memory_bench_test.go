@@ -3,8 +3,9 @@ package iptables
 import (
 	"fmt"
 	"io"
-	"runtime"
 	"testing"
+
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -34,13 +35,13 @@ func BenchmarkHeapAt(b *testing.B) {
 	for _, n := range []int{10000, 50000} {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
 			for range b.N {
-				base := heapInUse()
+				base := testutil.HeapInUse()
 				p := newTestProxier(b, &discardingKernel{})
 				feedClusterIPs(p, n, 5)
 				if err := p.sync(); err != nil {
 					b.Fatal(err)
 				}
-				first := heapInUse() - base
+				first := testutil.HeapInUse() - base
 				for c := range changes {
 					changeFirstEndpoint(p, c*(n/changes), c)
 					if err := p.sync(); err != nil {
@@ -48,7 +49,7 @@ func BenchmarkHeapAt(b *testing.B) {
 					}
 				}
 				b.ReportMetric(float64(first)/1e6, "MB-after-first-sync")
-				b.ReportMetric(float64(heapInUse()-base)/1e6, "MB-after-changes")
+				b.ReportMetric(float64(testutil.HeapInUse()-base)/1e6, "MB-after-changes")
 				b.ReportMetric(float64(first)/float64(n), "B/service")
 				keptProxier = p
 			}
@@ -79,11 +80,4 @@ func changeFirstEndpoint(p testProxier, i, generation int) {
 		slice.Endpoints = append(slice.Endpoints, discovery.Endpoint{Addresses: []string{address}, Conditions: discovery.EndpointConditions{Ready: &ready}})
 	}
 	p.OnEndpointSlice(slice, false)
-}
-
-func heapInUse() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapInuse
 }

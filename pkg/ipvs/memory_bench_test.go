@@ -20,16 +20,16 @@ func BenchmarkHeapAt10k(b *testing.B) {
 	for range b.N {
 		n := newNode()
 		core, _ := n.proxier(b)
-		base := heapInUse()
+		base := heapAlloc()
 		syncServices(b, core, services)
-		b.ReportMetric(float64(heapInUse()-base)/1e6, "MB-after-first-sync")
+		b.ReportMetric(float64(heapAlloc()-base)/1e6, "MB-after-first-sync")
 		for c := range changes {
 			i := c * (services / changes)
 			name := fmt.Sprintf("svc-%d", i)
 			endpoints(core, name, v1.ProtocolTCP, fiveEndpoints(i, 1)...)
 			sync(b, core)
 		}
-		b.ReportMetric(float64(heapInUse()-base)/1e6, "MB-after-changes")
+		b.ReportMetric(float64(heapAlloc()-base)/1e6, "MB-after-changes")
 		kept = core
 	}
 }
@@ -78,7 +78,8 @@ func fiveEndpoints(i, generation int) []string {
 	return ips
 }
 
-func heapInUse() uint64 {
+// heapAlloc is the bytes of live objects after a collection.
+func heapAlloc() uint64 {
 	runtime.GC()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)

@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
+
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,7 +25,7 @@ func BenchmarkHeapAt(b *testing.B) {
 	for _, n := range []int{10000, 50000} {
 		b.Run(fmt.Sprintf("N=%d", n), func(b *testing.B) {
 			for range b.N {
-				base := heapInUse()
+				base := testutil.HeapInUse()
 				h := newHarness(&testing.T{}, v1.IPv4Protocol, v4(nil)(&testing.T{}))
 				null := &nullNFT{Interface: knftables.NewFake(knftables.IPv4Family, TableName)}
 				empty := listFake(knftables.NewFake(knftables.IPv4Family, TableName))
@@ -36,7 +38,7 @@ func BenchmarkHeapAt(b *testing.B) {
 				if err := s.FullSync(h.view()); err != nil {
 					b.Fatal(err)
 				}
-				first := heapInUse() - base
+				first := testutil.HeapInUse() - base
 				for c := range changes {
 					changeFirstEndpoint(h, c*(n/changes), c)
 					if err := s.PartialSync(h.view(), h.changed); err != nil {
@@ -44,7 +46,7 @@ func BenchmarkHeapAt(b *testing.B) {
 					}
 				}
 				b.ReportMetric(float64(first)/1e6, "MB-after-first-sync")
-				b.ReportMetric(float64(heapInUse()-base)/1e6, "MB-after-changes")
+				b.ReportMetric(float64(testutil.HeapInUse()-base)/1e6, "MB-after-changes")
 				b.ReportMetric(float64(first)/float64(n), "B/service")
 				runtime.KeepAlive(h)
 			}
@@ -90,11 +92,4 @@ func clusterIPSlice(i, endpoints, generation int) *discovery.EndpointSlice {
 		slice.Endpoints = append(slice.Endpoints, discovery.Endpoint{Addresses: []string{address}, Conditions: discovery.EndpointConditions{Ready: &ready}})
 	}
 	return slice
-}
-
-func heapInUse() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapInuse
 }

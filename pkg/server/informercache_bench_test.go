@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rapidproxy/rapidproxy/internal/testutil"
+
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -30,7 +32,7 @@ func BenchmarkInformerCache(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
-				base := heapInUse()
+				base := testutil.HeapInUse()
 				store := cache.NewStore(cache.MetaNamespaceKeyFunc)
 				for i := range services {
 					for _, o := range []interface {
@@ -45,7 +47,7 @@ func BenchmarkInformerCache(b *testing.B) {
 						}
 					}
 				}
-				b.ReportMetric(float64(heapInUse()-base)/services, "B/service")
+				b.ReportMetric(float64(testutil.HeapInUse()-base)/services, "B/service")
 				runtime.KeepAlive(store)
 			}
 		})
@@ -121,11 +123,4 @@ func benchSlice(i int) *discovery.EndpointSlice {
 		})
 	}
 	return slice
-}
-
-func heapInUse() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapInuse
 }
