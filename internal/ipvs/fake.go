@@ -37,6 +37,9 @@ type Fake struct {
 type fakeService struct {
 	vs    VirtualServer
 	dests map[netip.AddrPort]*RealServer
+	// ended counts the connections of a real server, among its inactive
+	// ones, that have ended and wait to expire (SetEndedConnections).
+	ended map[netip.AddrPort]int
 }
 
 type fakeSet struct {
@@ -192,6 +195,46 @@ func (f *Fake) RealServers(key VirtualServerKey) ([]RealServer, error) {
 	return rss, nil
 }
 
+// SetEndedConnections says that ended of the real server's inactive
+// connections have ended (TCP in TIME_WAIT), as traffic would.
+func (f *Fake) SetEndedConnections(key VirtualServerKey, rs netip.AddrPort, ended int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	d, err := f.dest(key, rs)
+	if err != nil {
+		return err
+	}
+	if ended > d.InactiveConns {
+		return fmt.Errorf("%d ended connections of %s, more than its %d inactive ones", ended, rs, d.InactiveConns)
+	}
+	s := f.services[key]
+	if s.ended == nil {
+		s.ended = map[netip.AddrPort]int{}
+	}
+	s.ended[rs] = ended
+	return nil
+}
+
+func (f *Fake) OpenConnections() (OpenConnections, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("OpenConnections"); err != nil {
+		return nil, err
+	}
+	open := OpenConnections{}
+	for key, s := range f.services {
+		for addr, d := range s.dests {
+			if n := d.ActiveConns + d.InactiveConns - s.ended[addr]; n > 0 {
+				if open[key] == nil {
+					open[key] = map[netip.AddrPort]int{}
+				}
+				open[key][addr] = n
+			}
+		}
+	}
+	return open, nil
+}
+
 func (f *Fake) EachVirtualServer(each func(key VirtualServerKey, reals []RealServer) error) error {
 	f.listing.Lock()
 	defer f.listing.Unlock()
@@ -271,6 +314,7 @@ func (f *Fake) DeleteRealServer(key VirtualServerKey, rs netip.AddrPort) error {
 		return err
 	}
 	delete(f.services[key].dests, rs)
+	delete(f.services[key].ended, rs)
 	return nil
 }
 

@@ -45,26 +45,35 @@ func New(ipv6 bool) (*Kernel, error) {
 		h.Close()
 		return nil, err
 	}
+	conns, err := openProcConnections()
+	if err != nil {
+		h.Close()
+		proc.Close()
+		return nil, err
+	}
 	dump, err := openServiceDump()
 	if err != nil {
 		h.Close()
 		proc.Close()
+		conns.Close()
 		return nil, err
 	}
 	l, err := newLinks(ipv6)
 	if err != nil {
 		h.Close()
 		proc.Close()
+		conns.Close()
 		dump.close()
 		return nil, err
 	}
-	return &Kernel{table: table{h: h, proc: proc, dump: dump, ipv6: ipv6}, links: l}, nil
+	return &Kernel{table: table{h: h, proc: proc, conns: conns, dump: dump, ipv6: ipv6}, links: l}, nil
 }
 
 // Close releases the netlink sockets and the IPVS listing.
 func (k *Kernel) Close() {
 	k.table.h.Close()
 	k.table.proc.Close()
+	k.table.conns.Close()
 	k.table.dump.close()
 	k.links.close()
 }
@@ -130,6 +139,8 @@ type table struct {
 	// emulation, without holding up the netlink requests.
 	procMu sync.Mutex
 	proc   *os.File
+	// conns is the connection table (under procMu too).
+	conns *os.File
 	// dump lists the virtual servers (under mu too).
 	dump *serviceDump
 	ipv6 bool

@@ -139,6 +139,9 @@ type Interface interface {
 	// a reader nor the kernel holds the whole listing. An error from each
 	// ends the read with that error.
 	EachVirtualServer(each func(key VirtualServerKey, reals []RealServer) error) error
+	// OpenConnections counts the connections of each virtual and real
+	// server of the family that have not ended.
+	OpenConnections() (OpenConnections, error)
 	AddRealServer(key VirtualServerKey, rs RealServer) error
 	UpdateRealServer(key VirtualServerKey, rs RealServer) error
 	DeleteRealServer(key VirtualServerKey, rs netip.AddrPort) error

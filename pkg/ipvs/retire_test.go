@@ -1,7 +1,9 @@
 package ipvs_test
 
 import (
+	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -88,4 +90,93 @@ func assertServers(t *testing.T, n *node, want []string) {
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("virtual servers %v, want %v", got, want)
 	}
+}
+
+// A real server whose connections have all ended (TCP in TIME_WAIT) goes
+// in the first round, with its virtual server when no other real server
+// of it has an open connection: expiring later, its entries would delete
+// the conntrack entries of new connections from reused client ports.
+func TestRetireRemovesWhatOnlyHasEndedConnections(t *testing.T) {
+	n, _, _ := fedNode(t)
+	web := ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
+	held, ended := netip.MustParseAddrPort("10.244.1.5:8080"), netip.MustParseAddrPort("10.244.1.6:8080")
+	if err := n.kernel.AddRealServer(web, ipvskernel.RealServer{Addr: ended.Addr(), Port: ended.Port(), Weight: 1}); err != nil {
+		t.Fatal(err)
+	}
+	lb := ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.255.3.1"), Port: 80, Protocol: v1.ProtocolTCP}
+	lbEndpoint := netip.MustParseAddrPort("10.244.1.8:8080")
+	for _, c := range []struct {
+		key              ipvskernel.VirtualServerKey
+		real             netip.AddrPort
+		active, inactive int
+		ended            int
+	}{
+		{web, held, 1, 3, 2}, // one established, one half-closed, two in TIME_WAIT
+		{web, ended, 0, 4, 4},
+		{lb, lbEndpoint, 0, 2, 2},
+	} {
+		if err := n.kernel.SetConnections(c.key, c.real, c.active, c.inactive); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.kernel.SetEndedConnections(c.key, c.real, c.ended); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	r, err := ipvs.Retire(n.kernel, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Draining != 1 || r.EndedReals != 1 {
+		t.Errorf("%d virtual servers draining, %d real servers removed; want 1 (web) and 1 (its ended one)", r.Draining, r.EndedReals)
+	}
+	assertServers(t, n, []string{"10.96.0.10:80"})
+	reals, err := n.kernel.RealServers(web)
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := func(a netip.AddrPort) bool {
+		return slices.ContainsFunc(reals, func(rs ipvskernel.RealServer) bool { return rs.AddrPort() == a })
+	}
+	if !has(held) || has(ended) {
+		t.Errorf("web's real servers %v, want %s, which holds open connections, and not %s", reals, held, ended)
+	}
+
+	// Once the held one's connections end too, web goes.
+	if err := n.kernel.SetEndedConnections(web, held, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.kernel.SetConnections(web, held, 0, 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.kernel.SetEndedConnections(web, held, 4); err != nil {
+		t.Fatal(err)
+	}
+	if r, err = ipvs.Retire(n.kernel, nil, false); err != nil || r.Draining != 0 {
+		t.Errorf("after the held connections ended: %d draining, %v; want none", r.Draining, err)
+	}
+	assertServers(t, n, nil)
+}
+
+// Without the connection table, every connection counts as open: what
+// has any stays, and the round says why.
+func TestRetireWithoutTheConnectionTableKeepsWhatHasConnections(t *testing.T) {
+	n, _, _ := fedNode(t)
+	web := ipvskernel.VirtualServerKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Protocol: v1.ProtocolTCP}
+	endpoint := netip.MustParseAddrPort("10.244.1.5:8080")
+	if err := n.kernel.SetConnections(web, endpoint, 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.kernel.SetEndedConnections(web, endpoint, 2); err != nil {
+		t.Fatal(err)
+	}
+	n.kernel.FailNext("OpenConnections", errors.New("no table"))
+	r, err := ipvs.Retire(n.kernel, nil, false)
+	if err == nil || !strings.Contains(err.Error(), "connection table") {
+		t.Errorf("error %v, want one naming the connection table", err)
+	}
+	if r.Draining != 1 || r.EndedReals != 0 {
+		t.Errorf("%d draining, %d real servers removed; want web kept whole", r.Draining, r.EndedReals)
+	}
+	assertServers(t, n, []string{"10.96.0.10:80"})
 }

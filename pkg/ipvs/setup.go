@@ -82,17 +82,34 @@ const (
 // conn_reuse_mode is set to 0 only on kernels older than 5.9, where its
 // default stalls reused connections for a second.
 func SetSysctls(s sysctl.Interface, kernelRelease string, strictARP bool) error {
-	type setting struct {
-		name  string
-		value int
-	}
-	want := []setting{{sysctlConntrack, 1}, {sysctlExpireNoDest, 1}, {sysctlExpireQuiescent, 1}, {sysctlForward, 1}}
+	want := []sysctlSetting{{sysctlConntrack, 1}, {sysctlExpireNoDest, 1}, {sysctlExpireQuiescent, 1}, {sysctlForward, 1}}
 	if !kernelAtLeast(kernelRelease, connReuseFixedKernelMj, connReuseFixedKernelMn) {
-		want = append(want, setting{sysctlConnReuse, 0})
+		want = append(want, sysctlSetting{sysctlConnReuse, 0})
 	}
 	if strictARP {
-		want = append(want, setting{sysctlArpIgnore, 1}, setting{sysctlArpAnnounce, 2})
+		want = append(want, sysctlSetting{sysctlArpIgnore, 1}, sysctlSetting{sysctlArpAnnounce, 2})
 	}
+	return setSysctls(s, want)
+}
+
+// SetDrainSysctls sets what Retire needs on a node that left the IPVS
+// mode: expire_nodest_conn, which the IPVS mode sets too. With it the
+// kernel expires the entries of a deleted real server at once, and the
+// conntrack entries of the same client address and port with them,
+// instead of when each entry times out (up to 2 minutes after a TCP
+// connection ended), by which time that conntrack entry may be a new
+// connection's that another mode's rules serve.
+func SetDrainSysctls(s sysctl.Interface) error {
+	return setSysctls(s, []sysctlSetting{{sysctlExpireNoDest, 1}})
+}
+
+type sysctlSetting struct {
+	name  string
+	value int
+}
+
+// setSysctls sets each that differs, and says which could not be set.
+func setSysctls(s sysctl.Interface, want []sysctlSetting) error {
 	var errs []error
 	for _, w := range want {
 		if v, err := s.Get(w.name); err == nil && v == w.value {

@@ -15,6 +15,7 @@ import (
 
 	iptableskernel "github.com/rapidproxy/rapidproxy/internal/iptables"
 	ipvskernel "github.com/rapidproxy/rapidproxy/internal/ipvs"
+	"github.com/rapidproxy/rapidproxy/internal/sysctl"
 	"github.com/rapidproxy/rapidproxy/pkg/config"
 	"github.com/rapidproxy/rapidproxy/pkg/conntrack"
 	"github.com/rapidproxy/rapidproxy/pkg/healthcheck"
@@ -223,6 +224,9 @@ func drainIPVS(ctx context.Context, exclude []netip.Prefix) {
 			k.Close()
 		}
 	}()
+	if err := ipvs.SetDrainSysctls(sysctl.Proc{}); err != nil {
+		klog.ErrorS(err, "The IPVS connections that have ended will expire on their own, up to 2 minutes after they end")
+	}
 	deadline := time.Now().Add(ipvs.DefaultMaxDrain)
 	last := -1
 	for {
@@ -234,6 +238,9 @@ func drainIPVS(ctx context.Context, exclude []netip.Prefix) {
 				klog.ErrorS(err, "Removing the IPVS mode's virtual servers")
 			}
 			draining += r.Draining
+			if r.EndedReals > 0 {
+				klog.V(2).InfoS("Removed IPVS real servers whose connections had all ended", "realServers", r.EndedReals)
+			}
 			if len(r.Cut) > 0 {
 				klog.InfoS("Removed IPVS virtual servers that still forwarded connections", "virtualServers", len(r.Cut), "bound", ipvs.DefaultMaxDrain)
 				releaseUDPFlows(r.Cut)

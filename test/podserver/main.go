@@ -27,14 +27,14 @@ func main() {
 	ports := flag.String("ports", "8080", "comma-separated ports to serve on, TCP and UDP")
 	client := flag.String("client", "", "instead of serving, send one request to proto://host:port (tcp or udp) and print the reply")
 	timeout := flag.Duration("timeout", 2*time.Second, "client: how long to wait for a reply")
-	sport := flag.Int("sport", 0, "client: the local port to send from (0: any)")
+	sport := flag.Int("sport", 0, "client: the local port to send from (0: any); with -hold, the first connection's, the next ones' following it")
 	load := flag.Duration("load", 0, "client: send a new request every -interval for this long or until SIGTERM, then print \"ok=N failed=M gap=D\" (D the longest time between two answered requests, or from the start to the first, or from the last to the end) and the first errors")
 	interval := flag.Duration("interval", 50*time.Millisecond, "client: the time between requests of -load or connections of -probe")
 	probe := flag.Duration("probe", 0, "client: open a new TCP connection every -interval for this long or until SIGTERM, without waiting for the previous ones, and print one line per connection (see probeConnection)")
 	hold := flag.Int("hold", 0, "client: open this many TCP connections and keep them, each sending a line every -interval and reading it back, for -load or until SIGTERM, then print \"held=N broken=M\" and the first errors")
 	flag.Parse()
 	if *client != "" && *hold > 0 {
-		holdConnections(*client, *hold, *load, *interval, *timeout)
+		holdConnections(*client, *hold, *sport, *load, *interval, *timeout)
 		return
 	}
 	if *client != "" && *probe > 0 {
@@ -254,7 +254,7 @@ func isTimeout(err error) bool {
 // duration or until SIGTERM: every interval each sends a line and reads
 // it back within timeout. A connection that fails once is broken and
 // stays so. It prints "held=N broken=M" and the first errors.
-func holdConnections(target string, n int, duration, interval, timeout time.Duration) {
+func holdConnections(target string, n, sport int, duration, interval, timeout time.Duration) {
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM)
 	addr := strings.TrimPrefix(target, "tcp://")
@@ -274,7 +274,11 @@ func holdConnections(target string, n int, duration, interval, timeout time.Dura
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range n {
-		conn, err := net.DialTimeout("tcp", addr, timeout)
+		dialer := net.Dialer{Timeout: timeout}
+		if sport != 0 {
+			dialer.LocalAddr = &net.TCPAddr{Port: sport + i}
+		}
+		conn, err := dialer.Dial("tcp", addr)
 		if err != nil {
 			fail(i, err)
 			continue

@@ -42,8 +42,10 @@ const (
 // kernel (trafficScript), a new LoadBalancer's changes under traffic from
 // outside the node (lbChangesScript), then restarts, upstream's takeover
 // and back, and --cleanup (lifecycleScript), switches to the nftables and
-// iptables modes and back (switchScript), then the faults of
-// docs/reliability.md (faultsScript): one cluster, five boots. The guest asks the test for
+// iptables modes and back (switchScript), a client reusing the ports of
+// ended IPVS connections once the nftables mode serves (portReuseScript),
+// then the faults of docs/reliability.md (faultsScript): one cluster, six
+// boots. The guest asks the test for
 // API changes over the tap (serveHostSteps).
 func TestIPVSModeWithTraffic(t *testing.T) {
 	if testing.Short() {
@@ -93,6 +95,8 @@ func TestIPVSModeWithTraffic(t *testing.T) {
 		// sync: some 8 minutes on an idle host, more when the host is busy
 		// (upstream's starts took 40 s each instead of 15 s).
 		{"switch-modes", switchScript, 15 * time.Minute},
+		// Two minutes and a half of it waiting for IPVS's entries to expire.
+		{"switch-port-reuse", portReuseScript, 10 * time.Minute},
 		// A minute of it the API server's outage.
 		{"faults", faultsScript, 15 * time.Minute},
 	} {
