@@ -202,7 +202,9 @@ func (c *Core) explain(name types.NamespacedName) (Explanation, []func() ([]stri
 	view := state.View{State: c.state, Node: c.node}
 	describer, _ := c.mode.(Describer)
 	var checks []func() ([]string, error)
-	for _, spn := range slices.SortedFunc(slices.Values(c.state.PortsOf(name)), state.ServicePortName.Compare) {
+	ports := slices.SortedFunc(slices.Values(c.state.PortsOf(name)), func(a, b *state.ServicePort) int { return a.Name.Compare(b.Name) })
+	for _, port := range ports {
+		spn := port.Name
 		svc, ex, _ := view.Explain(spn)
 		sp := describeServicePort(c.cfg.Family, svc, view.Endpoints[spn], ex)
 		sp.LastChanged, sp.LastSynced = c.history.times(name)

@@ -131,7 +131,7 @@ func (v View) Explain(name ServicePortName) (svc *ServicePort, e Explanation, ok
 
 // PortsOf lists the service ports of one service, in no order; the slice
 // is the state's own, not to be changed.
-func (st *State) PortsOf(name types.NamespacedName) []ServicePortName {
+func (st *State) PortsOf(name types.NamespacedName) []*ServicePort {
 	return st.servicePorts[name]
 }
 

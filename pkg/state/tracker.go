@@ -189,8 +189,9 @@ type State struct {
 	Services  ServiceMap
 	Endpoints EndpointsMap
 	// Which keys each service owns, so one service is replaced without a
-	// scan of the maps.
-	servicePorts  map[types.NamespacedName][]ServicePortName
+	// scan of the maps: its ports (the tracker's slice, not a copy) and
+	// the ports of its endpoints.
+	servicePorts  map[types.NamespacedName][]*ServicePort
 	endpointPorts map[types.NamespacedName][]ServicePortName
 }
 
@@ -199,7 +200,7 @@ func NewState() *State {
 	return &State{
 		Services:      ServiceMap{},
 		Endpoints:     EndpointsMap{},
-		servicePorts:  map[types.NamespacedName][]ServicePortName{},
+		servicePorts:  map[types.NamespacedName][]*ServicePort{},
 		endpointPorts: map[types.NamespacedName][]ServicePortName{},
 	}
 }
@@ -276,14 +277,12 @@ func (t *Tracker) Apply(st *State) Changes {
 
 func (st *State) replaceService(name types.NamespacedName, ports []*ServicePort, ch *Changes) {
 	for _, old := range st.servicePorts[name] {
-		if !slices.ContainsFunc(ports, func(sp *ServicePort) bool { return sp.Name == old }) {
-			delete(st.Services, old)
-			ch.ServicePorts[old] = true
+		if !slices.ContainsFunc(ports, func(sp *ServicePort) bool { return sp.Name == old.Name }) {
+			delete(st.Services, old.Name)
+			ch.ServicePorts[old.Name] = true
 		}
 	}
-	keys := make([]ServicePortName, 0, len(ports))
 	for _, sp := range ports {
-		keys = append(keys, sp.Name)
 		if old, ok := st.Services[sp.Name]; !ok || !reflect.DeepEqual(old, sp) {
 			ch.ServicePorts[sp.Name] = true
 		}
@@ -291,10 +290,10 @@ func (st *State) replaceService(name types.NamespacedName, ports []*ServicePort,
 		// state holds no copy of its own.
 		st.Services[sp.Name] = sp
 	}
-	if len(keys) == 0 {
+	if len(ports) == 0 {
 		delete(st.servicePorts, name)
 	} else {
-		st.servicePorts[name] = keys
+		st.servicePorts[name] = ports
 	}
 }
 
