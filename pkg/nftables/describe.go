@@ -199,11 +199,7 @@ func elementDifferences(have *tableSet, want []knftables.Element, owned map[stri
 // ownedValues are the verdicts that lead to one service port's chains.
 func ownedValues(name state.ServicePortName) map[string]bool {
 	n := namesFor(name)
-	out := map[string]bool{}
-	for _, c := range []string{n.cluster, n.local, n.external, n.firewall} {
-		out["goto "+c] = true
-	}
-	return out
+	return map[string]bool{n.gotoCluster: true, n.gotoLocal: true, n.gotoExternal: true, n.gotoFirewall: true}
 }
 
 func kindOf(isMap bool) string {

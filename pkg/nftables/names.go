@@ -42,27 +42,37 @@ func serviceBase(name state.ServicePortName) string {
 	return name.Namespace + "/" + name.Name + "/" + strings.ToLower(string(name.Protocol)) + "/" + name.Port
 }
 
-// serviceNames are one service port's chain names.
+// serviceNames are one service port's chain names, and the verdicts
+// going to them. Each name is the tail of its verdict ("goto " + name):
+// the syncer keeps both, the chain's name and a map element's value, for
+// as long as the service port stays, in one string.
 type serviceNames struct {
-	cluster, local, external, firewall string
+	cluster, local, external, firewall                 string
+	gotoCluster, gotoLocal, gotoExternal, gotoFirewall string
 }
+
+const gotoVerdict = "goto "
 
 func namesFor(name state.ServicePortName) serviceNames {
 	h := hashed(serviceBase(name))
-	return serviceNames{
-		cluster:  prefixService + h,
-		local:    prefixLocal + h,
-		external: prefixExternal + h,
-		firewall: prefixFirewall + h,
+	n := serviceNames{
+		gotoCluster:  gotoVerdict + prefixService + h,
+		gotoLocal:    gotoVerdict + prefixLocal + h,
+		gotoExternal: gotoVerdict + prefixExternal + h,
+		gotoFirewall: gotoVerdict + prefixFirewall + h,
 	}
+	n.cluster, n.local = n.gotoCluster[len(gotoVerdict):], n.gotoLocal[len(gotoVerdict):]
+	n.external, n.firewall = n.gotoExternal[len(gotoVerdict):], n.gotoFirewall[len(gotoVerdict):]
+	return n
 }
 
-// policyChain is the chain traffic on the path goes to.
-func (n serviceNames) policyChain(p state.Path) string {
+// gotoPolicyChain is the verdict going to the chain traffic on the path
+// goes to.
+func (n serviceNames) gotoPolicyChain(p state.Path) string {
 	if p.Local {
-		return n.local
+		return n.gotoLocal
 	}
-	return n.cluster
+	return n.gotoCluster
 }
 
 // endpointBase is the hashed "ns/name/proto/port__ip/port", IPv6 colons

@@ -103,7 +103,7 @@ func (b *svcBuilder) unserved(m string, key []string) {
 // there is one.
 func (b *svcBuilder) toExternalChain(m string, key []string) {
 	if b.paths.ExternalEntry {
-		b.mapElement(m, key, "goto "+b.names.external, "")
+		b.mapElement(m, key, b.names.gotoExternal, "")
 	}
 }
 
@@ -120,7 +120,7 @@ func (b *svcBuilder) unservedExternal(m string, key []string) {
 func (b *svcBuilder) clusterIP() {
 	b.setElement(setClusterIPs, b.svc.ClusterIP.String())
 	if b.paths.Internal.Served {
-		b.mapElement(mapServiceIPs, b.addrKey(b.svc.ClusterIP), "goto "+b.names.policyChain(b.paths.Internal), "")
+		b.mapElement(mapServiceIPs, b.addrKey(b.svc.ClusterIP), b.names.gotoPolicyChain(b.paths.Internal), "")
 		return
 	}
 	b.unserved(mapNoEndpointServices, b.addrKey(b.svc.ClusterIP))
@@ -142,7 +142,7 @@ func (b *svcBuilder) loadBalancerIPs() {
 	for _, a := range b.svc.LoadBalancerIPs {
 		b.toExternalChain(mapServiceIPs, b.addrKey(a))
 		if b.svc.FiltersLoadBalancerSources() {
-			b.mapElement(mapFirewallIPs, b.addrKey(a), "goto "+b.names.firewall, "")
+			b.mapElement(mapFirewallIPs, b.addrKey(a), b.names.gotoFirewall, "")
 		}
 	}
 	for _, a := range b.svc.LoadBalancerIPs {
@@ -188,7 +188,7 @@ func (b *svcBuilder) externalChain() {
 		ext.Rules = []string{comment(b.p.masquerade(), "masquerade")}
 	}
 	if b.paths.External.Served {
-		ext.Rules = append(ext.Rules, "goto "+b.names.policyChain(b.paths.External))
+		ext.Rules = append(ext.Rules, b.names.gotoPolicyChain(b.paths.External))
 	}
 	b.out.Chains = append(b.out.Chains, ext)
 }
