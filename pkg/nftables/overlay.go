@@ -123,6 +123,31 @@ func (o *tableOverlay) setElement(id elemID, value string) {
 	o.elements[id] = &value
 }
 
+// shareChainName and shareElement have base hold a chain's name, or an
+// element's key and value, as the strings the syncer keeps (in applied
+// and wanted) and not as equal ones of its own: after a full sync read
+// the table, base's are the reader's copies, which would stay beside
+// ours. Base holds what it held, so it is changed in place (a map
+// assignment to a key present stores the new key).
+func (o *tableOverlay) shareChainName(name string) {
+	if _, changed := o.chains[name]; !changed {
+		if c, ok := o.base.chains[name]; ok {
+			o.base.chains[name] = c
+		}
+	}
+}
+
+func (o *tableOverlay) shareElement(id elemID, value string) {
+	if _, changed := o.elements[id]; changed || o.owned(id.container) {
+		return
+	}
+	if ts := o.base.sets[id.container]; ts != nil {
+		if v, ok := ts.elements[id.key]; ok && v == value {
+			ts.elements[id.key] = value
+		}
+	}
+}
+
 func (o *tableOverlay) deleteElement(id elemID) {
 	if o.owned(id.container) {
 		delete(o.sets[id.container].elements, id.key)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 
 	dto "github.com/prometheus/client_model/go"
 	v1 "k8s.io/api/core/v1"
@@ -250,5 +251,39 @@ func TestFailedRepairIsRetriedAsRepair(t *testing.T) {
 	h.full()
 	if got := repairsCounted(t) - repairs; got != 1 {
 		t.Errorf("%v repairs counted after one more full sync, want still 1", got)
+	}
+}
+
+// After a restart's full sync over the table in place, the mirror holds
+// the service ports' chain names and elements as the strings applied and
+// wanted hold, not as the reader's copies of them.
+func TestFullSyncMirrorSharesTheSyncersStrings(t *testing.T) {
+	h := sampleHarness(t)
+	h.syncer = h.newSyncer(v1.IPv4Protocol, v4(nil)(t))
+	n := len(h.nft.txs)
+	h.full()
+	requireNoTransaction(t, h, n)
+	s := h.syncer
+	mirrorNames := map[string]*byte{}
+	for name := range s.table.kernel.chains {
+		mirrorNames[name] = unsafe.StringData(name)
+	}
+	for spn, objects := range s.applied {
+		for _, c := range objects.Chains {
+			if mirrorNames[c.Name] != unsafe.StringData(c.Name) {
+				t.Errorf("%v: the mirror holds chain %s as another string", spn, c.Name)
+			}
+		}
+	}
+	for id, we := range s.wanted {
+		ts := s.table.kernel.sets[id.container]
+		if ts == nil || len(we) == 0 {
+			continue
+		}
+		for key, value := range ts.elements {
+			if key == id.key && (unsafe.StringData(key) != unsafe.StringData(id.key) || value != "" && unsafe.StringData(value) != unsafe.StringData(we[0].value)) {
+				t.Errorf("the mirror holds element %s of %s as other strings", id.key, id.container)
+			}
+		}
 	}
 }

@@ -34,9 +34,9 @@ type wantedValue struct {
 	elem *knftables.Element
 }
 
-// has tells whether someone wants value.
-func (we wantedElem) has(value string) bool {
-	return slices.ContainsFunc(we, func(v wantedValue) bool { return v.value == value })
+// index is where value is among the wanted ones, -1 when no one wants it.
+func (we wantedElem) index(value string) int {
+	return slices.IndexFunc(we, func(v wantedValue) bool { return v.value == value })
 }
 
 func idOf(e knftables.Element) elemID {
@@ -247,9 +247,8 @@ func (w *write) chain(c *Chain) rulesPrint {
 		// A base chain's hook or priority cannot be changed in place.
 		w.deleteChains = append(w.deleteChains, &knftables.Chain{Name: c.Name})
 		w.readd = append(w.readd, &c.Chain)
-	case !w.force && have.print == want:
-		return want
-	case !w.force && c.Upstream != nil && have.print == printOf(c.Upstream):
+	case !w.force && (have.print == want || c.Upstream != nil && have.print == printOf(c.Upstream)):
+		w.t.shareChainName(c.Name)
 		return want
 	default:
 		w.flushes = append(w.flushes, &knftables.Chain{Name: c.Name})
@@ -353,7 +352,8 @@ func (w *write) element(id elemID) {
 	}
 	adds := &w.newElems
 	if exists {
-		if we.has(have) {
+		if i := we.index(have); i >= 0 {
+			w.t.shareElement(id, we[i].value)
 			return
 		}
 		// Deleted and added again in one transaction: never missing.
