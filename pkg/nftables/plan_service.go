@@ -46,7 +46,7 @@ type svcBuilder struct {
 func newSvcBuilder(p *Params, svc *state.ServicePort, sel state.Selection) *svcBuilder {
 	b := &svcBuilder{p: p, svc: svc, sel: sel, names: namesFor(svc.Name), paths: state.PathsOf(svc, sel),
 		proto: strings.ToLower(string(svc.Protocol)), port: itoa(svc.Port)}
-	// Sized for the most it may hold: applied keeps it until the next sync.
+	// Sized for the most it may hold, so that no append copies it.
 	b.out.Elements = make([]knftables.Element, 0, mostElements(svc, sel))
 	return b
 }
