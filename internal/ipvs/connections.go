@@ -93,8 +93,8 @@ func parseConnAddrPort(addr, port []byte) (netip.AddrPort, error) {
 	if !ok {
 		return netip.AddrPort{}, fmt.Errorf("%q is not a port", port)
 	}
-	if v4, ok := parseHex(addr, 8); ok {
-		return netip.AddrPortFrom(netip.AddrFrom4([4]byte{byte(v4 >> 24), byte(v4 >> 16), byte(v4 >> 8), byte(v4)}), uint16(p)), nil
+	if v4, ok := parseHexIPv4(addr); ok {
+		return netip.AddrPortFrom(v4, uint16(p)), nil
 	}
 	a, err := netip.ParseAddr(string(addr))
 	if err != nil {

@@ -164,8 +164,8 @@ func parseProcAddrPort(s []byte) (netip.AddrPort, error) {
 	var err error
 	if a, isV6 := bytes.CutPrefix(s[:i], []byte("[")); isV6 {
 		addr, err = netip.ParseAddr(string(bytes.TrimSuffix(a, []byte("]"))))
-	} else if v4, ok := parseHex(s[:i], 8); ok {
-		addr = netip.AddrFrom4([4]byte{byte(v4 >> 24), byte(v4 >> 16), byte(v4 >> 8), byte(v4)})
+	} else if v4, ok := parseHexIPv4(s[:i]); ok {
+		addr = v4
 	} else {
 		err = fmt.Errorf("%d hex digits", i)
 	}
@@ -173,6 +173,16 @@ func parseProcAddrPort(s []byte) (netip.AddrPort, error) {
 		return netip.AddrPort{}, fmt.Errorf("%q has no address: %w", s, err)
 	}
 	return netip.AddrPortFrom(addr, uint16(port)), nil
+}
+
+// parseHexIPv4 reads an IPv4 address as the kernel's listings print it:
+// eight hex digits, in network order.
+func parseHexIPv4(b []byte) (netip.Addr, bool) {
+	v4, ok := parseHex(b, 8)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	return netip.AddrFrom4([4]byte{byte(v4 >> 24), byte(v4 >> 16), byte(v4 >> 8), byte(v4)}), true
 }
 
 // parseHex reads exactly digits hex digits.
